@@ -1,0 +1,245 @@
+"""The HTTP API (FastAPI): task routes of the original platform, health, readiness, metrics.
+
+A thin layer: it parses and validates input, calls :class:`taskmesh.tasks.Tasks`,
+and renders answers; no SQL or Redis here. Every error is RFC 9457
+problem+json naming the field. The OpenAPI document is at ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from taskmesh import __version__
+from taskmesh.api.limits import BodyLimit
+from taskmesh.api.problems import invalid, problem
+from taskmesh.errors import InvalidTaskError, TaskNotFoundError
+from taskmesh.metrics import Metrics
+from taskmesh.services.outage import STORE_ERRORS
+from taskmesh.store import redis as rstore
+from taskmesh.tasks import Tasks
+from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, field_errors, parse_task_spec
+
+_NAME = re.compile(NAME_REGEX)
+DLQ_COUNT_MAX = 1000
+
+
+@dataclass
+class AppState:
+    """What the API reads: the task facade once stores are up, readiness flags."""
+
+    metrics: Metrics
+    queues: list[str]
+    tasks: Tasks | None = None
+    draining: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ReplayRequest(BaseModel):
+    """Body of ``POST /api/v1/queues/{queue}/dlq/replay``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: StrictInt = Field(default=1, ge=1, le=DLQ_COUNT_MAX)
+    override_priority: StrictInt | None = Field(default=None, ge=0, le=1000)
+
+
+class Created(BaseModel):
+    task_id: uuid.UUID
+    status: str
+    deduplicated: bool = False
+
+
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status_code=status, media_type="application/json", headers=headers)
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+async def _read_json(request: Request) -> Any:
+    body = await request.body()
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        if "recursion" in str(exc).lower():
+            raise InvalidTaskError("payload", "nested deeper than 64 levels") from None
+        raise _BadJson(str(exc)) from None
+
+
+class _BadJson(Exception):
+    pass
+
+
+def create_app(state: AppState) -> FastAPI:
+    """Build the ASGI app over ``state`` (see module docs for the routes)."""
+    app = FastAPI(
+        title="taskmesh",
+        version=__version__,
+        description="Distributed task platform: durable state in PostgreSQL, dispatch through Redis.",
+    )
+    app.add_middleware(BodyLimit)
+
+    def tasks() -> Tasks:
+        if state.tasks is None:
+            raise _NotReady()
+        return state.tasks
+
+    def parse_id(raw: str) -> uuid.UUID:
+        try:
+            return uuid.UUID(raw)
+        except ValueError:
+            raise InvalidTaskError("task_id", "must be a UUID") from None
+
+    def check_queue(queue: str) -> None:
+        if not _NAME.match(queue):
+            raise InvalidTaskError("queue", "must match [A-Za-z0-9_.:-]{1,128}")
+
+    @app.exception_handler(InvalidTaskError)
+    async def _invalid(_: Request, exc: InvalidTaskError) -> Response:
+        return invalid(exc.field, exc.message, getattr(exc, "errors", None))
+
+    @app.exception_handler(_BadJson)
+    async def _bad_json(_: Request, exc: _BadJson) -> Response:
+        return problem(400, "Malformed JSON", f"body: not valid JSON ({exc})", errors=[("body", "not valid JSON")])
+
+    @app.exception_handler(TaskNotFoundError)
+    async def _not_found(_: Request, exc: TaskNotFoundError) -> Response:
+        return problem(404, "Task not found", f"no task has id {exc}")
+
+    @app.exception_handler(_NotReady)
+    async def _not_ready(_: Request, exc: _NotReady) -> Response:
+        return problem(503, "Not ready", "the instance is still connecting to PostgreSQL and Redis")
+
+    for error_type in STORE_ERRORS:
+
+        @app.exception_handler(error_type)
+        async def _store_down(_: Request, exc: Exception) -> Response:
+            return problem(503, "Store unavailable", f"a store did not answer: {type(exc).__name__}")
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+        errors = [(".".join(str(p) for p in e["loc"][1:]) or "request", e["msg"]) for e in exc.errors()]
+        return invalid(errors[0][0], errors[0][1], errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        return problem(exc.status_code, str(exc.detail), str(exc.detail))
+
+    @app.post(
+        "/api/v1/tasks",
+        status_code=201,
+        response_model=Created,
+        openapi_extra=_body_schema(TaskSpec),
+        summary="Create a task (200 with the existing task_id when dedup_key repeats)",
+    )
+    async def create_task(request: Request) -> Response:
+        spec = parse_task_spec(await _read_json(request))
+        result = await tasks().enqueue(spec)
+        body = {"task_id": str(result.task_id), "status": result.status}
+        if not result.created:
+            body["deduplicated"] = True
+            return _json(body, 200)
+        return _json(body, 201, headers={"Location": f"/api/v1/tasks/{result.task_id}"})
+
+    @app.get("/api/v1/tasks/{task_id}", summary="A task and its latest run")
+    async def get_task(task_id: str) -> Response:
+        task, run = await tasks().get(parse_id(task_id))
+        return _json({"task": task, "latest_run": run})
+
+    @app.get("/api/v1/tasks/{task_id}/runs", summary="Every run (attempt) of a task")
+    async def get_runs(task_id: str) -> Response:
+        tid = parse_id(task_id)
+        return _json({"task_id": str(tid), "runs": await tasks().runs(tid)})
+
+    @app.get("/api/v1/queues/{queue}/dlq", summary="Dead-lettered tasks of a queue, oldest first")
+    async def get_dlq(queue: str, count: str = "50") -> Response:
+        check_queue(queue)
+        if not count.isdigit() or not 1 <= int(count) <= DLQ_COUNT_MAX:
+            raise InvalidTaskError("count", f"must be an integer between 1 and {DLQ_COUNT_MAX}")
+        items = await tasks().dead_letters(queue, int(count))
+        return _json({"queue": queue, "count": len(items), "tasks": items})
+
+    @app.post(
+        "/api/v1/queues/{queue}/dlq/replay",
+        openapi_extra=_body_schema(ReplayRequest),
+        summary="Replay dead-lettered tasks, oldest first; priority changes only with override_priority",
+    )
+    async def replay(queue: str, request: Request) -> Response:
+        check_queue(queue)
+        data = await _read_json(request)
+        if not isinstance(data, dict):
+            raise InvalidTaskError("body", "must be a JSON object")
+        try:
+            req = ReplayRequest.model_validate(data)
+        except ValidationError as exc:
+            errors = field_errors(exc)
+            return invalid(errors[0][0], errors[0][1], errors)
+        ids = await tasks().replay(queue, req.count, req.override_priority)
+        return _json({"queue": queue, "count": len(ids), "replayed": ids})
+
+    @app.get("/healthz", summary="Liveness: the process serves HTTP")
+    async def healthz() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/readyz", summary="Readiness: 200 only when PostgreSQL and Redis answer")
+    async def readyz() -> Response:
+        checks = {"postgres": "down", "redis": "down"}
+        t = state.tasks
+        if t is not None:
+            async def pg() -> None:
+                try:
+                    with anyio.fail_after(1):
+                        await t.pool.fetchval("SELECT 1")
+                    checks["postgres"] = "ok"
+                except (*STORE_ERRORS, TimeoutError):
+                    pass
+
+            async def rd() -> None:
+                try:
+                    with anyio.fail_after(1):
+                        await t.redis.ping()
+                    checks["redis"] = "ok"
+                except (*STORE_ERRORS, TimeoutError):
+                    pass
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pg)
+                tg.start_soon(rd)
+        ready = not state.draining and all(v == "ok" for v in checks.values())
+        body: dict[str, Any] = {"ready": ready, **checks}
+        if state.draining:
+            body["draining"] = True
+        return _json(body, 200 if ready else 503)
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def metrics() -> Response:
+        t = state.tasks
+        if t is not None:
+            try:
+                with anyio.fail_after(1):
+                    for queue in state.queues:
+                        ready, delayed, dlq = await rstore.depths(t.redis, t.keys, queue)
+                        state.metrics.queue_depth.labels(queue, "ready").set(ready)
+                        state.metrics.queue_depth.labels(queue, "delayed").set(delayed)
+                        state.metrics.queue_depth.labels(queue, "dlq").set(dlq)
+            except (*STORE_ERRORS, TimeoutError):
+                pass  # the last sampled depths stay; readiness reports the outage
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+class _NotReady(Exception):
+    pass

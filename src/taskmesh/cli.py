@@ -1,0 +1,101 @@
+"""Command line: ``python -m taskmesh [run|migrate|dev]``.
+
+Exit status: 0 after a clean stop; 2 for invalid or missing configuration
+(the message names the key); 1 for anything unexpected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from collections.abc import Sequence
+
+import anyio
+
+from taskmesh import __version__
+from taskmesh.config import Settings, load_settings, require_stores
+from taskmesh.errors import ConfigError
+from taskmesh.logs import configure
+from taskmesh.registry import default_registry, load_modules
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m taskmesh", description="taskmesh distributed task platform")
+    parser.add_argument("--version", action="version", version=f"taskmesh {__version__}")
+    parser.add_argument("--config", help="TOML config file (default: $TASKMESH_CONFIG or ./taskmesh.toml)")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("run", help="run an instance (the default)")
+    sub.add_parser("migrate", help="apply database migrations and exit")
+    sub.add_parser("dev", help="run on an embedded PostgreSQL and Valkey with the demo handler")
+    return parser
+
+
+def _run(settings: Settings) -> None:
+    from taskmesh import supervisor
+
+    load_modules(settings.handlers)
+    anyio.run(supervisor.run, settings, default_registry)
+
+
+def _migrate(settings: Settings) -> None:
+    from taskmesh.store.postgres import create_pool, migrate
+
+    database_url, _ = require_stores(settings)
+
+    async def go() -> None:
+        pool = await create_pool(database_url, 2)
+        try:
+            async with pool.acquire() as conn:
+                applied = await migrate(conn)
+        finally:
+            await pool.close()
+        print(f"migrations applied: {applied or 'none, schema is up to date'}")
+
+    anyio.run(go)
+
+
+def _dev(settings: Settings) -> None:
+    from taskmesh import supervisor
+    from taskmesh.demo import demo_handler
+    from taskmesh.dev import embedded_stores
+
+    load_modules(settings.handlers)
+    default_registry.fallback = demo_handler()
+    with embedded_stores(settings.database_url, settings.redis_url) as (database_url, redis_url):
+        settings = settings.model_copy(update={"database_url": database_url, "redis_url": redis_url})
+        anyio.run(supervisor.run, settings, default_registry)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.config:
+        os.environ["TASKMESH_CONFIG"] = args.config
+    try:
+        settings = load_settings()
+        configure(settings.log_level, settings.log_format)
+        command = args.command or "run"
+        if command == "migrate":
+            _migrate(settings)
+        elif command == "dev":
+            _dev(settings)
+        else:
+            _run(settings)
+    except ConfigError as exc:
+        print(f"taskmesh: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def exit_main() -> None:
+    """Run :func:`main` and exit; threads of abandoned sync handlers do not hold the exit."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        os._exit(code)
+    sys.exit(code)

@@ -1,0 +1,209 @@
+"""Settings of one taskmesh instance: a TOML file overridden by environment variables.
+
+Sources, highest first: environment variables, the TOML file named by
+``TASKMESH_CONFIG`` (default ``taskmesh.toml`` in the working directory, if
+present), the defaults below. The original platform's variables keep their
+names (``HTTP_PORT``, ``DATABASE_URL``, ``REDIS_URL``, ``QUEUE_NAMES``,
+``WORKER_CONCURRENCY``); every other key is ``TASKMESH_<KEY>`` in the
+environment and ``<key>`` in the TOML file.
+
+Invalid settings raise :class:`~taskmesh.errors.ConfigError` naming the key;
+the CLI turns that into exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from taskmesh.errors import ConfigError
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+"""Allowed task and queue names (issue 2): letters, digits, ``_ . : -``, 1-128 chars."""
+
+
+def _aliases(key: str, legacy: str | None = None) -> AliasChoices:
+    names = [key, f"TASKMESH_{key.upper()}"]
+    if legacy:
+        names.append(legacy)
+    return AliasChoices(*names)
+
+
+class QueueSettings(BaseModel):
+    """Per-queue settings (``[queues.<name>]`` in TOML)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    """Executors running handlers of this queue at once."""
+
+
+class Settings(BaseSettings):
+    """All settings of an instance; field docs name units and defaults."""
+
+    model_config = SettingsConfigDict(extra="forbid", populate_by_name=True)
+
+    database_url: str | None = Field(default=None, validation_alias=_aliases("database_url", "DATABASE_URL"))
+    """PostgreSQL URL (``postgresql://user@host:5432/db``); required except for ``dev``."""
+    redis_url: str | None = Field(default=None, validation_alias=_aliases("redis_url", "REDIS_URL"))
+    """Redis URL (``redis://host:6379/0``); required except for ``dev``."""
+    http_host: str = Field(default="127.0.0.1", validation_alias=_aliases("http_host", "HTTP_HOST"))
+    """Address the HTTP API binds; ``0.0.0.0`` to serve other hosts."""
+    http_port: int = Field(default=8080, ge=0, le=65535, validation_alias=_aliases("http_port", "HTTP_PORT"))
+    """Port of the HTTP API (0 picks a free one)."""
+    queue_names: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["default"], validation_alias=_aliases("queue_names", "QUEUE_NAMES")
+    )
+    """Queues this instance works (comma-separated in the environment)."""
+    worker_concurrency: int = Field(
+        default=1, ge=1, le=1024, validation_alias=_aliases("worker_concurrency", "WORKER_CONCURRENCY")
+    )
+    """Executors per queue unless ``[queues.<name>] concurrency`` says otherwise."""
+    queues: dict[str, QueueSettings] = Field(default_factory=dict, validation_alias=_aliases("queues"))
+    handlers: Annotated[list[str], NoDecode] = Field(default_factory=list, validation_alias=_aliases("handlers"))
+    """Modules imported at start so that their ``@taskmesh.task`` handlers register."""
+    redis_prefix: str = Field(default="taskmesh", min_length=1, max_length=64, validation_alias=_aliases("redis_prefix"))
+    """Prefix of every Redis key taskmesh writes."""
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0, le=3600, validation_alias=_aliases("shutdown_grace_seconds"))
+    """Seconds in-flight runs get to finish after SIGTERM/SIGINT."""
+    lease_seconds: float = Field(default=30.0, gt=0, le=3600, validation_alias=_aliases("lease_seconds"))
+    """Length of a run's lease, seconds."""
+    default_max_retries: int = Field(default=3, ge=0, le=100, validation_alias=_aliases("default_max_retries"))
+    """Retries of a task whose request and handler name none."""
+    delayed_poll_seconds: float = Field(default=0.1, gt=0, le=60, validation_alias=_aliases("delayed_poll_seconds"))
+    """How often the delayed mover looks for due tasks, seconds."""
+    repush_interval_seconds: float = Field(default=5.0, gt=0, le=3600, validation_alias=_aliases("repush_interval_seconds"))
+    """How often queued tasks missing from Redis are pushed again, seconds."""
+    commit_batch_size: int = Field(default=500, ge=1, le=10000, validation_alias=_aliases("commit_batch_size"))
+    """Most run results written by one committer statement."""
+    commit_flush_ms: float = Field(default=5.0, ge=0, le=10000, validation_alias=_aliases("commit_flush_ms"))
+    """Longest a result waits for companions before the committer writes it, milliseconds."""
+    pg_pool_size: int = Field(default=10, ge=2, le=200, validation_alias=_aliases("pg_pool_size"))
+    """Connections in this instance's PostgreSQL pool."""
+    log_level: str = Field(default="info", validation_alias=_aliases("log_level"))
+    log_format: str = Field(default="auto", validation_alias=_aliases("log_format"))
+    """``json``, ``console``, or ``auto`` (console on a terminal, JSON elsewhere)."""
+    migrate_on_start: bool = Field(default=True, validation_alias=_aliases("migrate_on_start"))
+
+    @field_validator("queue_names", "handlers", mode="before")
+    @classmethod
+    def _split_csv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("queue_names")
+    @classmethod
+    def _check_queue_names(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("must name at least one queue")
+        for name in value:
+            if not NAME_PATTERN.match(name):
+                raise ValueError(f"queue name {name!r} must match [A-Za-z0-9_.:-]{{1,128}}")
+        return list(dict.fromkeys(value))
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_level(cls, value: str) -> str:
+        if value.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be one of debug, info, warning, error")
+        return value.lower()
+
+    @field_validator("log_format")
+    @classmethod
+    def _check_format(cls, value: str) -> str:
+        if value not in {"auto", "json", "console"}:
+            raise ValueError("must be one of auto, json, console")
+        return value
+
+    def concurrency_of(self, queue: str) -> int:
+        """Executors for ``queue``: its ``[queues.<name>]`` entry, else ``worker_concurrency``."""
+        entry = self.queues.get(queue)
+        return entry.concurrency if entry else self.worker_concurrency
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = config_path()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+
+def config_path() -> Path | None:
+    """The TOML file to read: ``TASKMESH_CONFIG`` or ``./taskmesh.toml`` when it exists.
+
+    :raises ConfigError: ``TASKMESH_CONFIG`` names a file that does not exist.
+    """
+    named = os.environ.get("TASKMESH_CONFIG")
+    if named:
+        path = Path(named)
+        if not path.is_file():
+            raise ConfigError(f"TASKMESH_CONFIG: file {named} does not exist")
+        return path
+    default = Path("taskmesh.toml")
+    return default if default.is_file() else None
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate the settings.
+
+    :param overrides: values that win over every source (tests, the ``dev`` profile).
+    :returns: the validated :class:`Settings`.
+    :raises ConfigError: a key is invalid or the TOML file cannot be parsed; the
+        message names the key (``http_port: Input should be ...``).
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "settings"
+            message = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                message = "unknown setting"
+            problems.append(f"{key}: {message}")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"TASKMESH_CONFIG: cannot parse TOML: {exc}") from None
+
+
+def require_stores(settings: Settings) -> tuple[str, str]:
+    """Return ``(database_url, redis_url)`` or explain which one is missing.
+
+    :raises ConfigError: naming ``DATABASE_URL`` or ``REDIS_URL`` and pointing to
+        ``python -m taskmesh dev`` for a first try without any server.
+    """
+    missing = [
+        name
+        for name, value in (("DATABASE_URL", settings.database_url), ("REDIS_URL", settings.redis_url))
+        if not value
+    ]
+    if missing:
+        which = " and ".join(missing)
+        raise ConfigError(
+            f"{which} not set: set it in the environment or in taskmesh.toml "
+            f"({', '.join(m.lower() for m in missing)}); for a first try without "
+            "servers of your own run `python -m taskmesh dev`"
+        )
+    assert settings.database_url is not None and settings.redis_url is not None
+    return settings.database_url, settings.redis_url

@@ -1,0 +1,93 @@
+"""Plain records passed between taskmesh's services: frozen dataclasses, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    """A task this instance owns for one run, as returned by the claim.
+
+    ``retries`` is the number of retries spent in this delivery cycle before
+    this run; ``attempt`` numbers runs over the task's whole life (1, 2, ...).
+    """
+
+    task_id: UUID
+    run_id: UUID
+    name: str
+    queue: str
+    priority: int
+    payload: Any
+    attempt: int
+    retries: int
+    max_retries: int
+    idempotency_key: str | None
+    trace_id: str | None
+    tenant_id: str | None
+
+
+class Outcome(StrEnum):
+    """How a run ended, as the executor reports it to the committer."""
+
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"  # failed, retry allowed and budget left
+    FAILED = "failed"  # failed for good: dead-letter
+    INTERRUPTED = "interrupted"  # shutdown handed it back: requeue, no retry spent
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """The end of one run, on its way to the committer.
+
+    :param delay_seconds: for ``RETRY``, seconds until the next attempt.
+    :param result: JSON text of a successful handler's return value (``None`` otherwise).
+    :param duration_seconds: wall time of the handler, seconds.
+    """
+
+    task: ClaimedTask
+    outcome: Outcome
+    error: str | None = None
+    result: str | None = None
+    delay_seconds: float = 0.0
+    duration_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """What a handler may want to know about the run it is executing.
+
+    Handlers must be idempotent (design.md principle 4): ``task_id``,
+    ``attempt`` and ``idempotency_key`` let them check for earlier effects.
+    """
+
+    task_id: UUID
+    run_id: UUID
+    name: str
+    queue: str
+    priority: int
+    attempt: int
+    retries: int
+    max_retries: int
+    idempotency_key: str | None
+    trace_id: str | None
+    tenant_id: str | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PushTarget:
+    """Where a queued task's id goes in Redis after a commit.
+
+    ``due_at`` is ``None`` for a task that is runnable now (ready set), else the
+    time it becomes due (delayed set).
+    """
+
+    task_id: UUID
+    queue: str
+    priority: int
+    due_at: datetime | None

@@ -1,0 +1,152 @@
+"""Executor of one queue: runs claimed tasks' handlers and reports each run's end.
+
+Receives :class:`~taskmesh.models.ClaimedTask` from the queue's fetcher, runs
+the handler (``async`` on the event loop, sync in a worker thread) under the
+handler's ``timeout``, decides the outcome, and sends a
+:class:`~taskmesh.models.RunResult` to the committer. Outcomes (design.md
+section 3):
+
+- handler returned: ``succeeded``;
+- handler raised, or overran its ``timeout``: ``retry`` after
+  ``min(2**n, 3600)`` seconds while retries are left, else ``failed``;
+- no handler and no fallback, a payload the handler's type cannot decode, or
+  :class:`~taskmesh.errors.NonRetryableError`: ``failed`` at once.
+
+Emits ``run_started`` / ``run_finished`` log events with task_id, task_name,
+queue, attempt, trace_id and worker_id, and the runs_finished and
+run_duration metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import anyio
+import orjson
+import structlog
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+
+from taskmesh.errors import NonRetryableError, Retry
+from taskmesh.metrics import Metrics
+from taskmesh.models import ClaimedTask, Outcome, RunResult, TaskContext
+from taskmesh.registry import PayloadDecodeError, Registry
+from taskmesh.retry import backoff_seconds
+
+log = structlog.get_logger("taskmesh.executor")
+
+MAX_ERROR_CHARS = 2000
+
+
+def _failure(task: ClaimedTask, error: str, *, retryable: bool, delay: float | None = None) -> tuple[Outcome, float]:
+    if retryable and task.retries < task.max_retries:
+        return Outcome.RETRY, delay if delay is not None else float(backoff_seconds(task.retries))
+    return Outcome.FAILED, 0.0
+
+
+async def execute(task: ClaimedTask, registry: Registry) -> RunResult:
+    """Run one claimed task's handler and decide its outcome (never raises).
+
+    Cancellation (shutdown past its grace) propagates to the caller.
+    """
+    handler = registry.get(task.name)
+    started = time.perf_counter()
+    if handler is None:
+        return RunResult(task, Outcome.FAILED, error=f"no handler registered for task name {task.name!r}")
+    try:
+        payload = handler.decode(task.payload)
+    except PayloadDecodeError as exc:
+        return RunResult(task, Outcome.FAILED, error=f"payload does not fit the handler: {exc}")
+    kwargs: dict[str, Any] = {}
+    if handler.wants_ctx:
+        kwargs["ctx"] = TaskContext(
+            task_id=task.task_id,
+            run_id=task.run_id,
+            name=task.name,
+            queue=task.queue,
+            priority=task.priority,
+            attempt=task.attempt,
+            retries=task.retries,
+            max_retries=task.max_retries,
+            idempotency_key=task.idempotency_key,
+            trace_id=task.trace_id,
+            tenant_id=task.tenant_id,
+        )
+    error: str
+    retryable = True
+    delay: float | None = None
+    try:
+        with anyio.fail_after(handler.timeout):
+            if handler.is_async:
+                value = await handler.func(payload, **kwargs)
+            else:
+                value = await anyio.to_thread.run_sync(
+                    functools.partial(handler.func, payload, **kwargs), abandon_on_cancel=True
+                )
+        duration = time.perf_counter() - started
+        try:
+            result = orjson.dumps(value).decode()
+        except TypeError as exc:
+            return RunResult(
+                task, Outcome.FAILED, error=f"handler result is not JSON-serialisable: {exc}", duration_seconds=duration
+            )
+        return RunResult(task, Outcome.SUCCEEDED, result=result, duration_seconds=duration)
+    except TimeoutError:
+        error = f"timed out after {handler.timeout:g} s"
+    except NonRetryableError as exc:
+        error, retryable = f"NonRetryableError: {exc}", False
+    except Retry as exc:
+        error, delay = f"Retry: {exc}", exc.delay_seconds
+    except Exception as exc:  # a handler's own failure, whatever it is, is a failed run
+        error = f"{type(exc).__name__}: {exc}"
+    outcome, wait = _failure(task, error[:MAX_ERROR_CHARS], retryable=retryable, delay=delay)
+    return RunResult(
+        task, outcome, error=error[:MAX_ERROR_CHARS], delay_seconds=wait, duration_seconds=time.perf_counter() - started
+    )
+
+
+async def run(
+    receive: ObjectReceiveStream[ClaimedTask],
+    results: ObjectSendStream[RunResult],
+    slots: anyio.Semaphore,
+    registry: Registry,
+    inflight: dict[Any, ClaimedTask],
+    *,
+    worker_id: str,
+    metrics: Metrics | None = None,
+) -> None:
+    """Execute tasks until the fetcher closes the channel.
+
+    :param inflight: shared map run_id -> task of runs started and not yet
+        reported; what is left in it when the executor is cancelled is handed
+        back by the supervisor.
+    """
+    async with receive, results:
+        async for task in receive:
+            inflight[task.run_id] = task
+            bound = log.bind(
+                task_id=str(task.task_id),
+                task_name=task.name,
+                queue=task.queue,
+                attempt=task.attempt,
+                trace_id=task.trace_id,
+                worker_id=worker_id,
+            )
+            bound.debug("run_started")
+            result = await execute(task, registry)
+            if metrics is not None:
+                metrics.runs_finished.labels(task.queue, task.name, result.outcome.value).inc()
+                metrics.run_duration.labels(task.queue, task.name).observe(result.duration_seconds)
+            if result.outcome is Outcome.SUCCEEDED:
+                bound.info("run_finished", outcome=result.outcome.value, duration_s=round(result.duration_seconds, 6))
+            else:
+                bound.warning(
+                    "run_finished",
+                    outcome=result.outcome.value,
+                    error=result.error,
+                    retry_in_s=result.delay_seconds if result.outcome is Outcome.RETRY else None,
+                )
+            await results.send(result)
+            del inflight[task.run_id]
+            slots.release()

@@ -1,0 +1,80 @@
+"""Fetcher of one queue: pops ready ids from Redis, claims them in PostgreSQL, hands them on.
+
+Reads ``{prefix}:{q}:ready`` (``BZMPOP``, as many ids as executors are free),
+claims them with one conditional UPDATE (queued -> running, a run row per
+claim) and sends each :class:`~taskmesh.models.ClaimedTask` to the queue's
+executors. Ids whose claim fails (already claimed, not queued) are dropped
+quietly. When a store fails it logs once, backs off and goes on; ids popped
+but not claimed stay queued in PostgreSQL and are pushed again by the
+re-push service.
+
+Stops at the top of its loop once ``stop`` is set (within ``pop_timeout``
+seconds), closing its send stream so that executors finish what is buffered.
+"""
+
+from __future__ import annotations
+
+import anyio
+from anyio.abc import ObjectSendStream
+
+from taskmesh.models import ClaimedTask
+from taskmesh.services.outage import STORE_ERRORS, Outage
+from taskmesh.store import redis as rstore
+from taskmesh.tasks import Tasks
+
+
+async def run(
+    queue: str,
+    tasks: Tasks,
+    send: ObjectSendStream[ClaimedTask],
+    slots: anyio.Semaphore,
+    stop: anyio.Event,
+    *,
+    worker_id: str,
+    lease_seconds: float,
+    batch_max: int = 100,
+    pop_timeout: float = 1.0,
+) -> None:
+    """Fetch until ``stop`` is set.
+
+    :param slots: free executor slots; the fetcher takes one per claimed task
+        and the executor gives it back when the run's result is sent.
+    :param batch_max: most ids popped and claimed at once.
+    :param pop_timeout: seconds a ``BZMPOP`` blocks on an empty queue.
+    """
+    outage = Outage(f"fetcher:{queue}")
+    async with send:
+        while not stop.is_set():
+            await slots.acquire()
+            if stop.is_set():  # waited for a free executor while shutdown began
+                slots.release()
+                break
+            taken = 1
+            while taken < batch_max:
+                try:
+                    slots.acquire_nowait()
+                except anyio.WouldBlock:
+                    break
+                taken += 1
+            try:
+                claimed = await run_once(queue, tasks, taken, worker_id, lease_seconds, pop_timeout)
+            except STORE_ERRORS as exc:
+                for _ in range(taken):
+                    slots.release()
+                await outage.failed(exc)
+                continue
+            outage.recovered()
+            for _ in range(taken - len(claimed)):
+                slots.release()
+            for item in claimed:
+                await send.send(item)
+
+
+async def run_once(
+    queue: str, tasks: Tasks, count: int, worker_id: str, lease_seconds: float, pop_timeout: float
+) -> list[ClaimedTask]:
+    """Pop up to ``count`` ids and claim them; returns the claimed tasks."""
+    ids = await rstore.pop_ready(tasks.redis, tasks.keys, queue, count, pop_timeout)
+    if not ids:
+        return []
+    return await tasks.claim(queue, ids, worker_id, lease_seconds)

@@ -1,0 +1,170 @@
+"""Redis access: the client, pushes into the per-queue structures, the Lua scripts.
+
+Redis holds only task ids (design.md principle 1); every function here can be
+repeated safely: pushes use ``ZADD NX``, the DLQ mirror removes before it adds.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from taskmesh.models import PushTarget
+from taskmesh.store.keys import EPOCH_MS, PRIORITY_STEP, Keys, ready_score
+
+Redis = aioredis.Redis
+
+
+@cache
+def lua(name: str) -> str:
+    """The text of ``lua/<name>.lua``."""
+    return resources.files("taskmesh.store").joinpath("lua", f"{name}.lua").read_text()
+
+
+def create_client(redis_url: str) -> Redis:
+    """A redis-py asyncio client with short connect and read timeouts (seconds).
+
+    Reads are allowed 5 s beyond a blocking pop's own timeout.
+    """
+    return aioredis.Redis.from_url(
+        redis_url,
+        socket_connect_timeout=2,
+        socket_timeout=10,
+        health_check_interval=15,
+        decode_responses=True,
+    )
+
+
+def now_ms() -> int:
+    """Wall-clock time in milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def _ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+async def push(client: Redis, keys: Keys, targets: Iterable[PushTarget]) -> int:
+    """Push queued tasks into their ready or delayed set in one pipeline.
+
+    :param targets: tasks with ``due_at=None`` (ready now) or a due time (delayed).
+    :returns: how many ids were pushed (repeats are harmless: ``ZADD NX``).
+    :raises redis.RedisError: Redis did not answer; Postgres still has the tasks
+        and the re-push service retries.
+    """
+    n = 0
+    async with client.pipeline(transaction=False) as pipe:
+        for t in targets:
+            tid = str(t.task_id)
+            if t.due_at is None:
+                pipe.zadd(keys.ready(t.queue), {tid: ready_score(t.priority, now_ms())}, nx=True)
+            else:
+                pipe.hset(keys.priorities(t.queue), tid, t.priority)
+                pipe.zadd(keys.delayed(t.queue), {tid: _ms(t.due_at)}, nx=True)
+            n += 1
+        if n:
+            await pipe.execute()
+    return n
+
+
+async def push_ready_or_delayed(client: Redis, keys: Keys, targets: Iterable[PushTarget]) -> int:
+    """Like :func:`push`, but a target whose due time has passed goes to ready."""
+    cutoff = time.time()
+    fixed = [
+        PushTarget(t.task_id, t.queue, t.priority, None)
+        if t.due_at is not None and t.due_at.timestamp() <= cutoff
+        else t
+        for t in targets
+    ]
+    return await push(client, keys, fixed)
+
+
+async def dead_letter(client: Redis, keys: Keys, queue: str, task_ids: list[str]) -> None:
+    """Mirror dead-lettered tasks into the queue's DLQ list (newest last)."""
+    if not task_ids:
+        return
+    async with client.pipeline(transaction=False) as pipe:
+        for tid in task_ids:
+            pipe.lrem(keys.dlq(queue), 0, tid)
+            pipe.rpush(keys.dlq(queue), tid)
+        await pipe.execute()
+
+
+async def replay(client: Redis, keys: Keys, queue: str, items: list[tuple[str, int]]) -> None:
+    """Take replayed tasks out of the DLQ mirror and push them ready.
+
+    :param items: ``(task_id, priority)`` pairs.
+    """
+    if not items:
+        return
+    async with client.pipeline(transaction=False) as pipe:
+        for tid, priority in items:
+            pipe.lrem(keys.dlq(queue), 0, tid)
+            pipe.zadd(keys.ready(queue), {tid: ready_score(priority, now_ms())}, nx=True)
+        await pipe.execute()
+
+
+async def pop_ready(client: Redis, keys: Keys, queue: str, count: int, timeout: float) -> list[str]:
+    """Pop up to ``count`` ids from a queue's ready set, best score first.
+
+    Blocks up to ``timeout`` seconds when the set is empty (``BZMPOP``).
+    :returns: the popped ids (empty after a timeout).
+    """
+    reply: Any = await client.bzmpop(timeout, 1, [keys.ready(queue)], min=True, count=count)
+    if not reply:
+        return []
+    _key, members = reply
+    return [m[0] if isinstance(m, list | tuple) else m for m in members]
+
+
+async def move_due(client: Redis, keys: Keys, queue: str, limit: int = 1000) -> int:
+    """Run ``delayed_move.lua`` once for ``queue``: due ids go to ready.
+
+    :returns: ids moved.
+    """
+    moved = await client.eval(  # type: ignore[misc]  # redis-py types eval as a union
+        lua("delayed_move"),
+        3,
+        keys.delayed(queue),
+        keys.ready(queue),
+        keys.priorities(queue),
+        now_ms(),
+        limit,
+        EPOCH_MS,
+        PRIORITY_STEP,
+    )
+    return int(moved)
+
+
+async def try_lock(client: Redis, key: str, ttl_ms: int) -> str | None:
+    """Take a short singleton lock (``SET key token NX PX ttl``).
+
+    :returns: the holder token, or ``None`` when another holder has it. The lock
+        only saves work (design.md principle 5); it never guards correctness.
+    """
+    token = secrets.token_hex(8)
+    ok = await client.set(key, token, nx=True, px=ttl_ms)
+    return token if ok else None
+
+
+async def release_lock(client: Redis, key: str, token: str) -> bool:
+    """Release a lock taken by :func:`try_lock` if it is still ours."""
+    released = await client.eval(lua("lock_release"), 1, key, token)  # type: ignore[misc]
+    return bool(released)
+
+
+async def depths(client: Redis, keys: Keys, queue: str) -> tuple[int, int, int]:
+    """``(ready, delayed, dlq)`` lengths of one queue."""
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.zcard(keys.ready(queue))
+        pipe.zcard(keys.delayed(queue))
+        pipe.llen(keys.dlq(queue))
+        ready, delayed, dlq = await pipe.execute()
+    return int(ready), int(delayed), int(dlq)

@@ -1,0 +1,285 @@
+"""The supervisor: one anyio task group running every service of an instance.
+
+Start order: bind the HTTP socket and serve (``/readyz`` says 503 until the
+stores answer); connect to PostgreSQL and Redis with backoff, logging
+``store_unavailable`` once per outage and naming the store; migrate under the
+advisory lock; then start the committer, the delayed mover, the re-push
+service and, per queue, a fetcher and ``concurrency`` executors.
+
+Shutdown (SIGTERM or SIGINT, or ``Instance.stop``): ``/readyz`` turns 503
+(draining) at once; fetchers stop; executors finish what they hold within
+``shutdown_grace_seconds``; runs still unfinished then are handed back
+(requeued now, no retry spent, ``error`` says interrupted); the committer
+writes every result; HTTP stops; the pools close. A second signal cancels
+everything at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import asyncpg
+import structlog
+import uvicorn
+from anyio.abc import ObjectReceiveStream
+
+from taskmesh import __version__
+from taskmesh.api.app import AppState, create_app
+from taskmesh.config import Settings, require_stores
+from taskmesh.errors import ConfigError
+from taskmesh.metrics import Metrics
+from taskmesh.models import ClaimedTask, Outcome, RunResult
+from taskmesh.registry import Registry
+from taskmesh.services import committer, delayed_mover, executor, fetcher, repusher
+from taskmesh.services.outage import STORE_ERRORS, Outage
+from taskmesh.store import redis as rstore
+from taskmesh.store.keys import Keys
+from taskmesh.store.postgres import create_pool, migrate
+from taskmesh.tasks import Tasks
+
+log = structlog.get_logger("taskmesh.supervisor")
+
+INTERRUPTED_ERROR = "interrupted: instance shut down before the run finished"
+
+
+@dataclass
+class Instance:
+    """Handle on a running instance, for the CLI and for tests.
+
+    ``port`` is the bound HTTP port once ``serving`` is set; ``ready`` is set
+    once the stores answered and every service runs; setting ``stop`` starts
+    the graceful shutdown, as SIGTERM does.
+    """
+
+    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}")
+    port: int | None = None
+    serving: anyio.Event = field(default_factory=anyio.Event)
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    stop: anyio.Event = field(default_factory=anyio.Event)
+    state: AppState | None = None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the supervisor owns signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind_http(host: str, port: int) -> socket.socket:
+    """Bind the API's listening socket before anything else starts.
+
+    :raises ConfigError: the address cannot be bound (in use, not local), naming ``http_port``.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"http_port: cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def run(settings: Settings, registry: Registry, instance: Instance | None = None, *, signals: bool = True) -> None:
+    """Run an instance until it is stopped (see module docs).
+
+    :param signals: install SIGTERM/SIGINT handlers (off for in-process tests).
+    :raises ConfigError: ``DATABASE_URL``/``REDIS_URL`` missing, or the HTTP port cannot be bound.
+    """
+    database_url, redis_url = require_stores(settings)
+    inst = instance or Instance()
+    metrics = Metrics()
+    state = AppState(metrics=metrics, queues=list(settings.queue_names))
+    inst.state = state
+    sock = bind_http(settings.http_host, settings.http_port)
+    inst.port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(state), log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=3
+    )
+    server = _Server(config)
+    log.info(
+        "instance_starting",
+        worker_id=inst.worker_id,
+        version=__version__,
+        http=f"{settings.http_host}:{inst.port}",
+        queues={q: settings.concurrency_of(q) for q in settings.queue_names},
+        handlers=registry.names(),
+    )
+    async with anyio.create_task_group() as root:
+        if signals:
+            root.start_soon(_watch_signals, inst.stop, root.cancel_scope)
+
+        async def serve_http() -> None:
+            await server.serve(sockets=[sock])
+
+        root.start_soon(serve_http)
+        inst.serving.set()
+        stores = await _connect_until_stopped(settings, database_url, redis_url, inst.stop)
+        if stores is not None:
+            pool, client = stores
+            tasks = Tasks(
+                pool,
+                client,
+                Keys(settings.redis_prefix),
+                registry=registry,
+                default_max_retries=settings.default_max_retries,
+                metrics=metrics,
+            )
+            state.tasks = tasks
+            try:
+                await _work(settings, registry, tasks, inst, state)
+            finally:
+                server.should_exit = True
+                with anyio.CancelScope(shield=True):
+                    with anyio.move_on_after(5):
+                        while server.started and not _server_done(server):
+                            await anyio.sleep(0.05)
+                    state.tasks = None
+                    await client.aclose()
+                    await pool.close()
+        server.should_exit = True
+        with anyio.move_on_after(5):
+            while not _server_done(server):
+                await anyio.sleep(0.05)
+        root.cancel_scope.cancel()
+    log.info("instance_stopped", worker_id=inst.worker_id)
+
+
+def _server_done(server: uvicorn.Server) -> bool:
+    servers = getattr(server, "servers", None)
+    return server.should_exit and (not server.started or not servers or all(not s.is_serving() for s in servers))
+
+
+async def _watch_signals(stop: anyio.Event, everything: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+        async for signum in received:
+            if not stop.is_set():
+                log.info("shutdown_requested", signal=signal.Signals(signum).name)
+                stop.set()
+            else:
+                log.warning("shutdown_forced", signal=signal.Signals(signum).name)
+                everything.cancel()
+                return
+
+
+async def _connect_until_stopped(
+    settings: Settings, database_url: str, redis_url: str, stop: anyio.Event
+) -> tuple[asyncpg.Pool, rstore.Redis] | None:
+    """Connect (and migrate) with backoff; ``None`` when stopped first."""
+    result: list[Any] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            await stop.wait()
+            tg.cancel_scope.cancel()
+
+        async def connect() -> None:
+            pg_outage = Outage("postgres")
+            pool = None
+            while pool is None:
+                try:
+                    pool = await create_pool(database_url, settings.pg_pool_size)
+                    if settings.migrate_on_start:
+                        async with pool.acquire() as conn:
+                            await migrate(conn)
+                except STORE_ERRORS as exc:
+                    if pool is not None:
+                        await pool.close()
+                        pool = None
+                    await pg_outage.failed(exc)
+            pg_outage.recovered()
+            client = rstore.create_client(redis_url)
+            redis_outage = Outage("redis")
+            while True:
+                try:
+                    await client.ping()
+                    break
+                except STORE_ERRORS as exc:
+                    await redis_outage.failed(exc)
+            redis_outage.recovered()
+            result.extend([pool, client])
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        tg.start_soon(connect)
+    return (result[0], result[1]) if result else None
+
+
+async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Instance, state: AppState) -> None:
+    queues = list(settings.queue_names)
+    total = sum(settings.concurrency_of(q) for q in queues)
+    results_send, results_recv = anyio.create_memory_object_stream[RunResult](max(1024, 4 * total))
+    inflight: dict[Any, ClaimedTask] = {}
+    leftovers: list[ObjectReceiveStream[ClaimedTask]] = []
+    async with anyio.create_task_group() as services:
+        services.start_soon(
+            lambda: committer.run(
+                results_recv,
+                tasks,
+                worker_id=inst.worker_id,
+                batch_size=settings.commit_batch_size,
+                flush_ms=settings.commit_flush_ms,
+            )
+        )
+        maintenance = anyio.CancelScope()
+
+        async def maintain() -> None:
+            with maintenance:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(lambda: delayed_mover.run(tasks.redis, tasks.keys, queues, interval=settings.delayed_poll_seconds))
+                    tg.start_soon(lambda: repusher.run(tasks, queues, interval=settings.repush_interval_seconds))
+
+        services.start_soon(maintain)
+        async with anyio.create_task_group() as workers:
+            for queue in queues:
+                concurrency = settings.concurrency_of(queue)
+                send, recv = anyio.create_memory_object_stream[ClaimedTask](concurrency)
+                slots = anyio.Semaphore(concurrency)
+                workers.start_soon(
+                    lambda q=queue, s=send, sl=slots: fetcher.run(
+                        q, tasks, s, sl, inst.stop, worker_id=inst.worker_id, lease_seconds=settings.lease_seconds,
+                        batch_max=min(concurrency, 100),
+                    )
+                )
+                for _ in range(concurrency):
+                    workers.start_soon(
+                        lambda r=recv.clone(), sl=slots: executor.run(
+                            r, results_send.clone(), sl, registry, inflight, worker_id=inst.worker_id, metrics=tasks.metrics
+                        )
+                    )
+                leftovers.append(recv)
+            inst.ready.set()
+            log.info("instance_ready", worker_id=inst.worker_id)
+            await inst.stop.wait()
+            state.draining = True
+            log.info("draining", in_flight=len(inflight), grace_s=settings.shutdown_grace_seconds)
+            workers.cancel_scope.deadline = anyio.current_time() + settings.shutdown_grace_seconds
+        # Runs still unfinished after the grace period, and claimed tasks never started, go back.
+        handed_back = list(inflight.values())
+        for recv in leftovers:
+            while True:
+                try:
+                    handed_back.append(recv.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                    break
+            recv.close()
+        with anyio.CancelScope(shield=True):
+            for task in handed_back:
+                await results_send.send(RunResult(task, Outcome.INTERRUPTED, error=INTERRUPTED_ERROR))
+            if handed_back:
+                log.warning("runs_handed_back", count=len(handed_back))
+            results_send.close()
+            maintenance.cancel()

@@ -1,0 +1,301 @@
+"""The one facade over the stores: enqueue, read, claim, finish, dead-letter, replay.
+
+Every write commits in PostgreSQL first and only then touches Redis (design.md
+principle 1); a Redis failure after the commit is logged and left to the
+re-push service, never reported as a failed enqueue.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import orjson
+import redis.exceptions
+import structlog
+
+from taskmesh.errors import InvalidTaskError, TaskNotFoundError
+from taskmesh.metrics import Metrics
+from taskmesh.models import ClaimedTask, PushTarget, RunResult
+from taskmesh.registry import Registry
+from taskmesh.store import redis as rstore
+from taskmesh.store.keys import Keys
+from taskmesh.store.postgres import queries
+from taskmesh.validation import TaskSpec
+
+log = structlog.get_logger("taskmesh.tasks")
+
+REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """Answer of :meth:`Tasks.enqueue`.
+
+    ``created`` is ``False`` when the idempotency key named an existing task,
+    whose id and current status are returned.
+    """
+
+    task_id: uuid.UUID
+    status: str
+    created: bool
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def task_to_dict(row: asyncpg.Record) -> dict[str, Any]:
+    """A ``tasks`` row in the API's shape (original field names: queue_name, dedup_key)."""
+    return {
+        "id": str(row["id"]),
+        "name": row["name"],
+        "type": row["type"],
+        "queue_name": row["queue"],
+        "priority": row["priority"],
+        "payload": orjson.loads(row["payload"]),
+        "dedup_key": row["idempotency_key"],
+        "max_retries": row["max_retries"],
+        "retries": row["retries"],
+        "attempts": row["attempts"],
+        "status": row["status"],
+        "run_at": _iso(row["run_at"]),
+        "tenant_id": row["tenant_id"],
+        "trace_id": row["trace_id"],
+        "created_at": _iso(row["created_at"]),
+        "updated_at": _iso(row["updated_at"]),
+    }
+
+
+def run_to_dict(row: asyncpg.Record) -> dict[str, Any]:
+    """A ``task_runs`` row in the API's shape."""
+    return {
+        "id": str(row["id"]),
+        "task_id": str(row["task_id"]),
+        "attempt": row["attempt"],
+        "status": row["status"],
+        "worker_id": row["worker_id"],
+        "claimed_at": _iso(row["claimed_at"]),
+        "started_at": _iso(row["started_at"]),
+        "finished_at": _iso(row["finished_at"]),
+        "lease_expires_at": _iso(row["lease_expires_at"]),
+        "next_retry_at": _iso(row["next_retry_at"]),
+        "error": row["error"],
+        "result": orjson.loads(row["result"]) if row["result"] is not None else None,
+        "created_at": _iso(row["created_at"]),
+        "updated_at": _iso(row["updated_at"]),
+    }
+
+
+def dump_json(value: Any, field: str) -> str:
+    """Serialise ``value`` for a jsonb column.
+
+    :raises InvalidTaskError: it is not JSON-serialisable.
+    """
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError as exc:
+        raise InvalidTaskError(field, f"is not JSON-serialisable: {exc}") from None
+
+
+class Tasks:
+    """Task operations over one PostgreSQL pool and one Redis client.
+
+    :param registry: handlers, for per-name defaults (``max_retries``, ``queue``).
+    :param default_max_retries: retries when neither request nor handler says.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        redis_client: rstore.Redis,
+        keys: Keys,
+        *,
+        registry: Registry | None = None,
+        default_max_retries: int = 3,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.pool = pool
+        self.redis = redis_client
+        self.keys = keys
+        self.registry = registry
+        self.default_max_retries = default_max_retries
+        self.metrics = metrics
+        self._q = queries()
+
+    async def enqueue(self, spec: TaskSpec) -> Enqueued:
+        """Store a task (and its first run), then push its id to Redis.
+
+        A repeated ``dedup_key`` returns the existing task and writes nothing,
+        also under concurrent requests (the unique index decides).
+        """
+        handler = self.registry.get(spec.name) if self.registry else None
+        max_retries = spec.max_retries
+        if max_retries is None:
+            max_retries = handler.max_retries if handler and handler.max_retries is not None else self.default_max_retries
+        queue = spec.queue_name
+        if "queue_name" not in spec.model_fields_set and handler and handler.queue:
+            queue = handler.queue
+        due_at = spec.due_at()
+        task_type = "delayed" if due_at is not None else spec.type
+        if task_type == "delayed" and due_at is None:
+            task_type = "immediate"
+        payload = dump_json(spec.payload, "payload")
+        task_id = uuid.uuid4()
+        row = await self.pool.fetchrow(
+            self._q["task_insert"],
+            task_id,
+            spec.name,
+            task_type,
+            queue,
+            spec.priority,
+            payload,
+            spec.dedup_key,
+            max_retries,
+            due_at or datetime.now().astimezone(),
+            spec.tenant_id,
+            spec.trace_id,
+        )
+        if row is None:
+            existing = await self.pool.fetchrow(self._q["task_find_by_idempotency_key"], spec.dedup_key)
+            if existing is None:  # deleted between the two statements: vanishingly rare, say so
+                raise TaskNotFoundError(f"task with dedup_key {spec.dedup_key!r} vanished")
+            if self.metrics:
+                self.metrics.tasks_deduplicated.labels(queue).inc()
+            return Enqueued(existing["id"], existing["status"], created=False)
+        if self.metrics:
+            self.metrics.tasks_created.labels(queue).inc()
+        await self._push([PushTarget(task_id, queue, spec.priority, due_at)])
+        return Enqueued(task_id, "queued", created=True)
+
+    async def _push(self, targets: Sequence[PushTarget]) -> None:
+        try:
+            await rstore.push(self.redis, self.keys, targets)
+        except REDIS_ERRORS as exc:
+            if self.metrics:
+                self.metrics.redis_push_failures.inc()
+            log.warning("redis_push_failed", tasks=len(targets), error=str(exc))
+
+    async def get(self, task_id: uuid.UUID) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The task and its latest run.
+
+        :raises TaskNotFoundError: no task has this id.
+        """
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(self._q["task_get"], task_id)
+            if row is None:
+                raise TaskNotFoundError(str(task_id))
+            run = await conn.fetchrow(self._q["run_get_latest"], task_id)
+        return task_to_dict(row), run_to_dict(run) if run else None
+
+    async def runs(self, task_id: uuid.UUID) -> list[dict[str, Any]]:
+        """Every run of a task, by attempt.
+
+        :raises TaskNotFoundError: no task has this id.
+        """
+        async with self.pool.acquire() as conn:
+            if await conn.fetchrow(self._q["task_get"], task_id) is None:
+                raise TaskNotFoundError(str(task_id))
+            rows = await conn.fetch(self._q["run_list_by_task"], task_id)
+        return [run_to_dict(r) for r in rows]
+
+    async def dead_letters(self, queue: str, count: int) -> list[dict[str, Any]]:
+        """Up to ``count`` dead-lettered tasks of ``queue``, oldest first."""
+        rows = await self.pool.fetch(self._q["task_list_failed"], queue, count)
+        return [task_to_dict(r) for r in rows]
+
+    async def replay(self, queue: str, count: int, override_priority: int | None = None) -> list[str]:
+        """Move up to ``count`` dead-lettered tasks back to ready, oldest first.
+
+        Each gets a fresh retry budget; its priority changes only when
+        ``override_priority`` is given (as in the original platform).
+        :returns: the replayed task ids.
+        """
+        rows = await self.pool.fetch(self._q["task_replay_many"], queue, count, override_priority)
+        items = [(str(r["id"]), r["priority"]) for r in rows]
+        try:
+            await rstore.replay(self.redis, self.keys, queue, items)
+        except REDIS_ERRORS as exc:
+            log.warning("redis_push_failed", tasks=len(items), error=str(exc))
+        return [tid for tid, _ in items]
+
+    async def claim(self, queue: str, ids: Sequence[str], worker_id: str, lease_seconds: float) -> list[ClaimedTask]:
+        """Claim popped ids in one conditional UPDATE (design.md principle 3).
+
+        Ids that are no longer queued (claimed elsewhere, duplicates) are
+        dropped quietly.
+        """
+        uuids = []
+        for raw in ids:
+            try:
+                uuids.append(uuid.UUID(raw))
+            except ValueError:
+                log.warning("redis_id_malformed", queue=queue, value=raw[:64])
+        if not uuids:
+            return []
+        rows = await self.pool.fetch(self._q["task_claim_many"], uuids, queue, worker_id, lease_seconds)
+        return [
+            ClaimedTask(
+                task_id=r["id"],
+                run_id=r["run_id"],
+                name=r["name"],
+                queue=r["queue"],
+                priority=r["priority"],
+                payload=orjson.loads(r["payload"]),
+                attempt=r["attempts"],
+                retries=r["retries"],
+                max_retries=r["max_retries"],
+                idempotency_key=r["idempotency_key"],
+                trace_id=r["trace_id"],
+                tenant_id=r["tenant_id"],
+            )
+            for r in rows
+        ]
+
+    async def finish(self, results: Sequence[RunResult], worker_id: str) -> int:
+        """Write a batch of run results in one statement, then update Redis.
+
+        Retried tasks go to their queue's delayed set, dead-lettered ones to its
+        DLQ mirror, interrupted ones back to ready.
+        :returns: results written (a fenced-out late result is not).
+        :raises asyncpg.PostgresError, OSError: Postgres failed; nothing was written.
+        """
+        if not results:
+            return 0
+        rows = await self.pool.fetch(
+            self._q["run_finish_many"],
+            [r.task.run_id for r in results],
+            [r.task.task_id for r in results],
+            [r.outcome.value for r in results],
+            [r.error for r in results],
+            [r.result for r in results],
+            [float(r.delay_seconds) for r in results],
+            worker_id,
+        )
+        pushes: list[PushTarget] = []
+        dead: dict[str, list[str]] = defaultdict(list)
+        for row in rows:
+            if row["status"] == "queued":
+                pushes.append(PushTarget(row["id"], row["queue"], row["priority"], row["run_at"]))
+            elif row["status"] == "failed":
+                dead[row["queue"]].append(str(row["id"]))
+        try:
+            if pushes:
+                await rstore.push_ready_or_delayed(self.redis, self.keys, pushes)
+            for queue, ids in dead.items():
+                await rstore.dead_letter(self.redis, self.keys, queue, ids)
+        except REDIS_ERRORS as exc:
+            log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))
+        if len(rows) < len(results):
+            log.warning("late_results_dropped", count=len(results) - len(rows))
+        return len(rows)
+
+    async def stale_queued(self, queues: Sequence[str], min_age_seconds: float, limit: int) -> list[PushTarget]:
+        """Queued tasks older than ``min_age_seconds`` (candidates for a re-push)."""
+        rows = await self.pool.fetch(self._q["task_list_queued_stale"], list(queues), min_age_seconds, limit)
+        return [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows]

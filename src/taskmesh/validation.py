@@ -1,0 +1,156 @@
+"""Validation of tasks to enqueue, shared by the HTTP API and the Python client.
+
+Design.md principle 7: bad input is refused at the edge, before anything is
+written. Limits (issue 2): names and queue names match
+``[A-Za-z0-9_.:-]{1,128}``; priority 0..1000 (higher runs first); max_retries
+0..100; delay_seconds 0..31,536,000 (one year); payload any JSON value nested at
+most 64 levels; no string anywhere may hold a NUL character (PostgreSQL text
+and jsonb cannot store it).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+
+from taskmesh.errors import InvalidTaskError
+from taskmesh.store.keys import PRIORITY_MAX
+
+MAX_PAYLOAD_DEPTH = 64
+MAX_RETRIES_LIMIT = 100
+MAX_DELAY_SECONDS = 365 * 24 * 3600
+NAME_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+StrictInt = Annotated[int, Strict()]
+
+
+def check_json(value: Any, path: str, max_depth: int = MAX_PAYLOAD_DEPTH) -> None:
+    """Refuse JSON that PostgreSQL cannot store or that nests too deeply.
+
+    :param value: a decoded JSON value (dict, list, str, number, bool, None).
+    :param path: field name used in the error (``payload``).
+    :param max_depth: most levels of nested arrays/objects (a scalar is depth 0).
+    :raises InvalidTaskError: ``payload: nested deeper than 64 levels`` or
+        ``payload.a.b: contains a NUL character``.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise InvalidTaskError(where, "contains a NUL character")
+        elif isinstance(item, dict):
+            if depth >= max_depth:
+                raise InvalidTaskError(path, f"nested deeper than {max_depth} levels")
+            for k, v in item.items():
+                if "\x00" in k:
+                    raise InvalidTaskError(f"{where}.{k!r}", "key contains a NUL character")
+                stack.append((v, f"{where}.{k}", depth + 1))
+        elif isinstance(item, list):
+            if depth >= max_depth:
+                raise InvalidTaskError(path, f"nested deeper than {max_depth} levels")
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+
+
+class TaskSpec(BaseModel):
+    """A task to enqueue, in the original API's field names.
+
+    ``dedup_key`` is the idempotency key; ``type`` says how the task is
+    scheduled (``immediate`` or ``delayed``; a delay makes it ``delayed``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_REGEX, description="Handler name, [A-Za-z0-9_.:-]{1,128}.")
+    type: Literal["immediate", "delayed"] = "immediate"
+    queue_name: str = Field(default="default", pattern=NAME_REGEX)
+    priority: StrictInt = Field(default=0, ge=0, le=PRIORITY_MAX, description="0..1000, higher runs first.")
+    payload: Any = Field(default_factory=dict, description="Any JSON value, at most 64 levels deep.")
+    dedup_key: str | None = Field(default=None, min_length=1, max_length=512)
+    max_retries: StrictInt | None = Field(default=None, ge=0, le=MAX_RETRIES_LIMIT)
+    delay_seconds: float | None = Field(default=None, ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
+    run_at: datetime | None = Field(default=None, description="RFC 3339 time with an offset.")
+    tenant_id: str | None = Field(default=None, min_length=1, max_length=128)
+    trace_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @field_validator("delay_seconds", mode="before")
+    @classmethod
+    def _number_only(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not (value is None or isinstance(value, int | float)):
+            raise ValueError("must be a number of seconds")
+        return value
+
+    @field_validator("run_at", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: Any) -> Any:
+        if value is None or isinstance(value, datetime):
+            return value
+        if not isinstance(value, str):
+            raise ValueError("must be an RFC 3339 date-time string")
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError("must be an RFC 3339 date-time string") from None
+        if "T" not in value.upper() and " " not in value:
+            raise ValueError("must be an RFC 3339 date-time string")
+        return parsed
+
+    @field_validator("run_at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("must carry a UTC offset (RFC 3339), e.g. 2026-01-01T12:00:00Z")
+        return value
+
+    @model_validator(mode="after")
+    def _one_delay(self) -> TaskSpec:
+        if self.delay_seconds is not None and self.run_at is not None:
+            raise ValueError("give delay_seconds or run_at, not both")
+        if self.type == "delayed" and self.delay_seconds is None and self.run_at is None:
+            raise ValueError("type 'delayed' needs delay_seconds or run_at")
+        return self
+
+    def due_at(self, now: datetime | None = None) -> datetime | None:
+        """When the task becomes runnable, or ``None`` for now."""
+        if self.run_at is not None:
+            return self.run_at.astimezone(UTC)
+        if self.delay_seconds:
+            return (now or datetime.now(UTC)) + timedelta(seconds=self.delay_seconds)
+        return None
+
+
+def field_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """``(field, message)`` pairs of a pydantic error, fields as dotted paths."""
+    out = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "body"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif err["type"] == "missing":
+            msg = "field required"
+        out.append((loc, msg))
+    return out
+
+
+def parse_task_spec(data: Any) -> TaskSpec:
+    """Validate a decoded JSON object as a :class:`TaskSpec`.
+
+    :raises InvalidTaskError: the first problem, naming its field; ``errors``
+        on the exception lists every ``(field, message)``.
+    """
+    if not isinstance(data, dict):
+        raise InvalidTaskError("body", "must be a JSON object")
+    for key in ("payload", "dedup_key", "tenant_id", "trace_id", "name", "queue_name"):
+        if key in data:
+            check_json(data[key], key)
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as exc:
+        errors = field_errors(exc)
+        field, message = errors[0]
+        err = InvalidTaskError(field, message)
+        err.errors = errors  # type: ignore[attr-defined]  # extra detail for the API
+        raise err from None
