@@ -91,14 +91,18 @@ def start_valkey(root: Path) -> tuple[str, Callable[[], None]]:
 
 
 @contextlib.contextmanager
-def embedded_stores(database_url: str | None, redis_url: str | None) -> Iterator[tuple[str, str]]:
+def embedded_stores(
+    database_url: str | None, redis_url: str | None, root: Path | None = None
+) -> Iterator[tuple[str, str]]:
     """Yield ``(database_url, redis_url)``, starting embedded servers for the missing ones.
+
+    :param root: data directory (default :func:`dev_dir`).
 
     Servers started here are stopped on exit, also after an exception or Ctrl-C.
     """
     stops: list[Callable[[], None]] = []
     try:
-        root = dev_dir()
+        root = root or dev_dir()
         if not database_url:
             database_url, stop = start_postgres(root)
             stops.append(stop)

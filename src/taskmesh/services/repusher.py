@@ -4,9 +4,10 @@ A create commits before its Redis push; when Redis was down at that moment,
 or an id was popped and its claim failed, the task stays ``queued`` in
 PostgreSQL with nothing in Redis. Every ``interval`` seconds this service
 takes up to ``limit`` queued tasks of the instance's queues that have not
-changed for ``interval`` seconds, oldest first, and pushes them again with
-``ZADD NX`` (ready when due, else delayed): a repeat never duplicates and a
-stray id only costs a failed claim. This is the simple form the core issue
+changed for ``interval`` seconds, oldest first, and pushes those whose id is
+in neither the ready nor the delayed set (ready when due, else delayed;
+``ZADD NX``, so a race never duplicates and a stray id only costs a failed
+claim). This is the simple form the core issue
 asks for; the full reconciler (Redis restart detection, DLQ mirror repair)
 replaces it later.
 
@@ -37,11 +38,11 @@ async def run_once(tasks: Tasks, queues: Sequence[str], *, min_age: float, limit
     targets = await tasks.stale_queued(queues, min_age, limit)
     if not targets:
         return 0
-    pushed = await rstore.push_ready_or_delayed(tasks.redis, tasks.keys, targets)
+    pushed = await rstore.push_missing(tasks.redis, tasks.keys, targets)
     if tasks.metrics is not None:
-        for queue, n in Counter(t.queue for t in targets).items():
+        for queue, n in Counter(t.queue for t in pushed).items():
             tasks.metrics.tasks_repushed.labels(queue).inc(n)
-    return pushed
+    return len(pushed)
 
 
 async def run(tasks: Tasks, queues: Sequence[str], *, interval: float = 5.0) -> None:
@@ -56,4 +57,4 @@ async def run(tasks: Tasks, queues: Sequence[str], *, interval: float = 5.0) -> 
             continue
         outage.recovered()
         if n:
-            log.debug("tasks_repushed", count=n)
+            log.info("tasks_repushed", count=n)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import cache
 from importlib import resources
@@ -84,6 +84,25 @@ async def push_ready_or_delayed(client: Redis, keys: Keys, targets: Iterable[Pus
         for t in targets
     ]
     return await push(client, keys, fixed)
+
+
+async def push_missing(client: Redis, keys: Keys, targets: Sequence[PushTarget]) -> list[PushTarget]:
+    """Push only the targets whose id is in neither the ready nor the delayed set.
+
+    Two pipelined round trips: membership first, then the pushes (still
+    ``ZADD NX``, so a race with a concurrent push is harmless).
+    :returns: the targets pushed, i.e. repaired.
+    """
+    if not targets:
+        return []
+    async with client.pipeline(transaction=False) as pipe:
+        for t in targets:
+            pipe.zscore(keys.ready(t.queue), str(t.task_id))
+            pipe.zscore(keys.delayed(t.queue), str(t.task_id))
+        scores = await pipe.execute()
+    missing = [t for i, t in enumerate(targets) if scores[2 * i] is None and scores[2 * i + 1] is None]
+    await push_ready_or_delayed(client, keys, missing)
+    return missing
 
 
 async def dead_letter(client: Redis, keys: Keys, queue: str, task_ids: list[str]) -> None:

@@ -1,0 +1,177 @@
+"""Shared fixtures: real PostgreSQL and Redis, a fresh database per session, a key prefix per test.
+
+The machine's servers are used when TASKMESH_TEST_DATABASE_URL (an admin URL:
+the test creates and drops its own database) and TASKMESH_TEST_REDIS_URL are
+set, as .ci/run does; otherwise embedded servers are started for the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import asyncpg
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from taskmesh import supervisor
+from taskmesh.config import Settings, load_settings
+from taskmesh.logs import configure
+from taskmesh.registry import Registry
+from taskmesh.store import redis as rstore
+from taskmesh.store.keys import Keys
+from taskmesh.store.postgres import create_pool, migrate
+from taskmesh.tasks import Tasks
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    configure(os.environ.get("TASKMESH_TEST_LOG_LEVEL", "warning"), "console")
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def store_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    db = os.environ.get("TASKMESH_TEST_DATABASE_URL")
+    rd = os.environ.get("TASKMESH_TEST_REDIS_URL")
+    if db and rd:
+        yield db, rd
+        return
+    from taskmesh.dev import embedded_stores
+
+    with embedded_stores(db, rd, root=tmp_path_factory.mktemp("stores")) as urls:
+        yield urls
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="session")
+async def database_url(store_urls: tuple[str, str]) -> AsyncIterator[str]:
+    admin = store_urls[0]
+    name = f"tm_test_{secrets.token_hex(4)}"
+    conn = await asyncpg.connect(admin)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    url = with_database(admin, name)
+    conn = await asyncpg.connect(url)
+    await migrate(conn)
+    await conn.close()
+    yield url
+    conn = await asyncpg.connect(admin)
+    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await conn.close()
+
+
+@pytest.fixture
+def redis_url(store_urls: tuple[str, str]) -> str:
+    return store_urls[1]
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(database_url, 10)
+    await p.execute("TRUNCATE tasks CASCADE")
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"tmtest:{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+async def redis_client(redis_url: str, prefix: str) -> AsyncIterator[rstore.Redis]:
+    client = rstore.create_client(redis_url)
+    yield client
+    keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return Registry()
+
+
+@pytest.fixture
+def keys(prefix: str) -> Keys:
+    return Keys(prefix)
+
+
+@pytest.fixture
+async def tasks(pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys, registry: Registry) -> Tasks:
+    return Tasks(pool, redis_client, keys, registry=registry)
+
+
+@pytest.fixture
+def make_settings(database_url: str, redis_url: str, prefix: str) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "database_url": database_url,
+            "redis_url": redis_url,
+            "redis_prefix": prefix,
+            "http_port": 0,
+            "log_level": "warning",
+            "shutdown_grace_seconds": 5,
+            "repush_interval_seconds": 1,
+            "delayed_poll_seconds": 0.05,
+            "migrate_on_start": False,
+        }
+        values.update(overrides)
+        return load_settings(**values)
+
+    return make
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings, registry: Registry) -> AsyncIterator[supervisor.Instance]:
+    """Run an instance in this event loop until the block ends (graceful stop)."""
+    inst = supervisor.Instance()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(supervisor.run, settings, registry, inst, signals=False))
+        with anyio.fail_after(20):
+            await inst.ready.wait()
+        try:
+            yield inst
+        finally:
+            inst.stop.set()
+
+
+@pytest.fixture
+def start_instance(
+    make_settings: Callable[..., Settings], registry: Registry
+) -> Callable[..., contextlib.AbstractAsyncContextManager[supervisor.Instance]]:
+    def start(**overrides: Any) -> contextlib.AbstractAsyncContextManager[supervisor.Instance]:
+        return running(make_settings(**overrides), registry)
+
+    return start
+
+
+def http(inst: supervisor.Instance) -> httpx.AsyncClient:
+    """An HTTP client for a running instance."""
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{inst.port}", timeout=10)
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await anyio.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s; last value: {last!r}")

@@ -1,0 +1,175 @@
+"""Enqueue: idempotency, priority order, delays, Redis down at create time."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from taskmesh.services import delayed_mover, repusher
+from taskmesh.store import redis as rstore
+from taskmesh.store.keys import Keys
+from taskmesh.tasks import Tasks
+from taskmesh.validation import parse_task_spec
+
+pytestmark = pytest.mark.anyio
+
+
+def spec(**fields: Any) -> Any:
+    return parse_task_spec({"name": "t", **fields})
+
+
+async def test_a_repeated_idempotency_key_returns_the_existing_task_and_writes_nothing(
+    tasks: Tasks, pool: asyncpg.Pool
+) -> None:
+    first = await tasks.enqueue(spec(dedup_key="k-1"))
+    again = await tasks.enqueue(spec(dedup_key="k-1", priority=9))
+    assert first.created and not again.created
+    assert again.task_id == first.task_id
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 1
+    assert await pool.fetchval("SELECT count(*) FROM task_runs") == 1
+
+
+async def test_fifty_concurrent_creates_with_one_key_make_exactly_one_task(tasks: Tasks, pool: asyncpg.Pool) -> None:
+    ids: list[Any] = []
+
+    async def create() -> None:
+        ids.append((await tasks.enqueue(spec(dedup_key="same-key"))).task_id)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(50):
+            tg.start_soon(create)
+    assert len(ids) == 50 and len(set(ids)) == 1
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 1
+    assert await pool.fetchval("SELECT count(*) FROM task_runs") == 1
+
+
+async def test_a_new_task_has_a_queued_first_run_and_sits_in_the_ready_set(
+    tasks: Tasks, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+) -> None:
+    created = await tasks.enqueue(spec(priority=7))
+    task, run = await tasks.get(created.task_id)
+    assert task["status"] == "queued" and task["type"] == "immediate" and task["priority"] == 7
+    assert run is not None and run["attempt"] == 1 and run["status"] == "queued"
+    assert await redis_client.zscore(keys.ready("default"), str(created.task_id)) is not None
+
+
+async def test_higher_priority_pops_first_and_fifo_holds_within_a_priority(
+    tasks: Tasks, redis_client: rstore.Redis, keys: Keys
+) -> None:
+    order = [(1, "a"), (5, "b"), (1, "c"), (9, "d"), (5, "e"), (0, "f")]
+    names = {}
+    for priority, label in order:
+        names[str((await tasks.enqueue(spec(priority=priority))).task_id)] = label
+        await anyio.sleep(0.002)  # distinct milliseconds, so FIFO is observable
+    popped = await rstore.pop_ready(redis_client, keys, "default", 10, 1)
+    assert [names[i] for i in popped] == ["d", "b", "e", "a", "c", "f"]
+
+
+async def test_a_delayed_task_waits_in_the_delayed_set_until_due(
+    tasks: Tasks, redis_client: rstore.Redis, keys: Keys
+) -> None:
+    created = await tasks.enqueue(spec(delay_seconds=0.6, priority=3))
+    tid = str(created.task_id)
+    task, _ = await tasks.get(created.task_id)
+    assert task["type"] == "delayed"
+    assert await redis_client.zscore(keys.delayed("default"), tid) is not None
+    assert await delayed_mover.run_once(redis_client, keys, ["default"]) == 0
+    assert await redis_client.zscore(keys.ready("default"), tid) is None
+    await anyio.sleep(0.7)
+    assert await delayed_mover.run_once(redis_client, keys, ["default"]) == 1
+    assert await redis_client.zscore(keys.ready("default"), tid) is not None
+    assert await redis_client.zscore(keys.delayed("default"), tid) is None
+
+
+async def test_run_at_in_rfc3339_sets_the_due_time(tasks: Tasks, redis_client: rstore.Redis, keys: Keys) -> None:
+    due = datetime.now(UTC) + timedelta(hours=2)
+    created = await tasks.enqueue(spec(run_at=due.isoformat().replace("+00:00", "Z")))
+    score = await redis_client.zscore(keys.delayed("default"), str(created.task_id))
+    assert score is not None and abs(score / 1000 - due.timestamp()) < 0.002
+
+
+async def test_a_delayed_mover_lock_held_elsewhere_skips_the_tick(
+    tasks: Tasks, redis_client: rstore.Redis, keys: Keys
+) -> None:
+    await tasks.enqueue(spec(delay_seconds=0))
+    await tasks.enqueue(spec(run_at=(datetime.now(UTC) - timedelta(seconds=1)).isoformat()))
+    token = await rstore.try_lock(redis_client, keys.lock("delayed_mover"), 5000)
+    assert token is not None
+    assert await delayed_mover.run_once(redis_client, keys, ["default"]) == 0
+    await rstore.release_lock(redis_client, keys.lock("delayed_mover"), token)
+    assert await delayed_mover.run_once(redis_client, keys, ["default"]) >= 1
+
+
+async def test_a_create_succeeds_with_redis_down_and_the_task_is_pushed_once_redis_answers(
+    pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+) -> None:
+    dead_redis = rstore.create_client("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    offline = Tasks(pool, dead_redis, keys)
+    created = await offline.enqueue(spec(priority=4))
+    await dead_redis.aclose()
+    task, _ = await offline.get(created.task_id)
+    assert task["status"] == "queued"
+    assert await redis_client.zcard(keys.ready("default")) == 0
+
+    online = Tasks(pool, redis_client, keys)
+    # Young tasks are left alone: their own push may still be on its way.
+    assert await repusher.run_once(online, ["default"], min_age=60) == 0
+    await anyio.sleep(0.3)
+    await redis_client.delete(keys.lock("repusher"))
+    assert await repusher.run_once(online, ["default"], min_age=0.2) == 1
+    assert await redis_client.zscore(keys.ready("default"), str(created.task_id)) is not None
+
+
+async def test_enqueue_takes_the_handlers_default_retries_and_queue(tasks: Tasks) -> None:
+    assert tasks.registry is not None
+
+    @tasks.registry.task("mailer.send", queue="mail", max_retries=9)
+    async def send(payload: Any) -> None:
+        return None
+
+    created = await tasks.enqueue(parse_task_spec({"name": "mailer.send"}))
+    task, _ = await tasks.get(created.task_id)
+    assert task["max_retries"] == 9 and task["queue_name"] == "mail"
+    explicit = await tasks.enqueue(parse_task_spec({"name": "mailer.send", "queue_name": "default", "max_retries": 1}))
+    task, _ = await tasks.get(explicit.task_id)
+    assert task["max_retries"] == 1 and task["queue_name"] == "default"
+
+
+async def test_claiming_one_id_twice_at_once_gives_it_to_exactly_one_claimer(tasks: Tasks) -> None:
+    created = await tasks.enqueue(spec())
+    tid = str(created.task_id)
+    wins: list[int] = []
+
+    async def claim(worker: str) -> None:
+        wins.append(len(await tasks.claim("default", [tid, tid], worker, 30)))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            tg.start_soon(claim, f"w{i}")
+    assert sorted(wins) == [0] * 9 + [1]
+    _, run = await tasks.get(created.task_id)
+    assert run is not None and run["status"] == "running" and run["attempt"] == 1
+
+
+async def test_the_delayed_task_is_not_claimable_early_through_the_instance(
+    start_instance: Any, registry: Any, pool: asyncpg.Pool
+) -> None:
+    ran_at: list[float] = []
+
+    @registry.task("timed")
+    async def timed(payload: Any) -> None:
+        ran_at.append(time.time())
+
+    async with start_instance() as inst:
+        assert inst.state is not None and inst.state.tasks is not None
+        t0 = time.time()
+        await inst.state.tasks.enqueue(parse_task_spec({"name": "timed", "delay_seconds": 1.0}))
+        with anyio.fail_after(10):
+            while not ran_at:
+                await anyio.sleep(0.02)
+    assert ran_at[0] - t0 >= 1.0

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from taskmesh.registry import Registry
+from tests.conftest import http, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_an_instance_runs_an_async_task_to_completion(start_instance: Any, registry: Registry, pool: Any) -> None:
+    @registry.task("smoke.add")
+    async def add(payload: dict[str, int]) -> int:
+        return payload["a"] + payload["b"]
+
+    async with start_instance() as inst, http(inst) as client:
+        r = await client.post("/api/v1/tasks", json={"name": "smoke.add", "payload": {"a": 2, "b": 3}})
+        assert r.status_code == 201, r.text
+        task_id = r.json()["task_id"]
+
+        async def done() -> Any:
+            body = (await client.get(f"/api/v1/tasks/{task_id}")).json()
+            return body if body["task"]["status"] == "completed" else None
+
+        body = await wait_for(done)
+        assert body["latest_run"]["status"] == "succeeded"
+        assert body["latest_run"]["result"] == 5

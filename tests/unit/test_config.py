@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from taskmesh.config import load_settings, require_stores
+from taskmesh.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("TASKMESH_") or name in {"DATABASE_URL", "REDIS_URL", "HTTP_PORT", "QUEUE_NAMES", "WORKER_CONCURRENCY"}:
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_the_original_platforms_variables_keep_their_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PORT", "9090")
+    monkeypatch.setenv("QUEUE_NAMES", "default, emails,reports")
+    monkeypatch.setenv("WORKER_CONCURRENCY", "4")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://u@h/db")
+    s = load_settings()
+    assert s.http_port == 9090
+    assert s.queue_names == ["default", "emails", "reports"]
+    assert s.concurrency_of("emails") == 4
+    assert s.database_url == "postgresql://u@h/db"
+
+
+def test_the_toml_file_sets_per_queue_concurrency_and_env_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "taskmesh.toml").write_text(
+        'queue_names = ["default", "pdf"]\nworker_concurrency = 2\nhttp_port = 7000\n'
+        "[queues.pdf]\nconcurrency = 8\n"
+    )
+    monkeypatch.setenv("HTTP_PORT", "7001")
+    s = load_settings()
+    assert s.concurrency_of("pdf") == 8
+    assert s.concurrency_of("default") == 2
+    assert s.http_port == 7001
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"HTTP_PORT": "eighty"}, "http_port: Input should be a valid integer, unable to parse string as an integer"),
+        ({"WORKER_CONCURRENCY": "0"}, "worker_concurrency: Input should be greater than or equal to 1"),
+        ({"QUEUE_NAMES": "a b"}, "queue_names: queue name 'a b' must match [A-Za-z0-9_.:-]{1,128}"),
+        ({"QUEUE_NAMES": " , "}, "queue_names: must name at least one queue"),
+        ({"TASKMESH_LOG_LEVEL": "loud"}, "log_level: must be one of debug, info, warning, error"),
+        ({"TASKMESH_SHUTDOWN_GRACE_SECONDS": "-1"}, "shutdown_grace_seconds: Input should be greater than or equal to 0"),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_its_key(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == f"invalid configuration: {message}"
+
+
+def test_an_unknown_toml_key_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "taskmesh.toml").write_text("http_prot = 1\n")
+    with pytest.raises(ConfigError, match="http_prot: unknown setting"):
+        load_settings()
+
+
+def test_a_missing_config_file_named_by_taskmesh_config_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKMESH_CONFIG", "/nonexistent/taskmesh.toml")
+    with pytest.raises(ConfigError, match="TASKMESH_CONFIG: file /nonexistent/taskmesh.toml does not exist"):
+        load_settings()
+
+
+def test_missing_store_urls_name_both_settings_and_point_to_dev() -> None:
+    with pytest.raises(ConfigError) as info:
+        require_stores(load_settings())
+    assert str(info.value).startswith("DATABASE_URL and REDIS_URL not set")
+    assert "python -m taskmesh dev" in str(info.value)
+
+
+def test_the_instance_exits_with_status_2_without_database_url(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_") and k not in {"DATABASE_URL", "REDIS_URL"}}
+    env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
+    proc = subprocess.run(
+        [sys.executable, "-m", "taskmesh"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert "DATABASE_URL not set" in proc.stderr
+    assert "python -m taskmesh dev" in proc.stderr
