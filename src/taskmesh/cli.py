@@ -42,7 +42,9 @@ def _run(settings: Settings) -> None:
 def _migrate(settings: Settings) -> None:
     from taskmesh.store.postgres import create_pool, migrate
 
-    database_url, _ = require_stores(settings)
+    if not settings.database_url:
+        raise ConfigError("DATABASE_URL not set: set it in the environment or in taskmesh.toml (database_url)")
+    database_url = settings.database_url
 
     async def go() -> None:
         pool = await create_pool(database_url, 2)
