@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import anyio
 
 from taskmesh import __version__
-from taskmesh.config import Settings, load_settings, require_stores
+from taskmesh.config import Settings, load_settings
 from taskmesh.errors import ConfigError
 from taskmesh.logs import configure
 from taskmesh.registry import default_registry, load_modules

@@ -94,11 +94,20 @@ class Client:
         :param run_at: run no earlier than this time (aware datetime or RFC 3339).
         :raises InvalidTaskError: same rules and messages as the HTTP API; nothing is written.
         """
-        return (await self.enqueue_detailed(
-            name, payload, queue=queue, priority=priority, idempotency_key=idempotency_key,
-            max_retries=max_retries, delay_seconds=delay_seconds, run_at=run_at,
-            tenant_id=tenant_id, trace_id=trace_id,
-        )).task_id
+        return (
+            await self.enqueue_detailed(
+                name,
+                payload,
+                queue=queue,
+                priority=priority,
+                idempotency_key=idempotency_key,
+                max_retries=max_retries,
+                delay_seconds=delay_seconds,
+                run_at=run_at,
+                tenant_id=tenant_id,
+                trace_id=trace_id,
+            )
+        ).task_id
 
     async def enqueue_detailed(
         self,

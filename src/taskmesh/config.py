@@ -74,9 +74,13 @@ class Settings(BaseSettings):
     queues: dict[str, QueueSettings] = Field(default_factory=dict, validation_alias=_aliases("queues"))
     handlers: Annotated[list[str], NoDecode] = Field(default_factory=list, validation_alias=_aliases("handlers"))
     """Modules imported at start so that their ``@taskmesh.task`` handlers register."""
-    redis_prefix: str = Field(default="taskmesh", min_length=1, max_length=64, validation_alias=_aliases("redis_prefix"))
+    redis_prefix: str = Field(
+        default="taskmesh", min_length=1, max_length=64, validation_alias=_aliases("redis_prefix")
+    )
     """Prefix of every Redis key taskmesh writes."""
-    shutdown_grace_seconds: float = Field(default=30.0, ge=0, le=3600, validation_alias=_aliases("shutdown_grace_seconds"))
+    shutdown_grace_seconds: float = Field(
+        default=30.0, ge=0, le=3600, validation_alias=_aliases("shutdown_grace_seconds")
+    )
     """Seconds in-flight runs get to finish after SIGTERM/SIGINT."""
     lease_seconds: float = Field(default=30.0, gt=0, le=3600, validation_alias=_aliases("lease_seconds"))
     """Length of a run's lease, seconds."""
@@ -84,7 +88,9 @@ class Settings(BaseSettings):
     """Retries of a task whose request and handler name none."""
     delayed_poll_seconds: float = Field(default=0.1, gt=0, le=60, validation_alias=_aliases("delayed_poll_seconds"))
     """How often the delayed mover looks for due tasks, seconds."""
-    repush_interval_seconds: float = Field(default=5.0, gt=0, le=3600, validation_alias=_aliases("repush_interval_seconds"))
+    repush_interval_seconds: float = Field(
+        default=5.0, gt=0, le=3600, validation_alias=_aliases("repush_interval_seconds")
+    )
     """How often queued tasks missing from Redis are pushed again, seconds."""
     commit_batch_size: int = Field(default=500, ge=1, le=10000, validation_alias=_aliases("commit_batch_size"))
     """Most run results written by one committer statement."""

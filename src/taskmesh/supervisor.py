@@ -23,13 +23,14 @@ import signal
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
 import asyncpg
 import structlog
 import uvicorn
-from anyio.abc import ObjectReceiveStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from taskmesh import __version__
 from taskmesh.api.app import AppState, create_app
@@ -93,7 +94,9 @@ def bind_http(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def run(settings: Settings, registry: Registry, instance: Instance | None = None, *, signals: bool = True) -> None:
+async def run(
+    settings: Settings, registry: Registry, instance: Instance | None = None, *, signals: bool = True
+) -> None:
     """Run an instance until it is stopped (see module docs).
 
     :param signals: install SIGTERM/SIGINT handlers (off for in-process tests).
@@ -118,13 +121,22 @@ async def run(settings: Settings, registry: Registry, instance: Instance | None 
         queues={q: settings.concurrency_of(q) for q in settings.queue_names},
         handlers=registry.names(),
     )
+    http_done = anyio.Event()
+
+    async def serve_http() -> None:
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            http_done.set()
+
+    async def stop_http() -> None:
+        server.should_exit = True
+        with anyio.move_on_after(5):
+            await http_done.wait()
+
     async with anyio.create_task_group() as root:
         if signals:
             root.start_soon(_watch_signals, inst.stop, root.cancel_scope)
-
-        async def serve_http() -> None:
-            await server.serve(sockets=[sock])
-
         root.start_soon(serve_http)
         inst.serving.set()
         stores = await _connect_until_stopped(settings, database_url, redis_url, inst.stop)
@@ -142,25 +154,14 @@ async def run(settings: Settings, registry: Registry, instance: Instance | None 
             try:
                 await _work(settings, registry, tasks, inst, state)
             finally:
-                server.should_exit = True
                 with anyio.CancelScope(shield=True):
-                    with anyio.move_on_after(5):
-                        while server.started and not _server_done(server):
-                            await anyio.sleep(0.05)
+                    await stop_http()
                     state.tasks = None
                     await client.aclose()
                     await pool.close()
-        server.should_exit = True
-        with anyio.move_on_after(5):
-            while not _server_done(server):
-                await anyio.sleep(0.05)
+        await stop_http()
         root.cancel_scope.cancel()
     log.info("instance_stopped", worker_id=inst.worker_id)
-
-
-def _server_done(server: uvicorn.Server) -> bool:
-    servers = getattr(server, "servers", None)
-    return server.should_exit and (not server.started or not servers or all(not s.is_serving() for s in servers))
 
 
 async def _watch_signals(stop: anyio.Event, everything: anyio.CancelScope) -> None:
@@ -223,10 +224,21 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
     total = sum(settings.concurrency_of(q) for q in queues)
     results_send, results_recv = anyio.create_memory_object_stream[RunResult](max(1024, 4 * total))
     inflight: dict[Any, ClaimedTask] = {}
-    leftovers: list[ObjectReceiveStream[ClaimedTask]] = []
+    buffers: list[MemoryObjectReceiveStream[ClaimedTask]] = []
+    maintenance = anyio.CancelScope()
+
+    async def maintain() -> None:
+        with maintenance:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    partial(delayed_mover.run, tasks.redis, tasks.keys, queues, interval=settings.delayed_poll_seconds)
+                )
+                tg.start_soon(partial(repusher.run, tasks, queues, interval=settings.repush_interval_seconds))
+
     async with anyio.create_task_group() as services:
         services.start_soon(
-            lambda: committer.run(
+            partial(
+                committer.run,
                 results_recv,
                 tasks,
                 worker_id=inst.worker_id,
@@ -234,14 +246,6 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                 flush_ms=settings.commit_flush_ms,
             )
         )
-        maintenance = anyio.CancelScope()
-
-        async def maintain() -> None:
-            with maintenance:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(lambda: delayed_mover.run(tasks.redis, tasks.keys, queues, interval=settings.delayed_poll_seconds))
-                    tg.start_soon(lambda: repusher.run(tasks, queues, interval=settings.repush_interval_seconds))
-
         services.start_soon(maintain)
         async with anyio.create_task_group() as workers:
             for queue in queues:
@@ -249,27 +253,41 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                 send, recv = anyio.create_memory_object_stream[ClaimedTask](concurrency)
                 slots = anyio.Semaphore(concurrency)
                 workers.start_soon(
-                    lambda q=queue, s=send, sl=slots: fetcher.run(
-                        q, tasks, s, sl, inst.stop, worker_id=inst.worker_id, lease_seconds=settings.lease_seconds,
+                    partial(
+                        fetcher.run,
+                        queue,
+                        tasks,
+                        send,
+                        slots,
+                        inst.stop,
+                        worker_id=inst.worker_id,
+                        lease_seconds=settings.lease_seconds,
                         batch_max=min(concurrency, 100),
                     )
                 )
                 for _ in range(concurrency):
                     workers.start_soon(
-                        lambda r=recv.clone(), sl=slots: executor.run(
-                            r, results_send.clone(), sl, registry, inflight, worker_id=inst.worker_id, metrics=tasks.metrics
+                        partial(
+                            executor.run,
+                            recv.clone(),
+                            results_send.clone(),
+                            slots,
+                            registry,
+                            inflight,
+                            worker_id=inst.worker_id,
+                            metrics=tasks.metrics,
                         )
                     )
-                leftovers.append(recv)
+                buffers.append(recv)
             inst.ready.set()
             log.info("instance_ready", worker_id=inst.worker_id)
             await inst.stop.wait()
             state.draining = True
             log.info("draining", in_flight=len(inflight), grace_s=settings.shutdown_grace_seconds)
             workers.cancel_scope.deadline = anyio.current_time() + settings.shutdown_grace_seconds
-        # Runs still unfinished after the grace period, and claimed tasks never started, go back.
+        # Runs unfinished after the grace period, and claimed tasks never started, go back.
         handed_back = list(inflight.values())
-        for recv in leftovers:
+        for recv in buffers:
             while True:
                 try:
                     handed_back.append(recv.receive_nowait())

@@ -137,7 +137,9 @@ class Tasks:
         handler = self.registry.get(spec.name) if self.registry else None
         max_retries = spec.max_retries
         if max_retries is None:
-            max_retries = handler.max_retries if handler and handler.max_retries is not None else self.default_max_retries
+            max_retries = (
+                handler.max_retries if handler and handler.max_retries is not None else self.default_max_retries
+            )
         queue = spec.queue_name
         if "queue_name" not in spec.model_fields_set and handler and handler.queue:
             queue = handler.queue

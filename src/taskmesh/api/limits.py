@@ -58,6 +58,9 @@ class BodyLimit:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = problem(
-            413, "Request body too large", f"body: larger than {self.limit} bytes", errors=[("body", f"larger than {self.limit} bytes")]
+            413,
+            "Request body too large",
+            f"body: larger than {self.limit} bytes",
+            errors=[("body", f"larger than {self.limit} bytes")],
         )
         await response(scope, receive, send)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import anyio
 import structlog
-from anyio.abc import ObjectReceiveStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from taskmesh.models import RunResult
 from taskmesh.services.outage import STORE_ERRORS, Outage
@@ -25,7 +25,7 @@ log = structlog.get_logger("taskmesh.committer")
 
 
 async def run(
-    receive: ObjectReceiveStream[RunResult],
+    receive: MemoryObjectReceiveStream[RunResult],
     tasks: Tasks,
     *,
     worker_id: str,
@@ -54,7 +54,9 @@ async def run(
                 return
 
 
-async def _gather(receive: ObjectReceiveStream[RunResult], batch: list[RunResult], size: int, wait: float) -> bool:
+async def _gather(
+    receive: MemoryObjectReceiveStream[RunResult], batch: list[RunResult], size: int, wait: float
+) -> bool:
     """Fill ``batch`` up to ``size``, waiting at most ``wait`` seconds; True when the stream ended."""
     while len(batch) < size:
         try:

@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import orjson
 import structlog
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from taskmesh.errors import NonRetryableError, Retry
 from taskmesh.metrics import Metrics
@@ -107,8 +107,8 @@ async def execute(task: ClaimedTask, registry: Registry) -> RunResult:
 
 
 async def run(
-    receive: ObjectReceiveStream[ClaimedTask],
-    results: ObjectSendStream[RunResult],
+    receive: MemoryObjectReceiveStream[ClaimedTask],
+    results: MemoryObjectSendStream[RunResult],
     slots: anyio.Semaphore,
     registry: Registry,
     inflight: dict[Any, ClaimedTask],

@@ -15,7 +15,7 @@ seconds), closing its send stream so that executors finish what is buffered.
 from __future__ import annotations
 
 import anyio
-from anyio.abc import ObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 
 from taskmesh.models import ClaimedTask
 from taskmesh.services.outage import STORE_ERRORS, Outage
@@ -26,7 +26,7 @@ from taskmesh.tasks import Tasks
 async def run(
     queue: str,
     tasks: Tasks,
-    send: ObjectSendStream[ClaimedTask],
+    send: MemoryObjectSendStream[ClaimedTask],
     slots: anyio.Semaphore,
     stop: anyio.Event,
     *,

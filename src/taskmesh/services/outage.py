@@ -7,7 +7,7 @@ import asyncpg
 import redis.exceptions
 import structlog
 
-STORE_ERRORS: tuple[type[BaseException], ...] = (
+STORE_ERRORS: tuple[type[Exception], ...] = (
     OSError,
     asyncpg.PostgresError,
     asyncpg.InterfaceError,

@@ -40,7 +40,7 @@ def migrations() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-async def migrate(conn: asyncpg.Connection) -> list[int]:
+async def migrate(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> list[int]:
     """Apply the migrations this database lacks.
 
     :param conn: a connection (not in a transaction); the advisory lock is
@@ -62,9 +62,7 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
                 continue
             async with conn.transaction():
                 await conn.execute(sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name
-                )
+                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
             log.info("migration_applied", version=version, migration=name)
             applied.append(version)
         return applied
@@ -78,8 +76,6 @@ async def create_pool(database_url: str, size: int = 10) -> asyncpg.Pool:
     :param size: most connections (the least is 2).
     :raises OSError, asyncpg.PostgresError: the server does not answer or refuses.
     """
-    pool = await asyncpg.create_pool(
-        database_url, min_size=min(2, size), max_size=size, command_timeout=60, timeout=5
-    )
+    pool = await asyncpg.create_pool(database_url, min_size=min(2, size), max_size=size, command_timeout=60, timeout=5)
     assert pool is not None
     return pool

@@ -130,13 +130,14 @@ async def replay(client: Redis, keys: Keys, queue: str, items: list[tuple[str, i
         await pipe.execute()
 
 
-async def pop_ready(client: Redis, keys: Keys, queue: str, count: int, timeout: float) -> list[str]:
+async def pop_ready(client: Redis, keys: Keys, queue: str, count: int, block_seconds: float) -> list[str]:
     """Pop up to ``count`` ids from a queue's ready set, best score first.
 
-    Blocks up to ``timeout`` seconds when the set is empty (``BZMPOP``).
+    Blocks up to ``block_seconds`` when the set is empty (``BZMPOP``; the wait is
+    server-side, so it is an argument rather than a client timeout).
     :returns: the popped ids (empty after a timeout).
     """
-    reply: Any = await client.bzmpop(timeout, 1, [keys.ready(queue)], min=True, count=count)
+    reply: Any = await client.bzmpop(block_seconds, 1, [keys.ready(queue)], min=True, count=count)
     if not reply:
         return []
     _key, members = reply
@@ -148,7 +149,7 @@ async def move_due(client: Redis, keys: Keys, queue: str, limit: int = 1000) -> 
 
     :returns: ids moved.
     """
-    moved = await client.eval(  # type: ignore[misc]  # redis-py types eval as a union
+    moved = await client.eval(
         lua("delayed_move"),
         3,
         keys.delayed(queue),
@@ -175,7 +176,7 @@ async def try_lock(client: Redis, key: str, ttl_ms: int) -> str | None:
 
 async def release_lock(client: Redis, key: str, token: str) -> bool:
     """Release a lock taken by :func:`try_lock` if it is still ours."""
-    released = await client.eval(lua("lock_release"), 1, key, token)  # type: ignore[misc]
+    released = await client.eval(lua("lock_release"), 1, key, token)
     return bool(released)
 
 
