@@ -116,9 +116,23 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("must name at least one queue")
         for name in value:
-            if not NAME_PATTERN.match(name):
+            if not NAME_PATTERN.fullmatch(name):
                 raise ValueError(f"queue name {name!r} must match [A-Za-z0-9_.:-]{{1,128}}")
         return list(dict.fromkeys(value))
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value or None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value or None
 
     @field_validator("log_level")
     @classmethod

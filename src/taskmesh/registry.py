@@ -111,9 +111,9 @@ def make_handler(
     :raises ValueError: a bad name, ``max_retries`` outside 0..100, a
         non-positive ``timeout``.
     """
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ValueError(f"task name {name!r} must match [A-Za-z0-9_.:-]{{1,128}}")
-    if queue is not None and not _NAME.match(queue):
+    if queue is not None and not _NAME.fullmatch(queue):
         raise ValueError(f"queue name {queue!r} must match [A-Za-z0-9_.:-]{{1,128}}")
     if max_retries is not None and not 0 <= max_retries <= MAX_RETRIES_LIMIT:
         raise ValueError(f"max_retries must be between 0 and {MAX_RETRIES_LIMIT}")

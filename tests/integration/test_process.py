@@ -58,7 +58,9 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
     def start(*args: str, **env: str) -> tuple[subprocess.Popen[str], int]:
         port = free_port()
         full = {
-            k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_") and k not in ("DATABASE_URL", "REDIS_URL")
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("TASKMESH_") and k not in ("DATABASE_URL", "REDIS_URL")
         }
         full.update({"HTTP_PORT": str(port), "PYTHONPATH": str(ROOT), "TASKMESH_LOG_FORMAT": "json", **env})
         proc = subprocess.Popen(
@@ -114,7 +116,12 @@ async def test_sigterm_drains_an_in_flight_run_writes_its_result_and_exits_0(
     tid = body["task_id"]
     wait_until(lambda: task_status(port, tid)["task"]["status"] == "running")
     proc.send_signal(signal.SIGTERM)
-    assert wait_until(lambda: call(port, "GET", "/readyz") == (503, {"ready": False, "postgres": "ok", "redis": "ok", "draining": True}), 2)
+    assert wait_until(
+        lambda: (
+            call(port, "GET", "/readyz") == (503, {"ready": False, "postgres": "ok", "redis": "ok", "draining": True})
+        ),
+        2,
+    )
     out, _ = proc.communicate(timeout=15)
     assert proc.returncode == 0, out
     assert '"event": "shutdown_requested"' in out and '"event": "instance_stopped"' in out
@@ -144,11 +151,14 @@ async def test_with_postgres_down_the_instance_stays_up_says_503_and_names_the_s
     spawn: Any, redis_url: str
 ) -> None:
     proc, port = spawn(DATABASE_URL="postgresql://postgres@127.0.0.1:1/none", REDIS_URL=redis_url)
-    assert wait_until(lambda: call(port, "GET", "/readyz")) == (503, {"ready": False, "postgres": "down", "redis": "down"})
+    assert wait_until(lambda: call(port, "GET", "/readyz")) == (
+        503,
+        {"ready": False, "postgres": "down", "redis": "down"},
+    )
     assert call(port, "GET", "/healthz") == (200, {"status": "ok"})
     status, body = call(port, "POST", "/api/v1/tasks", {"name": "x"})
     assert status == 503 and body["title"] == "Not ready"
-    code, took, out = stop(proc, 10)
+    code, _, out = stop(proc, 10)
     assert code == 0, out
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     down = [line for line in lines if line["event"] == "store_unavailable"]

@@ -68,13 +68,15 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
-async def _read_json(request: Request) -> Any:
+async def _read_json(request: Request, nested_field: str) -> Any:
+    """Parse the body; nesting beyond orjson's limit is reported on ``nested_field`` (422)."""
     body = await request.body()
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        if "recursion" in str(exc).lower():
-            raise InvalidTaskError("payload", "nested deeper than 64 levels") from None
+        reason = str(exc).lower()
+        if "depth limit" in reason or "recursion" in reason:  # orjson's own nesting limit (1024)
+            raise InvalidTaskError(nested_field, "nested deeper than 64 levels") from None
         raise _BadJson(str(exc)) from None
 
 
@@ -103,7 +105,7 @@ def create_app(state: AppState) -> FastAPI:
             raise InvalidTaskError("task_id", "must be a UUID") from None
 
     def check_queue(queue: str) -> None:
-        if not _NAME.match(queue):
+        if not _NAME.fullmatch(queue):
             raise InvalidTaskError("queue", "must match [A-Za-z0-9_.:-]{1,128}")
 
     @app.exception_handler(InvalidTaskError)
@@ -145,7 +147,7 @@ def create_app(state: AppState) -> FastAPI:
         summary="Create a task (200 with the existing task_id when dedup_key repeats)",
     )
     async def create_task(request: Request) -> Response:
-        spec = parse_task_spec(await _read_json(request))
+        spec = parse_task_spec(await _read_json(request, "payload"))
         result = await tasks().enqueue(spec)
         body = {"task_id": str(result.task_id), "status": result.status}
         if not result.created:
@@ -165,7 +167,7 @@ def create_app(state: AppState) -> FastAPI:
     @app.get("/api/v1/queues/{queue}/dlq", summary="Dead-lettered tasks of a queue, oldest first")
     async def get_dlq(queue: str, count: str = "50") -> Response:
         check_queue(queue)
-        if not count.isdigit() or not 1 <= int(count) <= DLQ_COUNT_MAX:
+        if not (count.isascii() and count.isdigit()) or not 1 <= int(count) <= DLQ_COUNT_MAX:
             raise InvalidTaskError("count", f"must be an integer between 1 and {DLQ_COUNT_MAX}")
         items = await tasks().dead_letters(queue, int(count))
         return _json({"queue": queue, "count": len(items), "tasks": items})
@@ -177,7 +179,7 @@ def create_app(state: AppState) -> FastAPI:
     )
     async def replay(queue: str, request: Request) -> Response:
         check_queue(queue)
-        data = await _read_json(request)
+        data = await _read_json(request, "body")
         if not isinstance(data, dict):
             raise InvalidTaskError("body", "must be a JSON object")
         try:
