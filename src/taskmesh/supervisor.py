@@ -222,6 +222,9 @@ async def _connect_until_stopped(
 async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Instance, state: AppState) -> None:
     queues = list(settings.queue_names)
     total = sum(settings.concurrency_of(q) for q in queues)
+    # Sync handlers run in anyio's worker threads: allow one per executor (anyio's default is 40).
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    limiter.total_tokens = max(limiter.total_tokens, total)
     results_send, results_recv = anyio.create_memory_object_stream[RunResult](max(1024, 4 * total))
     inflight: dict[Any, ClaimedTask] = {}
     buffers: list[MemoryObjectReceiveStream[ClaimedTask]] = []

@@ -27,3 +27,20 @@ async def test_an_instance_runs_an_async_task_to_completion(start_instance: Any,
         body = await wait_for(done)
         assert body["latest_run"]["status"] == "succeeded"
         assert body["latest_run"]["result"] == 5
+
+
+async def test_the_openapi_document_lists_every_route(start_instance: Any) -> None:
+    async with start_instance() as inst, http(inst) as client:
+        spec = (await client.get("/openapi.json")).json()
+    assert set(spec["paths"]) == {
+        "/api/v1/tasks",
+        "/api/v1/tasks/{task_id}",
+        "/api/v1/tasks/{task_id}/runs",
+        "/api/v1/queues/{queue}/dlq",
+        "/api/v1/queues/{queue}/dlq/replay",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    }
+    body = spec["paths"]["/api/v1/tasks"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body["properties"]["priority"]["maximum"] == 1000
