@@ -67,8 +67,9 @@ class ExportRequest(BaseModel):
 
     :param report_id: names the file ``{report_id}.csv``; ``[A-Za-z0-9_-]{1,64}``.
     :param rows: the records, at most 100,000; a missing key is an empty cell.
-    :param columns: header and column order; default: every key, in order of
-        first appearance. Keys not listed are left out.
+    :param columns: header and column order; keys not listed are left out.
+        Default: every key of every row, sorted (JSON objects have no reliable
+        key order: PostgreSQL's jsonb, where payloads are stored, reorders them).
     """
 
     report_id: str
@@ -91,7 +92,7 @@ def export_csv(payload: ExportRequest) -> dict[str, Any]:
         raise taskmesh.NonRetryableError(f"report_id {payload.report_id[:80]!r} must match [A-Za-z0-9_-]{{1,64}}")
     columns = payload.columns
     if columns is None:
-        columns = list(dict.fromkeys(key for row in payload.rows for key in row))
+        columns = sorted({key for row in payload.rows for key in row})
     out_dir = Path(os.environ.get(OUTPUT_ENV) or "./exports").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{payload.report_id}.csv"

@@ -269,3 +269,23 @@ async def test_metrics_count_created_tasks_and_finished_runs(start_instance: Any
     assert 'taskmesh_runs_finished_total{outcome="succeeded",queue="default",task_name="counted"} 1.0' in text
     assert 'taskmesh_run_duration_seconds_count{queue="default",task_name="counted"} 1.0' in text
     assert 'taskmesh_queue_depth{queue="default",state="ready"} 0.0' in text
+
+
+async def test_a_handlers_own_timeout_error_is_an_ordinary_failure_not_a_deadline(
+    start_instance: Any, registry: Registry
+) -> None:
+    @registry.task("own.timeout")
+    async def own_timeout(payload: Any) -> None:
+        raise TimeoutError("socket read timed out")
+
+    @registry.task("own.timeout.with.limit", timeout=30)
+    async def own_timeout_with_limit(payload: Any) -> None:
+        raise TimeoutError("socket read timed out")
+
+    async with start_instance() as inst:
+        a = await enqueue(inst, name="own.timeout", max_retries=0)
+        b = await enqueue(inst, name="own.timeout.with.limit", max_retries=0)
+        ra = await settled(inst, a, "failed")
+        rb = await settled(inst, b, "failed")
+    assert ra["latest_run"]["error"] == "TimeoutError: socket read timed out"
+    assert rb["latest_run"]["error"] == "TimeoutError: socket read timed out"

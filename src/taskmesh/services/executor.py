@@ -76,8 +76,9 @@ async def execute(task: ClaimedTask, registry: Registry) -> RunResult:
     error: str
     retryable = True
     delay: float | None = None
+    deadline: anyio.CancelScope | None = None
     try:
-        with anyio.fail_after(handler.timeout):
+        with anyio.fail_after(handler.timeout) as deadline:
             if handler.is_async:
                 value = await handler.func(payload, **kwargs)
             else:
@@ -92,8 +93,11 @@ async def execute(task: ClaimedTask, registry: Registry) -> RunResult:
                 task, Outcome.FAILED, error=f"handler result is not JSON-serialisable: {exc}", duration_seconds=duration
             )
         return RunResult(task, Outcome.SUCCEEDED, result=result, duration_seconds=duration)
-    except TimeoutError:
-        error = f"timed out after {handler.timeout:g} s"
+    except TimeoutError as exc:
+        if handler.timeout is not None and deadline is not None and deadline.cancel_called:
+            error = f"timed out after {handler.timeout:g} s"
+        else:  # the handler's own TimeoutError (a socket, a wait_for): an ordinary failure
+            error = f"{type(exc).__name__}: {exc}"
     except NonRetryableError as exc:
         error, retryable = f"NonRetryableError: {exc}", False
     except Retry as exc:
