@@ -44,3 +44,21 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
     }
     body = spec["paths"]["/api/v1/tasks"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["properties"]["priority"]["maximum"] == 1000
+
+
+async def test_fifty_parallel_http_creates_with_one_dedup_key_make_one_task(start_instance: Any, pool: Any) -> None:
+    import anyio
+
+    answers: list[tuple[int, str]] = []
+    async with start_instance() as inst, http(inst) as client:
+
+        async def create() -> None:
+            r = await client.post("/api/v1/tasks", json={"name": "x", "dedup_key": "one-key"})
+            answers.append((r.status_code, r.json()["task_id"]))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(50):
+                tg.start_soon(create)
+    assert sorted(code for code, _ in answers) == [200] * 49 + [201]
+    assert len({tid for _, tid in answers}) == 1
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 1

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import orjson
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,6 +32,7 @@ from taskmesh.tasks import Tasks
 from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, field_errors, parse_task_spec
 
 _NAME = re.compile(NAME_REGEX)
+log = structlog.get_logger("taskmesh.api")
 DLQ_COUNT_MAX = 1000
 
 
@@ -129,6 +131,11 @@ def create_app(state: AppState) -> FastAPI:
         @app.exception_handler(error_type)
         async def _store_down(_: Request, exc: Exception) -> Response:
             return problem(503, "Store unavailable", f"a store did not answer: {type(exc).__name__}")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.error("api_error", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        return problem(500, "Internal error", "the server failed to answer; the error is logged")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
