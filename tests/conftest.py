@@ -126,7 +126,8 @@ def make_settings(database_url: str, redis_url: str, prefix: str) -> Callable[..
             "http_port": 0,
             "log_level": "warning",
             "shutdown_grace_seconds": 5,
-            "repush_interval_seconds": 1,
+            "reconcile_interval_seconds": 1,
+            "reclaim_interval_seconds": 0.5,
             "delayed_poll_seconds": 0.05,
             "migrate_on_start": False,
         }

@@ -83,15 +83,19 @@ class Settings(BaseSettings):
     )
     """Seconds in-flight runs get to finish after SIGTERM/SIGINT."""
     lease_seconds: float = Field(default=30.0, gt=0, le=3600, validation_alias=_aliases("lease_seconds"))
-    """Length of a run's lease, seconds."""
+    """Length of a run's lease, seconds; the heartbeat renews it every third of that."""
     default_max_retries: int = Field(default=3, ge=0, le=100, validation_alias=_aliases("default_max_retries"))
     """Retries of a task whose request and handler name none."""
     delayed_poll_seconds: float = Field(default=0.1, gt=0, le=60, validation_alias=_aliases("delayed_poll_seconds"))
     """How often the delayed mover looks for due tasks, seconds."""
-    repush_interval_seconds: float = Field(
-        default=5.0, gt=0, le=3600, validation_alias=_aliases("repush_interval_seconds")
+    reconcile_interval_seconds: float = Field(
+        default=5.0, gt=0, le=3600, validation_alias=_aliases("reconcile_interval_seconds")
     )
-    """How often queued tasks missing from Redis are pushed again, seconds."""
+    """How often the reconciler sweeps queued tasks missing from Redis, seconds (also their minimum age)."""
+    reclaim_interval_seconds: float = Field(
+        default=5.0, gt=0, le=3600, validation_alias=_aliases("reclaim_interval_seconds")
+    )
+    """How often the reclaimer looks for runs whose lease expired, seconds."""
     commit_batch_size: int = Field(default=500, ge=1, le=10000, validation_alias=_aliases("commit_batch_size"))
     """Most run results written by one committer statement."""
     commit_flush_ms: float = Field(default=5.0, ge=0, le=10000, validation_alias=_aliases("commit_flush_ms"))

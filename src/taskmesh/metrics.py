@@ -22,7 +22,10 @@ class Metrics:
     - ``taskmesh_queue_depth{queue,state}``: ready, delayed and dlq sizes in Redis,
       sampled at each scrape.
     - ``taskmesh_redis_push_failures_total``: pushes left to the re-push service.
-    - ``taskmesh_tasks_repushed_total{queue}``: queued tasks pushed again by it.
+    - ``taskmesh_tasks_repushed_total{queue}``: queued tasks pushed again by the reconciler.
+    - ``taskmesh_late_results_total``: results dropped because their run lost its lease.
+    - ``taskmesh_runs_reclaimed_total{outcome}``: runs ended by the reclaimer (queued, failed, cancelled).
+    - ``taskmesh_redis_resyncs_total``: full resyncs after Redis lost its data.
     """
 
     def __init__(self) -> None:
@@ -45,6 +48,15 @@ class Metrics:
         self.queue_depth = Gauge("taskmesh_queue_depth", "Task ids waiting in Redis.", ["queue", "state"], registry=r)
         self.redis_push_failures = Counter(
             "taskmesh_redis_push_failures", "Redis pushes that failed (re-pushed later).", registry=r
+        )
+        self.late_results = Counter(
+            "taskmesh_late_results", "Run results dropped because the run had lost its lease.", registry=r
+        )
+        self.runs_reclaimed = Counter(
+            "taskmesh_runs_reclaimed", "Runs ended by the reclaimer after their lease expired.", ["outcome"], registry=r
+        )
+        self.redis_resyncs = Counter(
+            "taskmesh_redis_resyncs", "Full resyncs of Redis from Postgres after a flush or restart.", registry=r
         )
         self.tasks_repushed = Counter(
             "taskmesh_tasks_repushed", "Queued tasks pushed again into Redis.", ["queue"], registry=r

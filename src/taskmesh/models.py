@@ -38,6 +38,7 @@ class Outcome(StrEnum):
     RETRY = "retry"  # failed, retry allowed and budget left
     FAILED = "failed"  # failed for good: dead-letter
     INTERRUPTED = "interrupted"  # shutdown handed it back: requeue, no retry spent
+    CANCELLED = "cancelled"  # an operator cancelled the running task
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
 }
 
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.QUEUED: frozenset({RunStatus.RUNNING}),
+    RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.FAILED}),  # failed: cancelled before it ran
     RunStatus.RUNNING: frozenset({RunStatus.SUCCEEDED, RunStatus.RETRYING, RunStatus.FAILED}),
     RunStatus.SUCCEEDED: frozenset(),
     RunStatus.RETRYING: frozenset(),

@@ -3,15 +3,20 @@
 Start order: bind the HTTP socket and serve (``/readyz`` says 503 until the
 stores answer); connect to PostgreSQL and Redis with backoff, logging
 ``store_unavailable`` once per outage and naming the store; migrate under the
-advisory lock; then start the committer, the delayed mover, the re-push
-service and, per queue, a fetcher and ``concurrency`` executors.
+advisory lock; register the instance (first heartbeat); then start the
+committer, the heartbeat, the delayed mover, the reclaimer, the reconciler
+and, per queue, a fetcher and ``concurrency`` executors.
 
 Shutdown (SIGTERM or SIGINT, or ``Instance.stop``): ``/readyz`` turns 503
 (draining) at once; fetchers stop; executors finish what they hold within
-``shutdown_grace_seconds``; runs still unfinished then are handed back
-(requeued now, no retry spent, ``error`` says interrupted); the committer
-writes every result; HTTP stops; the pools close. A second signal cancels
-everything at once.
+``shutdown_grace_seconds`` while the heartbeat keeps their leases; runs still
+unfinished then, and claimed tasks never started, are handed back (requeued
+now, no retry spent, ``error`` says interrupted); the committer writes every
+result (bounded to 5 s, so a dead store cannot hold the exit); the instance
+deregisters; HTTP stops; the pools close. A second signal ends the grace
+period at once and still hands back what it can. Exit comes within grace + 5 s
+(plus the HTTP server's own stop, at most a few seconds more when clients
+hold connections open).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import secrets
 import signal
 import socket
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,7 +45,7 @@ from taskmesh.errors import ConfigError
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, Outcome, RunResult
 from taskmesh.registry import Registry
-from taskmesh.services import committer, delayed_mover, executor, fetcher, repusher
+from taskmesh.services import committer, delayed_mover, executor, fetcher, heartbeat, reclaimer, reconciler
 from taskmesh.services.outage import STORE_ERRORS, Outage
 from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
@@ -57,7 +63,8 @@ class Instance:
 
     ``port`` is the bound HTTP port once ``serving`` is set; ``ready`` is set
     once the stores answered and every service runs; setting ``stop`` starts
-    the graceful shutdown, as SIGTERM does.
+    the graceful shutdown, as SIGTERM does; setting ``force`` as well ends the
+    grace period at once, as a second signal does.
     """
 
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}")
@@ -65,6 +72,7 @@ class Instance:
     serving: anyio.Event = field(default_factory=anyio.Event)
     ready: anyio.Event = field(default_factory=anyio.Event)
     stop: anyio.Event = field(default_factory=anyio.Event)
+    force: anyio.Event = field(default_factory=anyio.Event)
     state: AppState | None = None
 
 
@@ -136,7 +144,7 @@ async def run(
 
     async with anyio.create_task_group() as root:
         if signals:
-            root.start_soon(_watch_signals, inst.stop, root.cancel_scope)
+            root.start_soon(_watch_signals, inst)
         root.start_soon(serve_http)
         inst.serving.set()
         stores = await _connect_until_stopped(settings, database_url, redis_url, inst.stop)
@@ -164,16 +172,15 @@ async def run(
     log.info("instance_stopped", worker_id=inst.worker_id)
 
 
-async def _watch_signals(stop: anyio.Event, everything: anyio.CancelScope) -> None:
+async def _watch_signals(inst: Instance) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async for signum in received:
-            if not stop.is_set():
+            if not inst.stop.is_set():
                 log.info("shutdown_requested", signal=signal.Signals(signum).name)
-                stop.set()
+                inst.stop.set()
             else:
                 log.warning("shutdown_forced", signal=signal.Signals(signum).name)
-                everything.cancel()
-                return
+                inst.force.set()
 
 
 async def _connect_until_stopped(
@@ -221,73 +228,130 @@ async def _connect_until_stopped(
 
 async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Instance, state: AppState) -> None:
     queues = list(settings.queue_names)
-    total = sum(settings.concurrency_of(q) for q in queues)
+    concurrency = {q: settings.concurrency_of(q) for q in queues}
+    total = sum(concurrency.values())
     # Sync handlers run in anyio's worker threads: allow one per executor (anyio's default is 40).
     limiter = anyio.to_thread.current_default_thread_limiter()
     limiter.total_tokens = max(limiter.total_tokens, total)
     results_send, results_recv = anyio.create_memory_object_stream[RunResult](max(1024, 4 * total))
     inflight: dict[Any, ClaimedTask] = {}
+    cancels: dict[uuid.UUID, anyio.CancelScope] = {}
     buffers: list[MemoryObjectReceiveStream[ClaimedTask]] = []
+
+    def cancel_run(task_id: uuid.UUID) -> bool:
+        scope = cancels.get(task_id)
+        if scope is None:
+            return False
+        scope.cancel()
+        return True
+
+    # Register before the first claim, so that no run of ours looks orphaned to a reclaimer.
+    await heartbeat.run_once(tasks, inst.worker_id, concurrency, lease_seconds=settings.lease_seconds)
     maintenance = anyio.CancelScope()
+    grace = anyio.CancelScope()
+
+    async def end_grace_on_force() -> None:
+        await inst.force.wait()
+        grace.cancel()
 
     async def maintain() -> None:
         with maintenance:
             async with anyio.create_task_group() as tg:
+                tg.start_soon(end_grace_on_force)
+                tg.start_soon(
+                    partial(
+                        heartbeat.run,
+                        tasks,
+                        inst.worker_id,
+                        concurrency,
+                        lease_seconds=settings.lease_seconds,
+                        interval=settings.lease_seconds / 3,
+                        is_draining=lambda: state.draining,
+                        cancel=cancel_run,
+                    )
+                )
                 tg.start_soon(
                     partial(delayed_mover.run, tasks.redis, tasks.keys, queues, interval=settings.delayed_poll_seconds)
                 )
-                tg.start_soon(partial(repusher.run, tasks, queues, interval=settings.repush_interval_seconds))
-
-    async with anyio.create_task_group() as services:
-        services.start_soon(
-            partial(
-                committer.run,
-                results_recv,
-                tasks,
-                worker_id=inst.worker_id,
-                batch_size=settings.commit_batch_size,
-                flush_ms=settings.commit_flush_ms,
-            )
-        )
-        services.start_soon(maintain)
-        async with anyio.create_task_group() as workers:
-            for queue in queues:
-                concurrency = settings.concurrency_of(queue)
-                send, recv = anyio.create_memory_object_stream[ClaimedTask](concurrency)
-                slots = anyio.Semaphore(concurrency)
-                workers.start_soon(
+                tg.start_soon(
                     partial(
-                        fetcher.run,
-                        queue,
+                        reclaimer.run,
                         tasks,
-                        send,
-                        slots,
-                        inst.stop,
-                        worker_id=inst.worker_id,
                         lease_seconds=settings.lease_seconds,
-                        batch_max=min(concurrency, 100),
+                        interval=settings.reclaim_interval_seconds,
                     )
                 )
-                for _ in range(concurrency):
+                tg.start_soon(
+                    partial(
+                        reconciler.run,
+                        tasks,
+                        queues,
+                        instance=inst.worker_id,
+                        sweep_interval=settings.reconcile_interval_seconds,
+                    )
+                )
+
+    async with anyio.create_task_group() as services:
+        committer_scope = anyio.CancelScope()
+
+        committed = anyio.Event()
+
+        async def commit() -> None:
+            try:
+                with committer_scope:
+                    await committer.run(
+                        results_recv,
+                        tasks,
+                        worker_id=inst.worker_id,
+                        batch_size=settings.commit_batch_size,
+                        flush_ms=settings.commit_flush_ms,
+                    )
+            finally:
+                committed.set()
+
+        services.start_soon(commit)
+        services.start_soon(maintain)
+        with grace:
+            async with anyio.create_task_group() as workers:
+                for queue in queues:
+                    n = concurrency[queue]
+                    send, recv = anyio.create_memory_object_stream[ClaimedTask](n)
+                    slots = anyio.Semaphore(n)
                     workers.start_soon(
                         partial(
-                            executor.run,
-                            recv.clone(),
-                            results_send.clone(),
+                            fetcher.run,
+                            queue,
+                            tasks,
+                            send,
                             slots,
-                            registry,
-                            inflight,
+                            inst.stop,
                             worker_id=inst.worker_id,
-                            metrics=tasks.metrics,
+                            lease_seconds=settings.lease_seconds,
+                            batch_max=min(n, 100),
                         )
                     )
-                buffers.append(recv)
-            inst.ready.set()
-            log.info("instance_ready", worker_id=inst.worker_id)
-            await inst.stop.wait()
-            state.draining = True
-            log.info("draining", in_flight=len(inflight), grace_s=settings.shutdown_grace_seconds)
-            workers.cancel_scope.deadline = anyio.current_time() + settings.shutdown_grace_seconds
+                    for _ in range(n):
+                        workers.start_soon(
+                            partial(
+                                executor.run,
+                                recv.clone(),
+                                results_send.clone(),
+                                slots,
+                                registry,
+                                inflight,
+                                cancels,
+                                worker_id=inst.worker_id,
+                                metrics=tasks.metrics,
+                            )
+                        )
+                    buffers.append(recv)
+                inst.ready.set()
+                log.info("instance_ready", worker_id=inst.worker_id)
+                await inst.stop.wait()
+                state.draining = True
+                log.info("draining", in_flight=len(inflight), grace_s=settings.shutdown_grace_seconds)
+                grace.deadline = anyio.current_time() + settings.shutdown_grace_seconds
+                # The group now waits for fetchers to stop and executors to finish what they hold.
         # Runs unfinished after the grace period, and claimed tasks never started, go back.
         handed_back = list(inflight.values())
         for recv in buffers:
@@ -303,4 +367,13 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
             if handed_back:
                 log.warning("runs_handed_back", count=len(handed_back))
             results_send.close()
-            maintenance.cancel()
+            # The committer writes what it holds; bounded, so a dead store cannot hold the exit.
+            committer_scope.deadline = anyio.current_time() + (1 if inst.force.is_set() else 5)
+        with anyio.CancelScope(shield=True):
+            await committed.wait()
+        maintenance.cancel()
+    with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+        try:
+            await tasks.deregister(inst.worker_id)
+        except STORE_ERRORS as exc:
+            log.warning("deregister_failed", error=str(exc))

@@ -34,6 +34,29 @@ REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 
 
 @dataclass(frozen=True, slots=True)
+class Cancelled:
+    """Answer of :meth:`Tasks.cancel`.
+
+    ``status`` is the task's status after the call: ``cancelled`` (it was
+    queued and will never run) or ``running`` (cancellation requested: its
+    worker cancels the handler on its next heartbeat). ``previous`` is the
+    status found.
+    """
+
+    task_id: uuid.UUID
+    status: str
+    previous: str
+
+
+class TaskFinishedError(TaskNotFoundError):
+    """The task already finished (completed, failed or cancelled): nothing to cancel."""
+
+    def __init__(self, task_id: uuid.UUID, status: str) -> None:
+        super().__init__(str(task_id))
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
 class Enqueued:
     """Answer of :meth:`Tasks.enqueue`.
 
@@ -241,6 +264,8 @@ class Tasks:
         if not uuids:
             return []
         rows = await self.pool.fetch(self._q["task_claim_many"], uuids, queue, worker_id, lease_seconds)
+        if len(rows) < len(uuids):
+            await self._return_not_due(uuids, {r["id"] for r in rows})
         return [
             ClaimedTask(
                 task_id=r["id"],
@@ -258,6 +283,18 @@ class Tasks:
             )
             for r in rows
         ]
+
+    async def _return_not_due(self, popped: Sequence[uuid.UUID], claimed: set[uuid.UUID]) -> None:
+        """Put popped-but-not-due ids back into the delayed set, so that they run when due.
+
+        Only queued tasks whose ``run_at`` is still ahead (by PostgreSQL's clock)
+        qualify: an id pushed early by a race, or moved by an instance whose clock
+        runs ahead. Everything else that was not claimed is dropped quietly.
+        """
+        unclaimed = [i for i in popped if i not in claimed]
+        rows = await self.pool.fetch(self._q["task_list_not_due"], unclaimed)
+        if rows:
+            await self._push([PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows])
 
     async def finish(self, results: Sequence[RunResult], worker_id: str) -> int:
         """Write a batch of run results in one statement, then update Redis.
@@ -279,6 +316,26 @@ class Tasks:
             [float(r.delay_seconds) for r in results],
             worker_id,
         )
+        await self._after_finish(rows)
+        if len(rows) < len(results):
+            late = len(results) - len(rows)
+            if self.metrics:
+                self.metrics.late_results.inc(late)
+            written = {row["id"] for row in rows}
+            for r in results:
+                if r.task.task_id not in written:
+                    log.warning(
+                        "late_result_dropped",
+                        task_id=str(r.task.task_id),
+                        run_id=str(r.task.run_id),
+                        attempt=r.task.attempt,
+                        outcome=r.outcome.value,
+                        worker_id=worker_id,
+                    )
+        return len(rows)
+
+    async def _after_finish(self, rows: Sequence[asyncpg.Record]) -> None:
+        """Redis side of finished runs: retries to delayed (or ready), failures to the DLQ mirror."""
         pushes: list[PushTarget] = []
         dead: dict[str, list[str]] = defaultdict(list)
         for row in rows:
@@ -291,11 +348,113 @@ class Tasks:
                 await rstore.push_ready_or_delayed(self.redis, self.keys, pushes)
             for queue, ids in dead.items():
                 await rstore.dead_letter(self.redis, self.keys, queue, ids)
-        except REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:  # Postgres has it; the reconciler repairs Redis
             log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))
-        if len(rows) < len(results):
-            log.warning("late_results_dropped", count=len(results) - len(rows))
-        return len(rows)
+
+    async def cancel(self, task_id: uuid.UUID) -> Cancelled:
+        """Cancel a task (issue 3).
+
+        A queued task (ready, delayed or waiting out a backoff) becomes
+        ``cancelled`` now and its id leaves Redis; a running one gets
+        ``cancel_requested_at`` and its worker cancels the handler.
+        :raises TaskNotFoundError: no task has this id.
+        :raises TaskFinishedError: it is completed, failed or cancelled already.
+        """
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(self._q["task_lock_for_cancel"], task_id)
+            if row is None:
+                raise TaskNotFoundError(str(task_id))
+            status = row["status"]
+            if status == "queued":
+                await conn.execute(self._q["task_cancel_queued"], task_id)
+            elif status == "running":
+                await conn.execute(self._q["task_request_cancel"], task_id)
+            else:
+                raise TaskFinishedError(task_id, status)
+        if status == "queued":
+            try:
+                await rstore.forget(self.redis, self.keys, row["queue"], str(task_id))
+            except REDIS_ERRORS as exc:  # a stray id only costs a failed claim
+                log.warning("redis_forget_failed", task_id=str(task_id), error=str(exc))
+            return Cancelled(task_id, "cancelled", status)
+        return Cancelled(task_id, "running", status)
+
+    async def heartbeat(
+        self,
+        worker_id: str,
+        host: str,
+        pid: int,
+        queues: dict[str, int],
+        version: str,
+        state: str,
+        lease_seconds: float,
+    ) -> list[uuid.UUID]:
+        """Register or refresh a worker and extend its running runs' leases (one statement).
+
+        :returns: ids of its running tasks whose cancellation was requested.
+        """
+        rows = await self.pool.fetch(
+            self._q["worker_heartbeat"],
+            worker_id,
+            host,
+            pid,
+            orjson.dumps(queues).decode(),
+            version,
+            state,
+            lease_seconds,
+        )
+        return [r["id"] for r in rows]
+
+    async def deregister(self, worker_id: str) -> None:
+        """Mark a worker stopped."""
+        await self.pool.execute(self._q["worker_deregister"], worker_id)
+
+    async def workers(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Registered instances, live first, with their in-flight run counts."""
+        rows = await self.pool.fetch(self._q["worker_list"], limit)
+        return [
+            {
+                "id": r["id"],
+                "host": r["host"],
+                "pid": r["pid"],
+                "queues": orjson.loads(r["queues"]),
+                "version": r["version"],
+                "state": r["state"],
+                "started_at": _iso(r["started_at"]),
+                "heartbeat_at": _iso(r["heartbeat_at"]),
+                "stopped_at": _iso(r["stopped_at"]),
+                "in_flight": r["in_flight"],
+            }
+            for r in rows
+        ]
+
+    async def reclaim_expired(self, worker_stale_seconds: float, limit: int = 500) -> dict[str, int]:
+        """End runs whose lease expired (see ``run_reclaim_expired``) and update Redis.
+
+        :returns: counts by the task's new status (``queued``, ``failed``, ``cancelled``).
+        """
+        rows = await self.pool.fetch(self._q["run_reclaim_expired"], worker_stale_seconds, limit)
+        await self._after_finish(rows)
+        counts: dict[str, int] = defaultdict(int)
+        for row in rows:
+            counts[row["status"]] += 1
+        return dict(counts)
+
+    async def mark_lost_workers(self, silent_seconds: float, forget_after_seconds: float) -> int:
+        """Mark silent workers lost and forget long-gone ones; returns how many became lost."""
+        async with self.pool.acquire() as conn:
+            lost = await conn.fetch(self._q["worker_mark_lost"], silent_seconds)
+            await conn.execute(self._q["worker_delete_old"], forget_after_seconds)
+        return len(lost)
+
+    async def queued_page(self, queues: Sequence[str], after: uuid.UUID, limit: int) -> list[PushTarget]:
+        """Queued tasks of ``queues`` with id greater than ``after``, by id (a resync page)."""
+        rows = await self.pool.fetch(self._q["task_list_queued_page"], list(queues), after, limit)
+        return [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows]
+
+    async def failed_ids(self, queue: str, limit: int) -> list[str]:
+        """Ids of the dead-lettered tasks of ``queue``, oldest first."""
+        return [str(r["id"]) for r in await self.pool.fetch(self._q["task_list_failed_ids"], queue, limit)]
 
     async def stale_queued(self, queues: Sequence[str], min_age_seconds: float, limit: int) -> list[PushTarget]:
         """Queued tasks older than ``min_age_seconds`` (candidates for a re-push)."""

@@ -10,7 +10,7 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh.services import delayed_mover, repusher
+from taskmesh.services import delayed_mover, reconciler
 from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
 from taskmesh.tasks import Tasks
@@ -118,10 +118,10 @@ async def test_a_create_succeeds_with_redis_down_and_the_task_is_pushed_once_red
 
     online = Tasks(pool, redis_client, keys)
     # Young tasks are left alone: their own push may still be on its way.
-    assert await repusher.run_once(online, ["default"], min_age=60) == 0
+    assert await reconciler.sweep(online, ["default"], min_age=60) == 0
     await anyio.sleep(0.3)
-    await redis_client.delete(keys.lock("repusher"))
-    assert await repusher.run_once(online, ["default"], min_age=0.2) == 1
+    await redis_client.delete(keys.lock("reconciler"))
+    assert await reconciler.sweep(online, ["default"], min_age=0.2) == 1
     assert await redis_client.zscore(keys.ready("default"), str(created.task_id)) is not None
 
 

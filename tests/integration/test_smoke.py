@@ -36,6 +36,8 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
         "/api/v1/tasks",
         "/api/v1/tasks/{task_id}",
         "/api/v1/tasks/{task_id}/runs",
+        "/api/v1/tasks/{task_id}/cancel",
+        "/api/v1/workers",
         "/api/v1/queues/{queue}/dlq",
         "/api/v1/queues/{queue}/dlq/replay",
         "/healthz",

@@ -28,9 +28,11 @@ def test_completed_and_cancelled_tasks_never_move_again() -> None:
         assert not any(can_transition_task(status, new) for new in TaskStatus)
 
 
-def test_a_run_ends_once_and_only_from_running() -> None:
+def test_a_run_ends_once_and_only_from_running_or_by_a_cancel_before_it_ran() -> None:
     assert can_transition_run(RunStatus.QUEUED, RunStatus.RUNNING)
+    assert can_transition_run(RunStatus.QUEUED, RunStatus.FAILED)
     for end in (RunStatus.SUCCEEDED, RunStatus.RETRYING, RunStatus.FAILED):
         assert can_transition_run(RunStatus.RUNNING, end)
-        assert not can_transition_run(RunStatus.QUEUED, end)
         assert not any(can_transition_run(end, new) for new in RunStatus)
+    assert not can_transition_run(RunStatus.QUEUED, RunStatus.SUCCEEDED)
+    assert not can_transition_run(RunStatus.QUEUED, RunStatus.RETRYING)

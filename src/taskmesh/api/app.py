@@ -28,7 +28,7 @@ from taskmesh.errors import InvalidTaskError, TaskNotFoundError
 from taskmesh.metrics import Metrics
 from taskmesh.services.outage import STORE_ERRORS
 from taskmesh.store import redis as rstore
-from taskmesh.tasks import Tasks
+from taskmesh.tasks import TaskFinishedError, Tasks
 from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, field_errors, parse_task_spec
 
 _NAME = re.compile(NAME_REGEX)
@@ -170,6 +170,24 @@ def create_app(state: AppState) -> FastAPI:
     async def get_runs(task_id: str) -> Response:
         tid = parse_id(task_id)
         return _json({"task_id": str(tid), "runs": await tasks().runs(tid)})
+
+    @app.post(
+        "/api/v1/tasks/{task_id}/cancel",
+        summary="Cancel a task: a queued one never runs (200), a running one is cancelled on its worker (202)",
+    )
+    async def cancel_task(task_id: str) -> Response:
+        tid = parse_id(task_id)
+        try:
+            done = await tasks().cancel(tid)
+        except TaskFinishedError as exc:
+            return problem(409, "Task already finished", f"task {tid} is {exc.status}; there is nothing to cancel")
+        if done.status == "cancelled":
+            return _json({"task_id": str(tid), "status": "cancelled"})
+        return _json({"task_id": str(tid), "status": "running", "cancel_requested": True}, 202)
+
+    @app.get("/api/v1/workers", summary="Registered instances, live first, with their in-flight runs")
+    async def list_workers() -> Response:
+        return _json({"workers": await tasks().workers()})
 
     @app.get("/api/v1/queues/{queue}/dlq", summary="Dead-lettered tasks of a queue, oldest first")
     async def get_dlq(queue: str, count: str = "50") -> Response:

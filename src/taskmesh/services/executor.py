@@ -10,7 +10,8 @@ section 3):
 - handler raised, or overran its ``timeout``: ``retry`` after
   ``min(2**n, 3600)`` seconds while retries are left, else ``failed``;
 - no handler and no fallback, a payload the handler's type cannot decode, or
-  :class:`~taskmesh.errors.NonRetryableError`: ``failed`` at once.
+  :class:`~taskmesh.errors.NonRetryableError`: ``failed`` at once;
+- cancelled by an operator (through the heartbeat): ``cancelled``.
 
 Emits ``run_started`` / ``run_finished`` log events with task_id, task_name,
 queue, attempt, trace_id and worker_id, and the runs_finished and
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 from typing import Any
 
 import anyio
@@ -45,10 +47,16 @@ def _failure(task: ClaimedTask, error: str, *, retryable: bool, delay: float | N
     return Outcome.FAILED, 0.0
 
 
-async def execute(task: ClaimedTask, registry: Registry) -> RunResult:
+async def execute(
+    task: ClaimedTask, registry: Registry, cancels: dict[uuid.UUID, anyio.CancelScope] | None = None
+) -> RunResult:
     """Run one claimed task's handler and decide its outcome (never raises).
 
-    Cancellation (shutdown past its grace) propagates to the caller.
+    :param cancels: shared map task id -> the run's cancel scope, through which
+        the heartbeat cancels a run whose task an operator cancelled (outcome
+        ``cancelled``).
+
+    Cancellation from outside (shutdown past its grace) propagates to the caller.
     """
     handler = registry.get(task.name)
     started = time.perf_counter()
@@ -77,8 +85,11 @@ async def execute(task: ClaimedTask, registry: Registry) -> RunResult:
     retryable = True
     delay: float | None = None
     deadline: anyio.CancelScope | None = None
+    operator = anyio.CancelScope()
+    if cancels is not None:
+        cancels[task.task_id] = operator
     try:
-        with anyio.fail_after(handler.timeout) as deadline:
+        with operator, anyio.fail_after(handler.timeout) as deadline:
             if handler.is_async:
                 value = await handler.func(payload, **kwargs)
             else:
@@ -86,6 +97,8 @@ async def execute(task: ClaimedTask, registry: Registry) -> RunResult:
                     functools.partial(handler.func, payload, **kwargs), abandon_on_cancel=True
                 )
         duration = time.perf_counter() - started
+        if operator.cancelled_caught:
+            return RunResult(task, Outcome.CANCELLED, error="cancelled", duration_seconds=duration)
         try:
             result = orjson.dumps(value).decode()
         except TypeError as exc:
@@ -104,6 +117,9 @@ async def execute(task: ClaimedTask, registry: Registry) -> RunResult:
         error, delay = f"Retry: {exc}", exc.delay_seconds
     except Exception as exc:  # a handler's own failure, whatever it is, is a failed run
         error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if cancels is not None:
+            cancels.pop(task.task_id, None)
     outcome, wait = _failure(task, error[:MAX_ERROR_CHARS], retryable=retryable, delay=delay)
     return RunResult(
         task, outcome, error=error[:MAX_ERROR_CHARS], delay_seconds=wait, duration_seconds=time.perf_counter() - started
@@ -116,6 +132,7 @@ async def run(
     slots: anyio.Semaphore,
     registry: Registry,
     inflight: dict[Any, ClaimedTask],
+    cancels: dict[uuid.UUID, anyio.CancelScope] | None = None,
     *,
     worker_id: str,
     metrics: Metrics | None = None,
@@ -138,7 +155,7 @@ async def run(
                 worker_id=worker_id,
             )
             bound.debug("run_started")
-            result = await execute(task, registry)
+            result = await execute(task, registry, cancels)
             if metrics is not None:
                 metrics.runs_finished.labels(task.queue, task.name, result.outcome.value).inc()
                 metrics.run_duration.labels(task.queue, task.name).observe(result.duration_seconds)

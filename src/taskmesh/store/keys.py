@@ -44,6 +44,10 @@ class Keys:
     def dlq(self, queue: str) -> str:
         return f"{self.prefix}:{{{queue}}}:dlq"
 
+    def marker(self) -> str:
+        """Written after each resync; its absence means Redis was flushed or restarted empty."""
+        return f"{self.prefix}:marker"
+
     def lock(self, service: str, scope: str = "") -> str:
         return f"{self.prefix}:lock:{service}" + (f":{{{scope}}}" if scope else "")
 

@@ -37,12 +37,13 @@ FROM task_runs WHERE task_id = $1 ORDER BY attempt DESC LIMIT 1;
 
 -- name: task_claim_many
 -- Design.md principle 3: one conditional UPDATE claims the batch; a task that
--- is no longer queued (claimed elsewhere, cancelled) is simply not returned.
+-- is no longer queued (claimed elsewhere, cancelled) or not yet due (a stray
+-- id pushed early) is simply not returned.
 -- The claimed attempt's run row is created, or its queued row taken over.
 WITH claimed AS (
     UPDATE tasks
     SET status = 'running', attempts = attempts + 1, updated_at = now()
-    WHERE id = ANY($1::uuid[]) AND queue = $2 AND status = 'queued'
+    WHERE id = ANY($1::uuid[]) AND queue = $2 AND status = 'queued' AND run_at <= now()
     RETURNING id, name, queue, priority, payload::text AS payload, attempts, retries,
               max_retries, idempotency_key, trace_id, tenant_id
 ), runs AS (
@@ -59,7 +60,7 @@ SELECT c.*, runs.id AS run_id FROM claimed c JOIN runs ON runs.task_id = c.id;
 
 -- name: run_finish_many
 -- Write a batch of run results and their tasks' next state in one statement.
--- outcome: succeeded | retry | failed | interrupted. Fenced: only a run that is
+-- outcome: succeeded | retry | failed | interrupted | cancelled. Fenced: only a run that is
 -- still running under this worker is written (a late result changes nothing).
 WITH r AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::float8[])
@@ -68,6 +69,7 @@ WITH r AS (
     UPDATE task_runs tr
     SET status = CASE r.outcome WHEN 'succeeded' THEN 'succeeded'
                                 WHEN 'failed' THEN 'failed'
+                                WHEN 'cancelled' THEN 'failed'
                                 ELSE 'retrying' END,
         finished_at = now(),
         error = r.error,
@@ -83,6 +85,7 @@ WITH r AS (
 UPDATE tasks t
 SET status = CASE r.outcome WHEN 'succeeded' THEN 'completed'
                             WHEN 'failed' THEN 'failed'
+                            WHEN 'cancelled' THEN 'cancelled'
                             ELSE 'queued' END,
     retries = t.retries + CASE WHEN r.outcome = 'retry' THEN 1 ELSE 0 END,
     run_at = COALESCE(runs.next_retry_at, t.run_at),
@@ -133,3 +136,124 @@ LIMIT $3;
 
 -- name: task_count_by_status
 SELECT status, count(*)::bigint AS n FROM tasks WHERE queue = $1 GROUP BY status;
+
+-- name: worker_heartbeat
+-- Register or refresh this instance and extend the leases of all its running
+-- runs, in one statement (issue 3); returns the running tasks whose
+-- cancellation was requested, for the instance to cancel.
+WITH w AS (
+    INSERT INTO workers (id, host, pid, queues, version, state)
+    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6)
+    ON CONFLICT (id) DO UPDATE
+    SET heartbeat_at = now(), state = EXCLUDED.state, stopped_at = NULL
+    RETURNING id
+), leases AS (
+    UPDATE task_runs
+    SET lease_expires_at = now() + make_interval(secs => $7)
+    WHERE worker_id = $1 AND status = 'running'
+    RETURNING task_id
+)
+SELECT t.id FROM tasks t JOIN leases l ON l.task_id = t.id
+WHERE t.cancel_requested_at IS NOT NULL;
+
+-- name: worker_deregister
+UPDATE workers SET state = 'stopped', stopped_at = now(), heartbeat_at = now() WHERE id = $1;
+
+-- name: worker_mark_lost
+-- Instances silent for more than $1 seconds are shown as lost.
+UPDATE workers SET state = 'lost'
+WHERE state IN ('running', 'draining') AND heartbeat_at < now() - make_interval(secs => $1)
+RETURNING id;
+
+-- name: worker_delete_old
+-- Stopped and lost instances are kept $1 seconds for the record, then forgotten.
+DELETE FROM workers
+WHERE state IN ('stopped', 'lost') AND heartbeat_at < now() - make_interval(secs => $1);
+
+-- name: worker_list
+SELECT w.id, w.host, w.pid, w.queues::text AS queues, w.version, w.started_at, w.heartbeat_at,
+       w.stopped_at, w.state,
+       (SELECT count(*) FROM task_runs tr WHERE tr.worker_id = w.id AND tr.status = 'running')::int AS in_flight
+FROM workers w
+ORDER BY (w.state IN ('running', 'draining')) DESC, w.started_at DESC
+LIMIT $1;
+
+-- name: run_reclaim_expired
+-- End runs whose lease expired and whose worker has not beaten for $1 seconds
+-- (a live worker extends its leases, so only dead or frozen ones qualify):
+-- error = 'lease expired'; the task is retried (an attempt spent, backoff
+-- min(2^n, 3600) s), failed when its retries are spent, or cancelled when
+-- that was requested. Rows locked elsewhere (a committer writing the same
+-- run) are skipped and looked at again next tick.
+WITH expired AS (
+    SELECT tr.id, tr.task_id FROM task_runs tr
+    WHERE tr.status = 'running' AND tr.lease_expires_at < now()
+      AND NOT EXISTS (
+          SELECT 1 FROM workers w
+          WHERE w.id = tr.worker_id AND w.state IN ('running', 'draining')
+            AND w.heartbeat_at > now() - make_interval(secs => $1))
+    ORDER BY tr.lease_expires_at
+    LIMIT $2
+    FOR UPDATE OF tr SKIP LOCKED
+), decided AS (
+    SELECT e.id AS run_id, t.id AS task_id,
+           CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                WHEN t.retries < t.max_retries THEN 'retry'
+                ELSE 'failed' END AS outcome,
+           least(power(2, least(t.retries, 12)), 3600)::float8 AS delay_s
+    FROM expired e JOIN tasks t ON t.id = e.task_id
+    WHERE t.status = 'running'
+), runs AS (
+    UPDATE task_runs tr
+    SET status = CASE d.outcome WHEN 'retry' THEN 'retrying' ELSE 'failed' END,
+        finished_at = now(),
+        error = 'lease expired',
+        lease_expires_at = NULL,
+        next_retry_at = CASE WHEN d.outcome = 'retry' THEN now() + make_interval(secs => d.delay_s) END,
+        updated_at = now()
+    FROM decided d
+    WHERE tr.id = d.run_id
+    RETURNING tr.id, tr.next_retry_at
+)
+UPDATE tasks t
+SET status = CASE d.outcome WHEN 'retry' THEN 'queued' WHEN 'cancelled' THEN 'cancelled' ELSE 'failed' END,
+    retries = t.retries + CASE WHEN d.outcome = 'retry' THEN 1 ELSE 0 END,
+    run_at = COALESCE(runs.next_retry_at, t.run_at),
+    updated_at = now()
+FROM decided d JOIN runs ON runs.id = d.run_id
+WHERE t.id = d.task_id
+RETURNING t.id, t.queue, t.priority, t.status, t.run_at;
+
+-- name: task_lock_for_cancel
+SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
+
+-- name: task_cancel_queued
+-- A queued (ready, delayed or waiting out a backoff) task never runs; its
+-- queued run, if any, ends failed with error 'cancelled'.
+WITH t AS (
+    UPDATE tasks SET status = 'cancelled', updated_at = now()
+    WHERE id = $1 AND status = 'queued'
+    RETURNING id
+)
+UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
+WHERE task_id IN (SELECT id FROM t) AND status = 'queued';
+
+-- name: task_request_cancel
+UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
+WHERE id = $1 AND status = 'running';
+
+-- name: task_list_queued_page
+-- Every queued task of the given queues, by id after $2 (keyset paging), for a full resync.
+SELECT id, queue, priority, run_at FROM tasks
+WHERE status = 'queued' AND queue = ANY($1::text[]) AND id > $2
+ORDER BY id
+LIMIT $3;
+
+-- name: task_list_failed_ids
+-- The ids the DLQ mirror of queue $1 should hold, oldest first.
+SELECT id FROM tasks WHERE queue = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT $2;
+
+-- name: task_list_not_due
+-- Of ids whose claim failed, the queued ones that are not due yet (a stray or early id).
+SELECT id, queue, priority, run_at FROM tasks
+WHERE id = ANY($1::uuid[]) AND status = 'queued' AND run_at > now();

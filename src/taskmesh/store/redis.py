@@ -180,6 +180,46 @@ async def release_lock(client: Redis, key: str, token: str) -> bool:
     return bool(released)
 
 
+async def forget(client: Redis, keys: Keys, queue: str, task_id: str) -> None:
+    """Remove a task id from every structure of its queue (a cancelled task)."""
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.zrem(keys.ready(queue), task_id)
+        pipe.zrem(keys.delayed(queue), task_id)
+        pipe.hdel(keys.priorities(queue), task_id)
+        pipe.lrem(keys.dlq(queue), 0, task_id)
+        await pipe.execute()
+
+
+async def rewrite_dlq(client: Redis, keys: Keys, queue: str, task_ids: list[str]) -> bool:
+    """Make the DLQ mirror of ``queue`` hold exactly ``task_ids`` (oldest first).
+
+    :returns: whether it had to change (the list differed).
+    """
+    current = await client.lrange(keys.dlq(queue), 0, -1)
+    if current == task_ids:
+        return False
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.dlq(queue))
+        if task_ids:
+            pipe.rpush(keys.dlq(queue), *task_ids)
+        await pipe.execute()
+    return True
+
+
+async def identity(client: Redis, keys: Keys) -> tuple[str, bool]:
+    """``(run_id, marker_present)``: a new run_id means a restart, a missing marker a flush."""
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.info("server")
+        pipe.exists(keys.marker())
+        info, marker = await pipe.execute()
+    return str(info.get("run_id", "")), bool(marker)
+
+
+async def set_marker(client: Redis, keys: Keys, value: str) -> None:
+    """Write the marker whose disappearance tells the reconciler Redis lost its data."""
+    await client.set(keys.marker(), value)
+
+
 async def depths(client: Redis, keys: Keys, queue: str) -> tuple[int, int, int]:
     """``(ready, delayed, dlq)`` lengths of one queue."""
     async with client.pipeline(transaction=False) as pipe:
