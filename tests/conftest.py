@@ -81,7 +81,7 @@ def redis_url(store_urls: tuple[str, str]) -> str:
 @pytest.fixture
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     p = await create_pool(database_url, 10)
-    await p.execute("TRUNCATE tasks CASCADE")
+    await p.execute("TRUNCATE tasks, workers CASCADE")
     yield p
     await p.close()
 

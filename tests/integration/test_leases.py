@@ -1,0 +1,142 @@
+"""Leases, heartbeats, reclaim and fencing against real PostgreSQL and Redis (issue 3)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from taskmesh.metrics import Metrics
+from taskmesh.models import Outcome, RunResult
+from taskmesh.services import heartbeat, reclaimer
+from taskmesh.store import redis as rstore
+from taskmesh.store.keys import Keys
+from taskmesh.tasks import Tasks
+from taskmesh.validation import parse_task_spec
+
+pytestmark = pytest.mark.anyio
+
+
+async def claimed(tasks: Tasks, worker: str, lease: float = 30, **fields: Any) -> Any:
+    created = await tasks.enqueue(parse_task_spec({"name": "t", **fields}))
+    [task] = await tasks.claim("default", [str(created.task_id)], worker, lease)
+    return task
+
+
+async def expire(pool: asyncpg.Pool, task_id: uuid.UUID) -> None:
+    await pool.execute(
+        "UPDATE task_runs SET lease_expires_at = now() - interval '1 second' WHERE task_id = $1 AND status = 'running'",
+        task_id,
+    )
+
+
+async def beat(tasks: Tasks, worker: str, lease: float = 30) -> list[uuid.UUID]:
+    return await heartbeat.run_once(tasks, worker, {"default": 1}, lease_seconds=lease)
+
+
+async def test_an_expired_run_of_a_dead_worker_is_retried_with_backoff(
+    tasks: Tasks, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+) -> None:
+    task = await claimed(tasks, "dead-worker", max_retries=2)
+    await expire(pool, task.task_id)
+    assert await reclaimer.run_once(tasks, lease_seconds=30) == {"queued": 1}
+    row = await pool.fetchrow("SELECT status, retries, run_at FROM tasks WHERE id = $1", task.task_id)
+    run = await pool.fetchrow("SELECT * FROM task_runs WHERE id = $1", task.run_id)
+    assert row["status"] == "queued" and row["retries"] == 1
+    assert run["status"] == "retrying" and run["error"] == "lease expired"
+    assert abs((run["next_retry_at"] - run["finished_at"]).total_seconds() - 1) < 0.01
+    assert await redis_client.zscore(keys.delayed("default"), str(task.task_id)) is not None
+    assert await reclaimer.run_once(tasks, lease_seconds=30) == {}
+
+
+async def test_a_run_that_keeps_killing_its_worker_ends_in_the_dlq(
+    tasks: Tasks, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+) -> None:
+    task = await claimed(tasks, "dead-worker", max_retries=0)
+    await expire(pool, task.task_id)
+    assert await reclaimer.run_once(tasks, lease_seconds=30) == {"failed": 1}
+    assert await pool.fetchval("SELECT status FROM tasks WHERE id = $1", task.task_id) == "failed"
+    assert await redis_client.lrange(keys.dlq("default"), 0, -1) == [str(task.task_id)]
+
+
+async def test_a_live_worker_keeps_its_runs_even_past_their_lease(tasks: Tasks, pool: asyncpg.Pool) -> None:
+    task = await claimed(tasks, "live-worker", lease=1)
+    await beat(tasks, "live-worker")
+    await expire(pool, task.task_id)  # as if the lease ran out between two beats
+    assert await reclaimer.run_once(tasks, lease_seconds=30) == {}
+    await beat(tasks, "live-worker", lease=30)
+    lease = await pool.fetchval("SELECT lease_expires_at - now() FROM task_runs WHERE id = $1", task.run_id)
+    assert lease.total_seconds() > 29
+
+
+async def test_the_heartbeat_registers_the_worker_and_extends_only_its_own_leases(
+    tasks: Tasks, pool: asyncpg.Pool
+) -> None:
+    mine = await claimed(tasks, "w-1", lease=1)
+    other = await claimed(tasks, "w-2", lease=1)
+    await beat(tasks, "w-1", lease=60)
+    leases = {
+        r["task_id"]: r["left"].total_seconds()
+        for r in await pool.fetch("SELECT task_id, lease_expires_at - now() AS left FROM task_runs")
+    }
+    assert leases[mine.task_id] > 59 and leases[other.task_id] < 2
+    workers = await tasks.workers()
+    assert [(w["id"], w["state"], w["in_flight"], w["queues"]) for w in workers] == [
+        ("w-1", "running", 1, {"default": 1})
+    ]
+
+
+async def test_a_cancel_request_reaches_the_worker_through_its_heartbeat(tasks: Tasks) -> None:
+    task = await claimed(tasks, "w-1")
+    assert await beat(tasks, "w-1") == []
+    done = await tasks.cancel(task.task_id)
+    assert (done.status, done.previous) == ("running", "running")
+    assert await beat(tasks, "w-1") == [task.task_id]
+
+
+async def test_concurrent_reclaimers_end_each_expired_run_exactly_once(tasks: Tasks, pool: asyncpg.Pool) -> None:
+    for i in range(40):
+        task = await claimed(tasks, f"dead-{i % 4}", max_retries=3)
+        await expire(pool, task.task_id)
+    totals: list[int] = []
+
+    async def reclaim() -> None:
+        totals.append(sum((await reclaimer.run_once(tasks, lease_seconds=30)).values()))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(reclaim)
+    assert sum(totals) == 40
+    assert await pool.fetchval("SELECT count(*) FROM task_runs WHERE status = 'retrying'") == 40
+    assert await pool.fetchval("SELECT count(*) FROM tasks WHERE retries = 1 AND status = 'queued'") == 40
+
+
+async def test_a_late_result_of_a_reclaimed_run_is_dropped_and_the_new_attempt_wins(
+    tasks: Tasks, pool: asyncpg.Pool
+) -> None:
+    tasks.metrics = Metrics()
+    zombie = await claimed(tasks, "frozen", max_retries=3)
+    await expire(pool, zombie.task_id)
+    await reclaimer.run_once(tasks, lease_seconds=30)
+    await pool.execute("UPDATE tasks SET run_at = now() WHERE id = $1", zombie.task_id)  # skip the backoff
+    [second] = await tasks.claim("default", [str(zombie.task_id)], "healthy", 30)
+    assert second.attempt == 2
+    assert await tasks.finish([RunResult(second, Outcome.SUCCEEDED, result='"second"')], "healthy") == 1
+    assert await tasks.finish([RunResult(zombie, Outcome.FAILED, error="boom")], "frozen") == 0
+    task, run = await tasks.get(zombie.task_id)
+    assert task["status"] == "completed" and run is not None and run["result"] == "second"
+    assert tasks.metrics.late_results._value.get() == 1
+
+
+async def test_a_worker_silent_for_three_leases_is_shown_lost(tasks: Tasks, pool: asyncpg.Pool) -> None:
+    await beat(tasks, "gone")
+    await beat(tasks, "here")
+    await pool.execute("UPDATE workers SET heartbeat_at = now() - interval '100 seconds' WHERE id = 'gone'")
+    await reclaimer.run_once(tasks, lease_seconds=30)
+    states = {w["id"]: w["state"] for w in await tasks.workers()}
+    assert states == {"gone": "lost", "here": "running"}
+    await tasks.deregister("here")
+    assert {w["id"]: w["state"] for w in await tasks.workers()}["here"] == "stopped"
