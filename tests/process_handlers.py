@@ -2,14 +2,60 @@
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import time
 from typing import Any
 
 import anyio
+import asyncpg
 
 import taskmesh
+from taskmesh.models import TaskContext
 
 
 @taskmesh.task("sleepy")
 async def sleepy(payload: dict[str, Any]) -> str:
     await anyio.sleep(float(payload.get("seconds", 0)))
     return "slept"
+
+
+@taskmesh.task("slow_first")
+async def slow_first(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """Sleeps ``seconds`` on attempt 1 only; later attempts return at once."""
+    if ctx.attempt == 1:
+        await anyio.sleep(float(payload.get("seconds", 0)))
+    return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+@taskmesh.task("poison")
+async def poison(payload: Any) -> None:
+    """Kills its own process, every time."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+_ledger_pool: asyncpg.Pool | None = None
+
+
+@taskmesh.task("ledger")
+async def ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Records (task, attempt, pid, start, end) in the ``ledger`` table after a 0-200 ms sleep.
+
+    Used by the chaos suite: overlapping entries of one task would mean one
+    task ran twice at once.
+    """
+    global _ledger_pool
+    if _ledger_pool is None:
+        _ledger_pool = await asyncpg.create_pool(os.environ["DATABASE_URL"], min_size=1, max_size=4)
+    start = time.time()
+    await anyio.sleep(random.uniform(0, float(payload.get("max_sleep", 0.2))))
+    end = time.time()
+    await _ledger_pool.execute(
+        "INSERT INTO ledger (task_id, attempt, pid, started, ended) VALUES ($1, $2, $3, $4, $5)",
+        ctx.task_id,
+        ctx.attempt,
+        os.getpid(),
+        start,
+        end,
+    )
