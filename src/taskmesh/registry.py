@@ -59,7 +59,11 @@ class Handler:
         try:
             return self.payload_adapter.validate_python(payload)
         except Exception as exc:  # pydantic raises ValidationError, dataclasses TypeError
-            raise PayloadDecodeError(str(exc).splitlines()[0]) from exc
+            # One line naming every offending field: "1 validation error for X; order_id: Input should be ..."
+            lines = [
+                line.strip() for line in str(exc).splitlines() if line.strip() and "errors.pydantic.dev" not in line
+            ]
+            raise PayloadDecodeError("; ".join(lines)[:500]) from exc
 
 
 class Registry:

@@ -128,6 +128,7 @@ async def run(
         http=f"{settings.http_host}:{inst.port}",
         queues={q: settings.concurrency_of(q) for q in settings.queue_names},
         handlers=registry.names(),
+        fallback=registry.fallback.name if registry.fallback else None,
     )
     http_done = anyio.Event()
 

@@ -21,7 +21,7 @@ FAST = {"TASKMESH_LEASE_SECONDS": "1.5", "TASKMESH_RECLAIM_INTERVAL_SECONDS": "0
 
 def start(spawn: Any, database_url: str, redis_url: str, prefix: str, **extra: str) -> Proc:
     proc: Proc = spawn(**stores_env(database_url, redis_url, prefix, **{**FAST, **extra}))
-    wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200)
+    wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200, proc=proc)
     return proc
 
 

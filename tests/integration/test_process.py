@@ -21,7 +21,7 @@ async def test_sigterm_drains_an_in_flight_run_writes_its_result_and_exits_0(
     spawn: Any, database_url: str, redis_url: str, prefix: str
 ) -> None:
     proc = spawn(**stores_env(database_url, redis_url, prefix))
-    wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200)
+    wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200, proc=proc)
     status, body = call(proc.port, "POST", "/api/v1/tasks", {"name": "sleepy", "payload": {"seconds": 1.5}})
     assert status == 201
     tid = body["task_id"]
@@ -44,7 +44,7 @@ async def test_a_run_still_going_after_the_grace_period_is_handed_back_without_s
     spawn: Any, database_url: str, redis_url: str, prefix: str, pool: Any
 ) -> None:
     proc = spawn(**stores_env(database_url, redis_url, prefix, TASKMESH_SHUTDOWN_GRACE_SECONDS="0.5"))
-    wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200)
+    wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200, proc=proc)
     _, body = call(proc.port, "POST", "/api/v1/tasks", {"name": "sleepy", "payload": {"seconds": 60}, "max_retries": 0})
     tid = body["task_id"]
     wait_until(lambda: task_status(proc.port, tid)["task"]["status"] == "running")
@@ -79,7 +79,7 @@ async def test_with_postgres_down_the_instance_stays_up_says_503_and_names_the_s
 async def test_dev_profile_starts_embedded_servers_and_sigterm_leaves_none_behind(spawn: Any, tmp_path: Path) -> None:
     dev_dir = tmp_path / "devdata"
     proc = spawn("dev", TASKMESH_DEV_DIR=str(dev_dir))
-    wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200, timeout=60)
+    wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200, timeout=90, proc=proc)
     status, body = call(proc.port, "POST", "/api/v1/tasks", {"name": "anything", "priority": 2, "payload": {"k": "v"}})
     assert status == 201
     tid = body["task_id"]
