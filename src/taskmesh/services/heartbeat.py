@@ -67,7 +67,8 @@ async def run(
     cancel: Callable[[uuid.UUID], bool],
 ) -> None:
     """Beat forever (cancelled by the supervisor after deregistering)."""
-    outage = Outage("heartbeat")
+    # Beat again soon after a store comes back, before any lease runs out.
+    outage = Outage("heartbeat", max_delay=interval)
     while True:
         try:
             await run_once(tasks, worker_id, queues, lease_seconds=lease_seconds, draining=is_draining(), cancel=cancel)

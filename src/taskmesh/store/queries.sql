@@ -188,6 +188,9 @@ LIMIT $1;
 WITH expired AS (
     SELECT tr.id, tr.task_id FROM task_runs tr
     WHERE tr.status = 'running' AND tr.lease_expires_at < now()
+      -- Right after a PostgreSQL restart every heartbeat looks stale; give live
+      -- workers one lease period to beat again before judging them dead.
+      AND pg_postmaster_start_time() < now() - make_interval(secs => $1)
       AND NOT EXISTS (
           SELECT 1 FROM workers w
           WHERE w.id = tr.worker_id AND w.state IN ('running', 'draining')
