@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -70,8 +71,19 @@ def _dev(settings: Settings) -> None:
         anyio.run(supervisor.run, settings, default_registry)
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived before the supervisor took over the signals (nothing runs yet)."""
+
+
+def _terminate_early(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
+    # Until the supervisor installs its own handlers, SIGTERM is a clean stop, not a crash;
+    # embedded servers already started are still stopped by the context managers on the way out.
+    signal.signal(signal.SIGTERM, _terminate_early)
     args = _parser().parse_args(argv)
     if args.config:
         os.environ["TASKMESH_CONFIG"] = args.config
@@ -90,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except _Terminated:
+        return 0
     return 0
 
 

@@ -1,0 +1,217 @@
+"""Chaos suite: three real instances, kill -9, a Redis flush and restart, a PostgreSQL restart.
+
+The test owns its stores (an embedded PostgreSQL and an embedded Valkey it
+may restart), enqueues ``CHAOS_TASKS`` tasks (default 2,000) whose handler
+sleeps 0-200 ms and records ``(task, attempt, pid, start, end)`` in a ledger
+table, and runs three ``python -m taskmesh`` processes while it kills a random
+one with SIGKILL every few seconds (starting a replacement), flushes Redis
+once, restarts Redis once and restarts PostgreSQL once. Then it stops every
+instance with SIGTERM and checks:
+
+- none lost: every task is ``completed``;
+- no attempt ran twice at once: no two ledger entries of one task overlap;
+- every task with more than one ledger entry is explained by a kill (an
+  earlier entry's process was killed) or a restart (it ended around one).
+
+``CHAOS_TASKS`` and ``CHAOS_SECONDS`` (the run's time limit, default 170)
+make it bigger. Figures are printed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+import redis as sync_redis
+
+import taskmesh
+from taskmesh.dev import EmbeddedPostgres, EmbeddedValkey
+from taskmesh.store.postgres import migrate
+from tests.conftest import with_database
+from tests.proc import Proc, call, spawn, wait_until
+
+__all__ = ["spawn"]  # a fixture, used by name
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
+
+TASKS = int(os.environ.get("CHAOS_TASKS", "2000"))
+SECONDS = float(os.environ.get("CHAOS_SECONDS", "170"))
+INSTANCES = 3
+KILL_EVERY = 3.0
+LEASE = 2.0
+
+
+@pytest.fixture(scope="module")
+def owned_stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedPostgres, EmbeddedValkey]]:
+    root = tmp_path_factory.mktemp("chaos-stores")
+    pg = EmbeddedPostgres(root)
+    try:
+        valkey = EmbeddedValkey(root, persist=False)
+        try:
+            yield pg, valkey
+        finally:
+            valkey.stop()
+    finally:
+        pg.stop()
+
+
+async def _count_completed(url: str) -> int | None:
+    try:
+        conn = await asyncpg.connect(url, timeout=2)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        return None
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM tasks WHERE status = 'completed'"))
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        return None
+    finally:
+        await conn.close()
+
+
+async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
+    owned_stores: tuple[EmbeddedPostgres, EmbeddedValkey], spawn: Any, tmp_path: Path
+) -> None:
+    pg, valkey = owned_stores
+    name = f"chaos_{secrets.token_hex(3)}"
+    admin = await asyncpg.connect(pg.url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    url = with_database(pg.url, name)
+    conn = await asyncpg.connect(url)
+    await migrate(conn)
+    await conn.execute(
+        "CREATE TABLE ledger (task_id uuid NOT NULL, attempt int NOT NULL, pid int NOT NULL,"
+        " started float8 NOT NULL, ended float8 NOT NULL)"
+    )
+    await conn.close()
+    env = {
+        "DATABASE_URL": url,
+        "REDIS_URL": valkey.url,
+        "TASKMESH_HANDLERS": "tests.process_handlers",
+        "TASKMESH_LEASE_SECONDS": str(LEASE),
+        "TASKMESH_RECLAIM_INTERVAL_SECONDS": "0.5",
+        "TASKMESH_RECONCILE_INTERVAL_SECONDS": "1",
+        "TASKMESH_SHUTDOWN_GRACE_SECONDS": "5",
+        "WORKER_CONCURRENCY": "4",
+        "TASKMESH_LOG_LEVEL": "warning",
+    }
+
+    def start() -> Proc:
+        proc: Proc = spawn(**env)
+        return proc
+
+    live = [start() for _ in range(INSTANCES)]
+    for proc in live:
+        wait_until(lambda p=proc: call(p.port, "GET", "/readyz")[0] == 200, timeout=60, proc=proc)
+
+    t0 = time.monotonic()
+    async with taskmesh.Client(url, valkey.url, pool_size=8) as client:
+
+        async def enqueue(start_at: int) -> None:
+            for i in range(start_at, min(start_at + 100, TASKS)):
+                await client.enqueue("ledger", {"max_sleep": 0.2}, max_retries=20, idempotency_key=f"chaos-{i}")
+
+        async with anyio.create_task_group() as tg:
+            for start_at in range(0, TASKS, 100):
+                tg.start_soon(enqueue, start_at)
+    enqueued_in = time.monotonic() - t0
+
+    killed: dict[int, float] = {}
+    windows: list[tuple[str, float, float]] = []  # (what, wall-clock start, end) of each store disruption
+    done_flush = done_redis = done_pg = False
+    next_kill = time.monotonic() + KILL_EVERY
+    completed = 0
+    deadline = t0 + SECONDS
+    rng = random.Random(7)
+    redis_admin = sync_redis.Redis.from_url(valkey.url)
+    while time.monotonic() < deadline:
+        got = await _count_completed(url)
+        completed = got if got is not None else completed
+        if completed >= TASKS:
+            break
+        progress = completed / TASKS
+        if time.monotonic() >= next_kill:
+            victim = rng.choice(live)
+            victim.signal(signal.SIGKILL)
+            victim.wait(10)
+            killed[victim.pid] = time.time()
+            live.remove(victim)
+            live.append(start())
+            next_kill = time.monotonic() + KILL_EVERY
+        if not done_flush and progress >= 0.15:
+            w0 = time.time()
+            redis_admin.flushall()
+            windows.append(("redis flush", w0, time.time()))
+            done_flush = True
+        elif not done_redis and progress >= 0.40:
+            w0 = time.time()
+            valkey.restart()
+            windows.append(("redis restart", w0, time.time()))
+            done_redis = True
+        elif not done_pg and progress >= 0.65:
+            w0 = time.time()
+            pg.restart()
+            windows.append(("postgres restart", w0, time.time()))
+            done_pg = True
+        await anyio.sleep(0.25)
+    run_seconds = time.monotonic() - t0
+    redis_admin.close()
+
+    exits = []
+    for proc in live:  # a replacement still starting would not be a fair test of SIGTERM
+        wait_until(lambda p=proc: call(p.port, "GET", "/readyz")[0] == 200, timeout=60, proc=proc)
+    for proc in live:
+        proc.signal(signal.SIGTERM)
+    for proc in live:
+        exits.append(proc.wait(30))
+
+    conn = await asyncpg.connect(url)
+    try:
+        statuses = dict(await conn.fetch("SELECT status, count(*) FROM tasks GROUP BY status"))
+        rows = await conn.fetch("SELECT task_id, attempt, pid, started, ended FROM ledger ORDER BY task_id, started")
+    finally:
+        await conn.close()
+
+    entries: dict[Any, list[asyncpg.Record]] = defaultdict(list)
+    for row in rows:
+        entries[row["task_id"]].append(row)
+    overlaps = 0
+    unexplained = []
+    repeated = 0
+    margin = LEASE + 5.0
+    for task_id, runs in entries.items():
+        latest_end = runs[0]["ended"]  # entries are sorted by start
+        for later in runs[1:]:
+            if later["started"] < latest_end:
+                overlaps += 1
+            latest_end = max(latest_end, later["ended"])
+        if len(runs) > 1:
+            repeated += 1
+            for earlier in runs[:-1]:
+                by_kill = earlier["pid"] in killed
+                by_restart = any(w0 - margin <= earlier["ended"] <= w1 + margin for _, w0, w1 in windows)
+                if not (by_kill or by_restart):
+                    unexplained.append((str(task_id), earlier["attempt"], earlier["pid"]))
+    lost = TASKS - statuses.get("completed", 0)
+    print(
+        f"\nchaos: tasks={TASKS} completed={statuses.get('completed', 0)} lost={lost} "
+        f"statuses={dict(statuses)} kills={len(killed)} "
+        f"disruptions={[w[0] for w in windows]} ledger_entries={len(rows)} tasks_run_more_than_once={repeated} "
+        f"overlapping_attempts={overlaps} unexplained={len(unexplained)} "
+        f"enqueue_s={enqueued_in:.1f} run_s={run_seconds:.1f} instance_exits={exits}"
+    )
+    assert (done_flush, done_redis, done_pg) == (True, True, True), "every disruption happened during the run"
+    assert lost == 0, statuses
+    assert overlaps == 0
+    assert unexplained == []
+    assert len(entries) == TASKS  # every task has at least one recorded run
+    assert exits == [0] * len(live)
