@@ -18,6 +18,7 @@ import subprocess
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import structlog
 
@@ -68,6 +69,16 @@ class EmbeddedPostgres:
             self._pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self._server.system_user, timeout=30)
         log.info("embedded_postgres_stopped")
 
+    def start(self) -> None:
+        """Start the server again after :meth:`stop` (outage tests), on the same socket."""
+        socket_dir = parse_qs(urlsplit(self.url).query)["host"][0]
+        self._pg_ctl(
+            ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(self.pgdata / "log"), "start"],
+            pgdata=self.pgdata,
+            user=self._server.system_user,
+            timeout=60,
+        )
+
     def restart(self) -> None:
         """Restart the server in place (chaos tests): every connection drops."""
         self._pg_ctl(
@@ -112,11 +123,15 @@ class EmbeddedValkey:
         self._server.stop()
         log.info("embedded_valkey_stopped")
 
+    def start(self) -> None:
+        """Start again after :meth:`stop`, on the same port (outage tests)."""
+        self._server = self._make(self.port)
+        self._server.start()
+
     def restart(self) -> None:
         """Stop and start on the same port (chaos tests); without persistence the data is gone."""
         self._server.stop()
-        self._server = self._make(self.port)
-        self._server.start()
+        self.start()
 
 
 @contextlib.contextmanager

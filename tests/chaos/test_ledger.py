@@ -25,7 +25,6 @@ import secrets
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,20 +47,6 @@ SECONDS = float(os.environ.get("CHAOS_SECONDS", "170"))
 INSTANCES = 3
 KILL_EVERY = 3.0
 LEASE = 2.0
-
-
-@pytest.fixture(scope="module")
-def owned_stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedPostgres, EmbeddedValkey]]:
-    root = tmp_path_factory.mktemp("chaos-stores")
-    pg = EmbeddedPostgres(root)
-    try:
-        valkey = EmbeddedValkey(root, persist=False)
-        try:
-            yield pg, valkey
-        finally:
-            valkey.stop()
-    finally:
-        pg.stop()
 
 
 async def _count_completed(url: str) -> int | None:

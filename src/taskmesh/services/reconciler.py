@@ -149,8 +149,9 @@ async def run(
                 pushed = await sweep(tasks, queues, min_age=sweep_interval)
                 if pushed:
                     log.info("tasks_repushed", count=pushed)
+                # Recovery counts only once both stores answered (a sweep reads PostgreSQL).
+                outage.recovered()
         except STORE_ERRORS as exc:
             await outage.failed(exc)
             continue
-        outage.recovered()
         await anyio.sleep(check_interval)
