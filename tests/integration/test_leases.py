@@ -148,3 +148,22 @@ async def test_a_worker_silent_for_three_leases_is_shown_lost(tasks: Tasks, pool
     assert states == {"gone": "lost", "here": "running"}
     await tasks.deregister("here")
     assert {w["id"]: w["state"] for w in await tasks.workers()}["here"] == "stopped"
+
+
+async def test_the_reconciler_rewrites_a_dlq_mirror_that_drifted_from_postgres(
+    tasks: Tasks, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+) -> None:
+    from taskmesh.services import reconciler
+
+    dead = [await claimed(tasks, "dead-worker", max_retries=0) for _ in range(3)]
+    for task in dead:
+        await expire(pool, task.task_id)
+    await reclaimer.run_once(tasks, lease_seconds=1)
+    expected = [
+        str(r["id"]) for r in await pool.fetch("SELECT id FROM tasks WHERE status = 'failed' ORDER BY updated_at, id")
+    ]
+    await redis_client.delete(keys.dlq("default"))
+    await redis_client.rpush(keys.dlq("default"), "not-a-failed-task", expected[0])
+    assert await reconciler.repair_dlq(tasks, ["default"]) == 1
+    assert await redis_client.lrange(keys.dlq("default"), 0, -1) == expected
+    assert await reconciler.repair_dlq(tasks, ["default"]) == 0
