@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 import asyncpg
 
+from taskmesh.errors import InvalidTaskError
 from taskmesh.registry import Registry, default_registry
 from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
@@ -137,6 +139,24 @@ class Client:
         }
         data.update({k: v for k, v in optional.items() if v is not None})
         return await self.tasks.enqueue(parse_task_spec(data))
+
+    async def enqueue_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Enqueued]:
+        """Enqueue many tasks with one statement and one Redis pipeline.
+
+        :param tasks: mappings in the API's field names (``name``, ``payload``,
+            ``queue_name``, ``priority``, ``dedup_key``, ``max_retries``,
+            ``delay_seconds``, ``run_at``, ``tenant_id``, ``trace_id``).
+        :returns: one :class:`~taskmesh.tasks.Enqueued` per task, in order.
+        :raises InvalidTaskError: the first invalid task, its field prefixed with
+            ``tasks[i].``; nothing is written then (all or nothing).
+        """
+        specs = []
+        for i, task in enumerate(tasks):
+            try:
+                specs.append(parse_task_spec(dict(task)))
+            except InvalidTaskError as exc:
+                raise InvalidTaskError(f"tasks[{i}].{exc.field}", exc.message) from None
+        return await self.tasks.enqueue_many(specs)
 
     async def get(self, task_id: uuid.UUID | str) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The task and its latest run, in the API's shape.

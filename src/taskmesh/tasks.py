@@ -157,19 +157,7 @@ class Tasks:
         A repeated ``dedup_key`` returns the existing task and writes nothing,
         also under concurrent requests (the unique index decides).
         """
-        handler = self.registry.get(spec.name) if self.registry else None
-        max_retries = spec.max_retries
-        if max_retries is None:
-            max_retries = (
-                handler.max_retries if handler and handler.max_retries is not None else self.default_max_retries
-            )
-        queue = spec.queue_name
-        if "queue_name" not in spec.model_fields_set and handler and handler.queue:
-            queue = handler.queue
-        due_at = spec.due_at()
-        task_type = "delayed" if due_at is not None else spec.type
-        if task_type == "delayed" and due_at is None:
-            task_type = "immediate"
+        queue, max_retries, task_type, due_at = self._prepare(spec)
         payload = dump_json(spec.payload, "payload")
         task_id = uuid.uuid4()
         row = await self.pool.fetchrow(
@@ -197,6 +185,72 @@ class Tasks:
             self.metrics.tasks_created.labels(queue).inc()
         await self._push([PushTarget(task_id, queue, spec.priority, due_at)])
         return Enqueued(task_id, "queued", created=True)
+
+    def _prepare(self, spec: TaskSpec) -> tuple[str, int, str, datetime | None]:
+        """Resolve a spec's defaults: ``(queue, max_retries, type, due_at)``."""
+        handler = self.registry.get(spec.name) if self.registry else None
+        max_retries = spec.max_retries
+        if max_retries is None and handler is not None:
+            max_retries = handler.max_retries
+        if max_retries is None:
+            max_retries = self.default_max_retries
+        queue = spec.queue_name
+        if "queue_name" not in spec.model_fields_set and handler and handler.queue:
+            queue = handler.queue
+        due_at = spec.due_at()
+        task_type = "delayed" if due_at is not None else "immediate"
+        return queue, max_retries, task_type, due_at
+
+    async def enqueue_many(self, specs: Sequence[TaskSpec]) -> list[Enqueued]:
+        """Store many tasks with one statement and push them with one Redis pipeline.
+
+        :returns: one :class:`Enqueued` per spec, in order; ``created=False``
+            for an idempotency key that already existed (in the table or
+            earlier in the same batch), with the existing task's id.
+        :raises InvalidTaskError: a payload is not JSON-serialisable (nothing written).
+        """
+        if not specs:
+            return []
+        now = datetime.now().astimezone()
+        ids = [uuid.uuid4() for _ in specs]
+        prepared = [self._prepare(s) for s in specs]
+        payloads = [dump_json(s.payload, f"tasks[{i}].payload") for i, s in enumerate(specs)]
+        rows = await self.pool.fetch(
+            self._q["task_insert_many"],
+            ids,
+            [s.name for s in specs],
+            [p[2] for p in prepared],
+            [p[0] for p in prepared],
+            [s.priority for s in specs],
+            payloads,
+            [s.dedup_key for s in specs],
+            [p[1] for p in prepared],
+            [p[3] or now for p in prepared],
+            [s.tenant_id for s in specs],
+            [s.trace_id for s in specs],
+        )
+        created = {r["id"] for r in rows}
+        existing: dict[str, tuple[uuid.UUID, str]] = {}
+        missing_keys = [s.dedup_key for s, i in zip(specs, ids, strict=True) if i not in created and s.dedup_key]
+        if missing_keys:
+            for r in await self.pool.fetch(self._q["task_find_by_idempotency_keys"], missing_keys):
+                existing[r["idempotency_key"]] = (r["id"], r["status"])
+        out: list[Enqueued] = []
+        targets: list[PushTarget] = []
+        for spec, task_id, (queue, _, _, due_at) in zip(specs, ids, prepared, strict=True):
+            if task_id in created:
+                out.append(Enqueued(task_id, "queued", created=True))
+                targets.append(PushTarget(task_id, queue, spec.priority, due_at))
+                if self.metrics:
+                    self.metrics.tasks_created.labels(queue).inc()
+            else:
+                assert spec.dedup_key is not None  # only a key conflict inserts nothing
+                found_id, status = existing[spec.dedup_key]
+                out.append(Enqueued(found_id, status, created=False))
+                if self.metrics:
+                    self.metrics.tasks_deduplicated.labels(queue).inc()
+        await self._push(targets)
+        return out
 
     async def _push(self, targets: Sequence[PushTarget]) -> None:
         try:

@@ -56,6 +56,18 @@ class ReplayRequest(BaseModel):
     override_priority: StrictInt | None = Field(default=None, ge=0, le=1000)
 
 
+BATCH_MAX = 1000
+
+
+class BatchRequest(BaseModel):
+    """Body of ``POST /api/v1/tasks:batch``: up to 1,000 tasks; ``atomic`` stores all or none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[TaskSpec] = Field(min_length=1, max_length=BATCH_MAX)
+    atomic: bool = False
+
+
 class Created(BaseModel):
     task_id: uuid.UUID
     status: str
@@ -160,6 +172,65 @@ def create_app(state: AppState) -> FastAPI:
         if not result.created:
             return _json({**body, "deduplicated": True}, 200)
         return _json(body, 201, headers={"Location": f"/api/v1/tasks/{result.task_id}"})
+
+    @app.post(
+        "/api/v1/tasks:batch",
+        openapi_extra=_body_schema(BatchRequest),
+        summary="Create up to 1,000 tasks with one statement; each item's outcome is reported",
+    )
+    async def create_batch(request: Request) -> Response:
+        data = await _read_json(request, "tasks")
+        if not isinstance(data, dict):
+            raise InvalidTaskError("body", "must be a JSON object")
+        unknown = sorted(set(data) - {"tasks", "atomic"})
+        if unknown:
+            raise InvalidTaskError(unknown[0], "unknown field")
+        items = data.get("tasks")
+        atomic = data.get("atomic", False)
+        if not isinstance(atomic, bool):
+            raise InvalidTaskError("atomic", "must be true or false")
+        if not isinstance(items, list) or not 1 <= len(items) <= BATCH_MAX:
+            raise InvalidTaskError("tasks", f"must be a list of 1 to {BATCH_MAX} tasks")
+        specs: list[TaskSpec] = []
+        positions: list[int] = []
+        results: list[dict[str, Any]] = [{} for _ in items]
+        for i, item in enumerate(items):
+            try:
+                specs.append(parse_task_spec(item))
+                positions.append(i)
+            except InvalidTaskError as exc:
+                errors = getattr(exc, "errors", None) or [(exc.field, exc.message)]
+                results[i] = {
+                    "index": i,
+                    "status": "rejected",
+                    "errors": [{"field": f"tasks[{i}].{f}", "message": m} for f, m in errors],
+                }
+        rejected = len(items) - len(specs)
+        if atomic and rejected:
+            first = next(r for r in results if r)
+            return problem(
+                422,
+                "Invalid request",
+                f"{first['errors'][0]['field']}: {first['errors'][0]['message']} (atomic batch: nothing stored)",
+                errors=[(e["field"], e["message"]) for r in results if r for e in r["errors"]],
+                results=[r or {"index": i, "status": "not stored"} for i, r in enumerate(results)],
+            )
+        outcomes = await tasks().enqueue_many(specs)
+        for i, outcome in zip(positions, outcomes, strict=True):
+            results[i] = {
+                "index": i,
+                "status": "created" if outcome.created else "deduplicated",
+                "task_id": str(outcome.task_id),
+            }
+        created = sum(1 for o in outcomes if o.created)
+        return _json(
+            {
+                "created": created,
+                "deduplicated": len(outcomes) - created,
+                "rejected": rejected,
+                "results": results,
+            }
+        )
 
     @app.get("/api/v1/tasks/{task_id}", summary="A task and its latest run")
     async def get_task(task_id: str) -> Response:

@@ -260,3 +260,27 @@ SELECT id FROM tasks WHERE queue = $1 AND status = 'failed' ORDER BY updated_at,
 -- Of ids whose claim failed, the queued ones that are not due yet (a stray or early id).
 SELECT id, queue, priority, run_at FROM tasks
 WHERE id = ANY($1::uuid[]) AND status = 'queued' AND run_at > now();
+
+-- name: task_insert_many
+-- Bulk enqueue: every task and its first run in one statement (issue 4).
+-- Repeated idempotency keys (in the table or within the batch) insert nothing.
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
+                         $8::int[], $9::timestamptz[], $10::text[], $11::text[])
+        AS i(id, name, type, queue, priority, payload, idempotency_key, max_retries, run_at, tenant_id, trace_id)
+), t AS (
+    INSERT INTO tasks (id, name, type, queue, priority, payload, idempotency_key,
+                       max_retries, status, run_at, tenant_id, trace_id)
+    SELECT id, name, type, queue, priority, payload::jsonb, idempotency_key,
+           max_retries, 'queued', run_at, tenant_id, trace_id
+    FROM input
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id
+), r AS (
+    INSERT INTO task_runs (task_id, attempt, status)
+    SELECT id, 1, 'queued' FROM t
+)
+SELECT id FROM t;
+
+-- name: task_find_by_idempotency_keys
+SELECT idempotency_key, id, status FROM tasks WHERE idempotency_key = ANY($1::text[]);

@@ -1,0 +1,96 @@
+"""Bulk enqueue: one statement, one pipeline, each item's outcome reported (issue 4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+
+import taskmesh
+from taskmesh.registry import Registry
+from taskmesh.store import redis as rstore
+from taskmesh.store.keys import Keys
+from tests.conftest import http, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_batch_stores_the_valid_items_and_reports_each_outcome(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+) -> None:
+    @registry.task("bulk.job")
+    async def job(payload: Any) -> None:
+        return None
+
+    async with start_instance() as inst, http(inst) as client:
+        first = await client.post("/api/v1/tasks", json={"name": "bulk.job", "dedup_key": "already"})
+        existing = first.json()["task_id"]
+        body = {
+            "tasks": [
+                {"name": "bulk.job", "payload": {"n": 1}},
+                {"name": "bad name"},
+                {"name": "bulk.job", "dedup_key": "already"},
+                {"name": "bulk.job", "dedup_key": "twice"},
+                {"name": "bulk.job", "dedup_key": "twice"},
+                {"name": "bulk.job", "priority": 2000},
+                {"name": "bulk.job", "delay_seconds": 3600},
+            ]
+        }
+        r = await client.post("/api/v1/tasks:batch", json=body)
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert (answer["created"], answer["deduplicated"], answer["rejected"]) == (3, 2, 2)
+        statuses = [item["status"] for item in answer["results"]]
+        assert statuses == ["created", "rejected", "deduplicated", "created", "deduplicated", "rejected", "created"]
+        results = answer["results"]
+        assert results[2]["task_id"] == existing
+        assert results[4]["task_id"] == results[3]["task_id"]
+        assert results[1]["errors"] == [
+            {"field": "tasks[1].name", "message": "String should match pattern '^[A-Za-z0-9_.:-]{1,128}$'"}
+        ]
+        assert results[5]["errors"] == [
+            {"field": "tasks[5].priority", "message": "Input should be less than or equal to 1000"}
+        ]
+        assert await pool.fetchval("SELECT count(*) FROM tasks") == 4
+        assert await pool.fetchval("SELECT count(*) FROM task_runs") == 4
+        delayed_id = results[6]["task_id"]
+        assert await redis_client.zscore(keys.delayed("default"), delayed_id) is not None
+        await wait_for(lambda: pool.fetchval("SELECT count(*) = 3 FROM tasks WHERE status = 'completed'"))
+
+
+async def test_an_atomic_batch_with_one_bad_item_stores_nothing(start_instance: Any, pool: asyncpg.Pool) -> None:
+    async with start_instance() as inst, http(inst) as client:
+        body = {"atomic": True, "tasks": [{"name": "ok"}, {"name": "ok", "max_retries": -1}]}
+        r = await client.post("/api/v1/tasks:batch", json=body)
+        assert r.status_code == 422
+        problem = r.json()
+        assert problem["detail"] == (
+            "tasks[1].max_retries: Input should be greater than or equal to 0 (atomic batch: nothing stored)"
+        )
+        assert [x["status"] for x in problem["results"]] == ["not stored", "rejected"]
+        for bad, message in (
+            ({"tasks": []}, "tasks: must be a list of 1 to 1000 tasks"),
+            ({"tasks": [{"name": "x"}] * 1001}, "tasks: must be a list of 1 to 1000 tasks"),
+            ({"tasks": [{"name": "x"}], "atomic": "yes"}, "atomic: must be true or false"),
+            ({"tasks": [{"name": "x"}], "extra": 1}, "extra: unknown field"),
+            ([{"name": "x"}], "body: must be a JSON object"),
+        ):
+            r = await client.post("/api/v1/tasks:batch", json=bad)
+            assert (r.status_code, r.json()["detail"]) == (422, message)
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 0
+
+
+async def test_enqueue_many_writes_a_thousand_tasks_in_one_call(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+) -> None:
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, registry=Registry()) as client:
+        out = await client.enqueue_many([{"name": "n", "payload": {"i": i}, "priority": i % 7} for i in range(1000)])
+        again = await client.enqueue_many([{"name": "n", "dedup_key": "k"}, {"name": "n", "dedup_key": "k"}])
+        with pytest.raises(taskmesh.InvalidTaskError) as info:
+            await client.enqueue_many([{"name": "n"}, {"name": "n", "payload": {"x": "\x00"}}])
+    assert all(o.created for o in out) and len({o.task_id for o in out}) == 1000
+    assert [o.created for o in again] == [True, False] and again[0].task_id == again[1].task_id
+    assert str(info.value) == "tasks[1].payload.x: contains a NUL character"
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 1001
+    assert await redis_client.zcard(keys.ready("default")) == 1001
