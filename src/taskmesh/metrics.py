@@ -45,6 +45,8 @@ class Metrics:
             buckets=RUN_DURATION_BUCKETS,
             registry=r,
         )
+        self._finished: dict[tuple[str, str, str], Counter] = {}
+        self._durations: dict[tuple[str, str], Histogram] = {}
         self.queue_depth = Gauge("taskmesh_queue_depth", "Task ids waiting in Redis.", ["queue", "state"], registry=r)
         self.redis_push_failures = Counter(
             "taskmesh_redis_push_failures", "Redis pushes that failed (re-pushed later).", registry=r
@@ -61,6 +63,18 @@ class Metrics:
         self.tasks_repushed = Counter(
             "taskmesh_tasks_repushed", "Queued tasks pushed again into Redis.", ["queue"], registry=r
         )
+
+    def run_finished(self, queue: str, task_name: str, outcome: str, duration_seconds: float) -> None:
+        """Count a finished run and observe its duration (label children cached: this is per run)."""
+        key = (queue, task_name, outcome)
+        counter = self._finished.get(key)
+        if counter is None:
+            counter = self._finished[key] = self.runs_finished.labels(queue, task_name, outcome)
+        counter.inc()
+        hist = self._durations.get((queue, task_name))
+        if hist is None:
+            hist = self._durations[(queue, task_name)] = self.run_duration.labels(queue, task_name)
+        hist.observe(duration_seconds)
 
     def render(self) -> bytes:
         """The exposition text of every family."""

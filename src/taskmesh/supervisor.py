@@ -329,6 +329,7 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                             worker_id=inst.worker_id,
                             lease_seconds=settings.lease_seconds,
                             batch_max=min(n, 100),
+                            batch_min=max(1, min(n, 100) // 2),
                         )
                     )
                     for _ in range(n):

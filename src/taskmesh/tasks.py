@@ -506,6 +506,11 @@ class Tasks:
         rows = await self.pool.fetch(self._q["task_list_queued_page"], list(queues), after, limit)
         return [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows]
 
+    async def queued_counts(self, queues: Sequence[str]) -> dict[str, int]:
+        """Queued tasks per queue (missing queues have none)."""
+        rows = await self.pool.fetch(self._q["task_count_queued"], list(queues))
+        return {r["queue"]: r["n"] for r in rows}
+
     async def failed_ids(self, queue: str, limit: int) -> list[str]:
         """Ids of the dead-lettered tasks of ``queue``, oldest first."""
         return [str(r["id"]) for r in await self.pool.fetch(self._q["task_list_failed_ids"], queue, limit)]

@@ -40,13 +40,12 @@ from tests.conftest import with_database
 from tests.proc import Proc, call, spawn, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
-
 TASKS = int(os.environ.get("CHAOS_TASKS", "2000"))
 SECONDS = float(os.environ.get("CHAOS_SECONDS", "170"))
 INSTANCES = 3
 KILL_EVERY = 3.0
 LEASE = 2.0
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(int(SECONDS) + 300)]
 
 
 async def _count_completed(url: str) -> int | None:

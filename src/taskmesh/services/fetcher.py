@@ -33,6 +33,8 @@ async def run(
     worker_id: str,
     lease_seconds: float,
     batch_max: int = 100,
+    batch_min: int = 1,
+    gather_seconds: float = 0.002,
     pop_timeout: float = 1.0,
 ) -> None:
     """Fetch until ``stop`` is set.
@@ -40,6 +42,8 @@ async def run(
     :param slots: free executor slots; the fetcher takes one per claimed task
         and the executor gives it back when the run's result is sent.
     :param batch_max: most ids popped and claimed at once.
+    :param batch_min: free slots worth a short wait (``gather_seconds``, default
+        2 ms) before popping, when fewer are free.
     :param pop_timeout: seconds a ``BZMPOP`` blocks on an empty queue.
     """
     outage = Outage(f"fetcher:{queue}")
@@ -49,13 +53,7 @@ async def run(
             if stop.is_set():  # waited for a free executor while shutdown began
                 slots.release()
                 break
-            taken = 1
-            while taken < batch_max:
-                try:
-                    slots.acquire_nowait()
-                except anyio.WouldBlock:
-                    break
-                taken += 1
+            taken = 1 + await _gather_slots(slots, batch_max - 1, batch_min - 1, gather_seconds)
             try:
                 claimed = await run_once(queue, tasks, taken, worker_id, lease_seconds, pop_timeout)
             except STORE_ERRORS as exc:
@@ -68,6 +66,28 @@ async def run(
                 slots.release()
             for item in claimed:
                 await send.send(item)
+
+
+async def _gather_slots(slots: anyio.Semaphore, most: int, enough: int, wait: float) -> int:
+    """Take up to ``most`` more free slots; wait up to ``wait`` seconds while fewer than ``enough``.
+
+    Under load executors free up one by one; waiting a moment for a few more
+    turns one claim per task into one claim per batch (design.md principle 6).
+    An idle queue's slots are all free at once, so no wait happens there.
+    """
+    taken = 0
+    while taken < most:
+        try:
+            slots.acquire_nowait()
+        except anyio.WouldBlock:
+            break
+        taken += 1
+    if taken < enough and wait > 0:
+        with anyio.move_on_after(wait):
+            while taken < enough:
+                await slots.acquire()
+                taken += 1
+    return taken
 
 
 async def run_once(

@@ -11,12 +11,14 @@ mirror is rewritten in one MULTI):
   delayed), and each queue's DLQ mirror is rewritten from the failed tasks;
   then the marker is written. One instance does it (lock
   ``{prefix}:lock:resync``); the others wait for the marker.
-- **Periodic sweep.** Every ``sweep_interval`` seconds (default 5), the
-  queued tasks unchanged for that long, oldest first (up to ``limit``,
-  through the partial index on queued tasks), are checked and the missing
-  ones pushed: a create whose Redis push failed, an id popped whose claim
-  failed. Lock ``{prefix}:lock:reconciler`` keeps it to one instance per
-  interval.
+- **Periodic sweep.** Every ``sweep_interval`` seconds (default 5) it
+  compares, per queue, the queued count in PostgreSQL with the ids in Redis;
+  where Redis holds fewer, the queued tasks unchanged for that long, oldest
+  first (up to ``limit``, through the partial index on queued tasks), are
+  checked and the missing ones pushed: a create whose Redis push failed, an
+  id popped whose claim failed. Every minute the check covers every queue
+  whatever the counts say. Lock ``{prefix}:lock:reconciler`` keeps it to one
+  instance per interval.
 - **DLQ mirror repair**, with each sweep.
 
 Emits ``redis_resynced`` and ``tasks_repushed`` logs and the
@@ -43,6 +45,8 @@ log = structlog.get_logger("taskmesh.reconciler")
 DLQ_MIRROR_MAX = 10_000
 """Most ids kept in one queue's DLQ mirror (listing and replay read Postgres)."""
 RESYNC_PAGE = 1000
+FULL_SWEEP_EVERY = 60.0
+"""Seconds between sweeps that check every queue, drift or not (counts can hide a swap)."""
 
 
 async def _push(tasks: Tasks, targets: Sequence[PushTarget]) -> int:
@@ -63,15 +67,33 @@ async def repair_dlq(tasks: Tasks, queues: Sequence[str]) -> int:
     return repaired
 
 
-async def sweep(tasks: Tasks, queues: Sequence[str], *, min_age: float, limit: int = 5000) -> int:
+async def drifted(tasks: Tasks, queues: Sequence[str]) -> list[str]:
+    """Queues whose Redis sets hold fewer ids than Postgres has queued tasks.
+
+    Two counts per queue (an index-only count in Postgres, ``ZCARD`` in Redis)
+    instead of a membership check per task: a long backlog that Redis holds
+    in full costs nothing to confirm.
+    """
+    counts = await tasks.queued_counts(queues)
+    out = []
+    for queue in queues:
+        ready, delayed, _ = await rstore.depths(tasks.redis, tasks.keys, queue)
+        if ready + delayed < counts.get(queue, 0):
+            out.append(queue)
+    return out
+
+
+async def sweep(tasks: Tasks, queues: Sequence[str], *, min_age: float, limit: int = 5000, full: bool = True) -> int:
     """Push queued tasks unchanged for ``min_age`` seconds that Redis lacks; returns ids pushed.
 
+    :param full: check every queue; otherwise only queues whose counts show drift.
     Skipped (returns 0) when another instance swept within ``min_age``.
     """
     token = await rstore.try_lock(tasks.redis, tasks.keys.lock("reconciler"), max(1000, int(min_age * 1000)))
     if token is None:
         return 0
-    pushed = await _push(tasks, await tasks.stale_queued(queues, min_age, limit))
+    targets = list(queues) if full else await drifted(tasks, queues)
+    pushed = await _push(tasks, await tasks.stale_queued(targets, min_age, limit)) if targets else 0
     await repair_dlq(tasks, queues)
     return pushed
 
@@ -141,12 +163,16 @@ async def run(
     outage = Outage("reconciler")
     watch = Watch()
     next_sweep = anyio.current_time() + sweep_interval
+    next_full = anyio.current_time() + FULL_SWEEP_EVERY
     while True:
         try:
             await check(tasks, queues, watch, instance=instance)
             if anyio.current_time() >= next_sweep:
                 next_sweep = anyio.current_time() + sweep_interval
-                pushed = await sweep(tasks, queues, min_age=sweep_interval)
+                full = anyio.current_time() >= next_full
+                if full:
+                    next_full = anyio.current_time() + FULL_SWEEP_EVERY
+                pushed = await sweep(tasks, queues, min_age=sweep_interval, full=full)
                 if pushed:
                     log.info("tasks_repushed", count=pushed)
                 # Recovery counts only once both stores answered (a sweep reads PostgreSQL).

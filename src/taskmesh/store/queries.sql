@@ -284,3 +284,7 @@ SELECT id FROM t;
 
 -- name: task_find_by_idempotency_keys
 SELECT idempotency_key, id, status FROM tasks WHERE idempotency_key = ANY($1::text[]);
+
+-- name: task_count_queued
+-- Queued tasks per queue (through the partial index): the reconciler's cheap drift check.
+SELECT queue, count(*)::bigint AS n FROM tasks WHERE status = 'queued' AND queue = ANY($1::text[]) GROUP BY queue;
