@@ -316,8 +316,11 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
             async with anyio.create_task_group() as workers:
                 for queue in queues:
                     n = concurrency[queue]
-                    send, recv = anyio.create_memory_object_stream[ClaimedTask](n)
-                    slots = anyio.Semaphore(n)
+                    # Claimed tasks may wait for an executor up to one batch deep, so the next
+                    # claim overlaps the current runs instead of following them (prefetch).
+                    prefetch = min(n, 100)
+                    send, recv = anyio.create_memory_object_stream[ClaimedTask](n + prefetch)
+                    slots = anyio.Semaphore(n + prefetch)
                     workers.start_soon(
                         partial(
                             fetcher.run,
@@ -328,8 +331,8 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                             inst.stop,
                             worker_id=inst.worker_id,
                             lease_seconds=settings.lease_seconds,
-                            batch_max=min(n, 100),
-                            batch_min=max(1, min(n, 100) // 2),
+                            batch_max=prefetch,
+                            batch_min=max(1, prefetch // 2),
                         )
                     )
                     for _ in range(n):

@@ -40,10 +40,13 @@ FROM task_runs WHERE task_id = $1 ORDER BY attempt DESC LIMIT 1;
 -- is no longer queued (claimed elsewhere, cancelled) or not yet due (a stray
 -- id pushed early) is simply not returned.
 -- The claimed attempt's run row is created, or its queued row taken over.
+-- `status || ''` keeps the planner off the partial index of queued tasks: with a
+-- cached generic plan it would otherwise scan every queued task of the queue
+-- (a backlog) instead of looking the popped ids up by primary key.
 WITH claimed AS (
     UPDATE tasks
     SET status = 'running', attempts = attempts + 1, updated_at = now()
-    WHERE id = ANY($1::uuid[]) AND queue = $2 AND status = 'queued' AND run_at <= now()
+    WHERE id = ANY($1::uuid[]) AND queue = $2 AND status || '' = 'queued' AND run_at <= now()
     RETURNING id, name, queue, priority, payload::text AS payload, attempts, retries,
               max_retries, idempotency_key, trace_id, tenant_id
 ), runs AS (
