@@ -30,14 +30,24 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="run an instance (the default)")
     sub.add_parser("migrate", help="apply database migrations and exit")
     sub.add_parser("dev", help="run on an embedded PostgreSQL and Valkey with the demo handler")
+    sub.add_parser("bench", help="benchmark one instance (see `python -m taskmesh bench --help`)", add_help=False)
     return parser
+
+
+def _backend_options() -> dict[str, bool]:
+    """uvloop when installed (the ``fast`` extra): a quicker event loop, same semantics."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return {}
+    return {"use_uvloop": True}
 
 
 def _run(settings: Settings) -> None:
     from taskmesh import supervisor
 
     load_modules(settings.handlers)
-    anyio.run(supervisor.run, settings, default_registry)
+    anyio.run(supervisor.run, settings, default_registry, backend_options=_backend_options())
 
 
 def _migrate(settings: Settings) -> None:
@@ -68,7 +78,7 @@ def _dev(settings: Settings) -> None:
     default_registry.fallback = demo_handler()
     with embedded_stores(settings.database_url, settings.redis_url) as (database_url, redis_url):
         settings = settings.model_copy(update={"database_url": database_url, "redis_url": redis_url})
-        anyio.run(supervisor.run, settings, default_registry)
+        anyio.run(supervisor.run, settings, default_registry, backend_options=_backend_options())
 
 
 class _Terminated(BaseException):
@@ -84,6 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Until the supervisor installs its own handlers, SIGTERM is a clean stop, not a crash;
     # embedded servers already started are still stopped by the context managers on the way out.
     signal.signal(signal.SIGTERM, _terminate_early)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from taskmesh import bench
+
+        return bench.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.config:
         os.environ["TASKMESH_CONFIG"] = args.config

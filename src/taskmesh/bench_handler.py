@@ -1,0 +1,33 @@
+"""The benchmark's no-op handler (``python -m taskmesh bench`` loads it into the instance).
+
+Its body is the peers harness's job body (``shared/bench/peers/common.py``): one
+pipelined Redis round trip, ``HINCRBY ran <id> 1`` and ``HSETNX start <id> <time>``,
+so taskmesh and the peers pay for the same recorder and the benchmark can check
+that every task ran exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis.asyncio as aioredis
+
+import taskmesh
+from taskmesh.models import TaskContext
+
+RAN = "taskmesh:bench:ran"
+START = "taskmesh:bench:start"
+_client: aioredis.Redis | None = None
+
+
+@taskmesh.task("bench.noop")
+async def noop(payload: object, ctx: TaskContext) -> None:
+    """Record that this task ran, and when it started (seconds since the epoch)."""
+    global _client
+    if _client is None:
+        _client = aioredis.Redis.from_url(os.environ["TASKMESH_BENCH_RECORDER_URL"])
+    pipe = _client.pipeline(transaction=False)
+    pipe.hincrby(RAN, str(ctx.task_id), 1)
+    pipe.hsetnx(START, str(ctx.task_id), repr(time.time()))
+    await pipe.execute()
