@@ -100,6 +100,16 @@ class Settings(BaseSettings):
     """Most run results written by one committer statement."""
     commit_flush_ms: float = Field(default=5.0, ge=0, le=10000, validation_alias=_aliases("commit_flush_ms"))
     """Longest a result waits for companions before the committer writes it, milliseconds."""
+    retention_completed_days: float = Field(
+        default=7, ge=0, le=36500, validation_alias=_aliases("retention_completed_days")
+    )
+    """Completed tasks are deleted after this many days (0 keeps them forever)."""
+    retention_cancelled_days: float = Field(
+        default=7, ge=0, le=36500, validation_alias=_aliases("retention_cancelled_days")
+    )
+    """Cancelled tasks are deleted after this many days (0 keeps them forever)."""
+    retention_failed_days: float = Field(default=90, ge=0, le=36500, validation_alias=_aliases("retention_failed_days"))
+    """Dead-lettered tasks are deleted after this many days (0 keeps them forever)."""
     pg_pool_size: int = Field(default=10, ge=2, le=200, validation_alias=_aliases("pg_pool_size"))
     """Connections in this instance's PostgreSQL pool."""
     log_level: str = Field(default="info", validation_alias=_aliases("log_level"))
@@ -151,6 +161,15 @@ class Settings(BaseSettings):
         if value not in {"auto", "json", "console"}:
             raise ValueError("must be one of auto, json, console")
         return value
+
+    def retention_seconds(self) -> dict[str, float]:
+        """Age in seconds after which a finished task is deleted, by status (kept forever: absent)."""
+        days = {
+            "completed": self.retention_completed_days,
+            "cancelled": self.retention_cancelled_days,
+            "failed": self.retention_failed_days,
+        }
+        return {status: d * 86400 for status, d in days.items() if d > 0}
 
     def concurrency_of(self, queue: str) -> int:
         """Executors for ``queue``: its ``[queues.<name>]`` entry, else ``worker_concurrency``."""

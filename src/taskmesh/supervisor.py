@@ -45,7 +45,16 @@ from taskmesh.errors import ConfigError
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, Outcome, RunResult
 from taskmesh.registry import Registry
-from taskmesh.services import committer, delayed_mover, executor, fetcher, heartbeat, reclaimer, reconciler
+from taskmesh.services import (
+    committer,
+    delayed_mover,
+    executor,
+    fetcher,
+    heartbeat,
+    reclaimer,
+    reconciler,
+    retention,
+)
 from taskmesh.services.outage import STORE_ERRORS, Outage
 from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
@@ -284,6 +293,8 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                         interval=settings.reclaim_interval_seconds,
                     )
                 )
+                if settings.retention_seconds():
+                    tg.start_soon(partial(retention.run, tasks, settings.retention_seconds()))
                 tg.start_soon(
                     partial(
                         reconciler.run,

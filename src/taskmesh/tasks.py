@@ -506,6 +506,11 @@ class Tasks:
         rows = await self.pool.fetch(self._q["task_list_queued_page"], list(queues), after, limit)
         return [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows]
 
+    async def delete_finished(self, status: str, older_than_seconds: float, limit: int) -> int:
+        """Delete up to ``limit`` tasks in ``status`` older than ``older_than_seconds``; returns how many."""
+        result = await self.pool.execute(self._q["task_delete_finished"], status, older_than_seconds, limit)
+        return int(result.split()[-1])
+
     async def queued_counts(self, queues: Sequence[str]) -> dict[str, int]:
         """Queued tasks per queue (missing queues have none)."""
         rows = await self.pool.fetch(self._q["task_count_queued"], list(queues))

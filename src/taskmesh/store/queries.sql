@@ -291,3 +291,15 @@ SELECT idempotency_key, id, status FROM tasks WHERE idempotency_key = ANY($1::te
 -- name: task_count_queued
 -- Queued tasks per queue (through the partial index): the reconciler's cheap drift check.
 SELECT queue, count(*)::bigint AS n FROM tasks WHERE status = 'queued' AND queue = ANY($1::text[]) GROUP BY queue;
+
+-- name: task_delete_finished
+-- Retention: delete up to $3 tasks in status $1 unchanged for $2 seconds (their
+-- runs go with them), skipping rows another deleter holds. Short statements,
+-- so no long lock on a large history.
+DELETE FROM tasks WHERE id IN (
+    SELECT id FROM tasks
+    WHERE status = $1 AND updated_at < now() - make_interval(secs => $2)
+    ORDER BY updated_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+);
