@@ -318,9 +318,8 @@ class Bench:
                         config=run["config"],
                         exactly_once=run["exactly_once"]["ok"],
                     )
-            elif run["kind"] == "latency":
-                lat = run.get("latency_ms") or {}
-                entry["pickup_ms"] = (lat.get("p50"), lat.get("p95"), lat.get("p99"))
+            elif run["kind"] == "latency" and "p99" in run:
+                entry["pickup_ms"] = (run["p50"], run["p95"], run["p99"])
         shutil.rmtree(work, ignore_errors=True)
         return out
 
@@ -362,13 +361,17 @@ def _print(figures: dict[str, Any], peers: dict[str, dict[str, Any]] | None, arg
             f"({f['pickup_missing']} missing)"
         )
     if peers:
-        print("\n  peer        config                         drain/s   enqueue/s  pickup p99 ms  taskmesh/peer drain")
+        print("\n  peer        drain/s  enqueue/s  pickup p99 ms   taskmesh/peer: drain  bulk enqueue  pickup p99")
         for system, e in peers.items():
             pick = e.get("pickup_ms", (None, None, None))[2]
-            ratio = f["drain_per_s"] / e["drain_per_s"] if e.get("drain_per_s") else float("nan")
+            drain = f["drain_per_s"] / e["drain_per_s"] if e.get("drain_per_s") else float("nan")
+            enq = f["bulk_enqueue_per_s"] / e["enqueue_per_s"] if e.get("enqueue_per_s") else float("nan")
+            mine = f.get("pickup_ms_at_rate", (None, None, None))[2]
+            lat = f"{mine / pick:.2f}x" if pick and mine else "-"
+            shown = f"{pick:.1f}" if pick is not None else "-"
             print(
-                f"  {system:<11} {e.get('config', ''):<30} {e.get('drain_per_s', 0):>8.0f}  "
-                f"{e.get('enqueue_per_s', 0):>9.0f}  {pick if pick is not None else '-':>13}  {ratio:>8.2f}x"
+                f"  {system:<10} {e.get('drain_per_s', 0):>8.0f} {e.get('enqueue_per_s', 0):>10.0f} {shown:>14}"
+                f"   {drain:>19.2f}x {enq:>12.2f}x {lat:>11}   ({e.get('config', '')})"
             )
 
 
