@@ -145,6 +145,16 @@ async def running(settings: Settings, registry: Registry) -> AsyncIterator[super
         tg.start_soon(functools.partial(supervisor.run, settings, registry, inst, signals=False))
         with anyio.fail_after(20):
             await inst.ready.wait()
+        # The reconciler's first look at a fresh prefix resyncs Redis; let it finish, so
+        # that a test's own pushes and deletes do not race it.
+        assert settings.redis_url is not None
+        client = rstore.create_client(settings.redis_url)
+        try:
+            with anyio.fail_after(10):
+                while not await client.exists(Keys(settings.redis_prefix).marker()):
+                    await anyio.sleep(0.02)
+        finally:
+            await client.aclose()
         try:
             yield inst
         finally:

@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -128,9 +129,18 @@ class EmbeddedValkey:
         self._server = self._make(self.port)
         self._server.start()
 
+    def stop_and_wait(self, timeout: float = 10.0) -> None:
+        """Stop, and return only once the old server process is gone (its port and pidfile free)."""
+        pid = self._server.pid
+        self._server.stop()
+        deadline = time.monotonic() + timeout
+        while pid and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        Path(self._server.pidfile).unlink(missing_ok=True)
+
     def restart(self) -> None:
         """Stop and start on the same port (chaos tests); without persistence the data is gone."""
-        self._server.stop()
+        self.stop_and_wait()
         self.start()
 
 

@@ -178,7 +178,10 @@ async def run(
                     await stop_http()
                     state.tasks = None
                     await client.aclose()
-                    await pool.close()
+                    with anyio.move_on_after(3) as closing:
+                        await pool.close()
+                    if closing.cancelled_caught:  # a dead server cannot hold the exit
+                        pool.terminate()
         await stop_http()
         root.cancel_scope.cancel()
     log.info("instance_stopped", worker_id=inst.worker_id)
@@ -329,9 +332,10 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
             async with anyio.create_task_group() as workers:
                 for queue in queues:
                     n = concurrency[queue]
-                    # Claimed tasks may wait for an executor up to one batch deep, so the next
-                    # claim overlaps the current runs instead of following them (prefetch).
-                    prefetch = min(n, 100)
+                    # With prefetch, claimed tasks wait for an executor so that the next claim
+                    # overlaps the current runs instead of following them (settings.prefetch).
+                    prefetch = settings.prefetch_of(queue)
+                    batch = min(n + prefetch, 100)
                     send, recv = anyio.create_memory_object_stream[ClaimedTask](n + prefetch)
                     slots = anyio.Semaphore(n + prefetch)
                     workers.start_soon(
@@ -344,8 +348,8 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                             inst.stop,
                             worker_id=inst.worker_id,
                             lease_seconds=settings.lease_seconds,
-                            batch_max=prefetch,
-                            batch_min=max(1, prefetch // 2),
+                            batch_max=batch,
+                            batch_min=max(1, batch // 2),
                         )
                     )
                     for _ in range(n):

@@ -83,7 +83,7 @@ async def test_a_task_created_while_redis_is_down_runs_once_redis_is_back(
     pg, valkey = owned_stores
     url = await fresh_database(pg)
     proc = start(spawn, url, valkey)
-    valkey.stop()
+    valkey.stop_and_wait()
     try:
         assert wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 503, timeout=5)
         status, body = call(proc.port, "POST", "/api/v1/tasks", {"name": "sleepy", "payload": {"seconds": 0}})

@@ -34,6 +34,7 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
         spec = (await client.get("/openapi.json")).json()
     assert set(spec["paths"]) == {
         "/api/v1/tasks",
+        "/api/v1/tasks:batch",
         "/api/v1/tasks/{task_id}",
         "/api/v1/tasks/{task_id}/runs",
         "/api/v1/tasks/{task_id}/cancel",

@@ -296,10 +296,12 @@ SELECT queue, count(*)::bigint AS n FROM tasks WHERE status = 'queued' AND queue
 -- Retention: delete up to $3 tasks in status $1 unchanged for $2 seconds (their
 -- runs go with them), skipping rows another deleter holds. Short statements,
 -- so no long lock on a large history.
-DELETE FROM tasks WHERE id IN (
+-- (= ANY(ARRAY(...)) makes the delete look its rows up by primary key; an IN
+-- subquery may be planned as a hash join over the whole table.)
+DELETE FROM tasks WHERE id = ANY(ARRAY(
     SELECT id FROM tasks
     WHERE status = $1 AND updated_at < now() - make_interval(secs => $2)
     ORDER BY updated_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
-);
+));
