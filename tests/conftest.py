@@ -163,8 +163,11 @@ async def running(settings: Settings, registry: Registry) -> AsyncIterator[super
 
 @pytest.fixture
 def start_instance(
-    make_settings: Callable[..., Settings], registry: Registry
+    make_settings: Callable[..., Settings], registry: Registry, pool: asyncpg.Pool, redis_client: rstore.Redis
 ) -> Callable[..., contextlib.AbstractAsyncContextManager[supervisor.Instance]]:
+    # ``pool`` empties the tables first: an instance's first resync must not carry an
+    # earlier test's queued tasks into this test's Redis prefix. ``redis_client`` is torn
+    # down after every instance of the test, so its sweep of the prefix's keys is the last word.
     def start(**overrides: Any) -> contextlib.AbstractAsyncContextManager[supervisor.Instance]:
         return running(make_settings(**overrides), registry)
 

@@ -157,34 +157,8 @@ class Tasks:
         A repeated ``dedup_key`` returns the existing task and writes nothing,
         also under concurrent requests (the unique index decides).
         """
-        queue, max_retries, task_type, due_at = self._prepare(spec)
-        payload = dump_json(spec.payload, "payload")
-        task_id = uuid.uuid4()
-        row = await self.pool.fetchrow(
-            self._q["task_insert"],
-            task_id,
-            spec.name,
-            task_type,
-            queue,
-            spec.priority,
-            payload,
-            spec.dedup_key,
-            max_retries,
-            due_at or datetime.now().astimezone(),
-            spec.tenant_id,
-            spec.trace_id,
-        )
-        if row is None:
-            existing = await self.pool.fetchrow(self._q["task_find_by_idempotency_key"], spec.dedup_key)
-            if existing is None:  # deleted between the two statements: vanishingly rare, say so
-                raise TaskNotFoundError(f"task with dedup_key {spec.dedup_key!r} vanished")
-            if self.metrics:
-                self.metrics.tasks_deduplicated.labels(queue).inc()
-            return Enqueued(existing["id"], existing["status"], created=False)
-        if self.metrics:
-            self.metrics.tasks_created.labels(queue).inc()
-        await self._push([PushTarget(task_id, queue, spec.priority, due_at)])
-        return Enqueued(task_id, "queued", created=True)
+        [result] = await self.enqueue_many([spec], field_prefix="")
+        return result
 
     def _prepare(self, spec: TaskSpec) -> tuple[str, int, str, datetime | None]:
         """Resolve a spec's defaults: ``(queue, max_retries, type, due_at)``."""
@@ -201,7 +175,7 @@ class Tasks:
         task_type = "delayed" if due_at is not None else "immediate"
         return queue, max_retries, task_type, due_at
 
-    async def enqueue_many(self, specs: Sequence[TaskSpec]) -> list[Enqueued]:
+    async def enqueue_many(self, specs: Sequence[TaskSpec], *, field_prefix: str = "tasks[{i}].") -> list[Enqueued]:
         """Store many tasks with one statement and push them with one Redis pipeline.
 
         :returns: one :class:`Enqueued` per spec, in order; ``created=False``
@@ -214,7 +188,7 @@ class Tasks:
         now = datetime.now().astimezone()
         ids = [uuid.uuid4() for _ in specs]
         prepared = [self._prepare(s) for s in specs]
-        payloads = [dump_json(s.payload, f"tasks[{i}].payload") for i, s in enumerate(specs)]
+        payloads = [dump_json(s.payload, field_prefix.format(i=i) + "payload") for i, s in enumerate(specs)]
         rows = await self.pool.fetch(
             self._q["task_insert_many"],
             ids,
@@ -244,8 +218,10 @@ class Tasks:
                 if self.metrics:
                     self.metrics.tasks_created.labels(queue).inc()
             else:
-                assert spec.dedup_key is not None  # only a key conflict inserts nothing
-                found_id, status = existing[spec.dedup_key]
+                found = existing.get(spec.dedup_key or "")  # only a key conflict inserts nothing
+                if found is None:  # deleted between the two statements: vanishingly rare, say so
+                    raise TaskNotFoundError(f"task with dedup_key {spec.dedup_key!r} vanished")
+                found_id, status = found
                 out.append(Enqueued(found_id, status, created=False))
                 if self.metrics:
                     self.metrics.tasks_deduplicated.labels(queue).inc()

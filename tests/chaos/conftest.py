@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 
+import asyncpg
 import pytest
 
 from taskmesh.dev import EmbeddedPostgres, EmbeddedValkey
+from taskmesh.store.postgres import migrate
+from tests.conftest import with_database
+
+
+async def fresh_database(pg: EmbeddedPostgres, prefix: str) -> str:
+    """Create and migrate a new database on ``pg``; returns its URL."""
+    name = f"{prefix}_{secrets.token_hex(3)}"
+    admin = await asyncpg.connect(pg.url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    url = with_database(pg.url, name)
+    conn = await asyncpg.connect(url)
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+    return url
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import random
-import secrets
 import signal
 import time
 from collections import defaultdict
@@ -35,8 +34,7 @@ import redis as sync_redis
 
 import taskmesh
 from taskmesh.dev import EmbeddedPostgres, EmbeddedValkey
-from taskmesh.store.postgres import migrate
-from tests.conftest import with_database
+from tests.chaos.conftest import fresh_database
 from tests.proc import Proc, call, spawn, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
@@ -65,13 +63,8 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
     owned_stores: tuple[EmbeddedPostgres, EmbeddedValkey], spawn: Any, tmp_path: Path
 ) -> None:
     pg, valkey = owned_stores
-    name = f"chaos_{secrets.token_hex(3)}"
-    admin = await asyncpg.connect(pg.url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = with_database(pg.url, name)
+    url = await fresh_database(pg, "chaos")
     conn = await asyncpg.connect(url)
-    await migrate(conn)
     await conn.execute(
         "CREATE TABLE ledger (task_id uuid NOT NULL, attempt int NOT NULL, pid int NOT NULL,"
         " started float8 NOT NULL, ended float8 NOT NULL)"

@@ -10,24 +10,11 @@ import asyncpg
 import pytest
 
 from taskmesh.dev import EmbeddedPostgres, EmbeddedValkey
-from taskmesh.store.postgres import migrate
-from tests.conftest import with_database
+from tests.chaos.conftest import fresh_database
 from tests.proc import Proc, call, spawn, task_status, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
 pytestmark = pytest.mark.anyio
-
-
-async def fresh_database(pg: EmbeddedPostgres) -> str:
-    name = f"outage_{secrets.token_hex(3)}"
-    admin = await asyncpg.connect(pg.url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = with_database(pg.url, name)
-    conn = await asyncpg.connect(url)
-    await migrate(conn)
-    await conn.close()
-    return url
 
 
 def start(spawn: Any, url: str, valkey: EmbeddedValkey) -> Proc:
@@ -48,7 +35,7 @@ async def test_a_run_that_ends_while_postgres_is_down_is_written_once_it_is_back
     owned_stores: tuple[EmbeddedPostgres, EmbeddedValkey], spawn: Any
 ) -> None:
     pg, valkey = owned_stores
-    url = await fresh_database(pg)
+    url = await fresh_database(pg, "outage")
     proc = start(spawn, url, valkey)
     _, body = call(proc.port, "POST", "/api/v1/tasks", {"name": "sleepy", "payload": {"seconds": 1.5}})
     tid = body["task_id"]
@@ -81,7 +68,7 @@ async def test_a_task_created_while_redis_is_down_runs_once_redis_is_back(
     owned_stores: tuple[EmbeddedPostgres, EmbeddedValkey], spawn: Any
 ) -> None:
     pg, valkey = owned_stores
-    url = await fresh_database(pg)
+    url = await fresh_database(pg, "outage")
     proc = start(spawn, url, valkey)
     valkey.stop_and_wait()
     try:

@@ -50,7 +50,6 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
     now = datetime.now(UTC)
     one = ids[:1]
     return {
-        "task_insert": (uuid.uuid4(), "n", "immediate", "default", 0, "{}", "key", 3, now, None, None),
         "task_insert_many": (
             [uuid.uuid4()],
             ["n"],

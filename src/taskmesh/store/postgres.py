@@ -23,7 +23,7 @@ _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 @cache
 def queries() -> dict[str, str]:
-    """The named blocks of ``queries.sql``: ``{"task_insert": "WITH ...", ...}``."""
+    """The named blocks of ``queries.sql``: ``{"task_insert_many": "WITH ...", ...}``."""
     text = resources.files("taskmesh.store").joinpath("queries.sql").read_text()
     parts = _NAME_LINE.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]

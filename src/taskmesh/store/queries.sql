@@ -1,24 +1,6 @@
 -- All SQL of taskmesh, one named block each ("-- name: <entity>_<verb>").
 -- Loaded once by store/postgres.py; called through taskmesh.tasks.
 
--- name: task_insert
--- Insert a task and its first run (attempt 1, queued) in one statement; a
--- repeated idempotency key inserts nothing and returns no row.
-WITH t AS (
-    INSERT INTO tasks (id, name, type, queue, priority, payload, idempotency_key,
-                       max_retries, status, run_at, tenant_id, trace_id)
-    VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8, 'queued', $9, $10, $11)
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id
-), r AS (
-    INSERT INTO task_runs (task_id, attempt, status)
-    SELECT id, 1, 'queued' FROM t
-)
-SELECT id FROM t;
-
--- name: task_find_by_idempotency_key
-SELECT id, status FROM tasks WHERE idempotency_key = $1;
-
 -- name: task_get
 SELECT id, name, type, queue, priority, payload::text AS payload, idempotency_key,
        max_retries, retries, attempts, status, run_at, tenant_id, trace_id,
