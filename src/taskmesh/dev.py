@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 import warnings
@@ -109,11 +110,14 @@ class EmbeddedValkey:
                 if "valkey" in Path(f"/proc/{pid}/cmdline").read_text():
                     os.kill(pid, signal.SIGTERM)
 
-        def make(chosen: int | None) -> ValkeyServer:
-            return ValkeyServer(port=chosen, data_dir=str(data), persist=persist)
-
-        self._make = make
-        self._server = make(port)
+        if port is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = int(probe.getsockname()[1])
+        # One server object for the whole life, restarts included: a ValkeyServer stops
+        # whatever server its pidfile names when it is garbage-collected, so a replaced
+        # object would stop its successor.
+        self._server = ValkeyServer(port=port, data_dir=str(data), persist=persist)
         self._server.start()
         assert self._server.port is not None
         self.port: int = self._server.port
@@ -126,7 +130,6 @@ class EmbeddedValkey:
 
     def start(self) -> None:
         """Start again after :meth:`stop`, on the same port (outage tests)."""
-        self._server = self._make(self.port)
         self._server.start()
 
     def stop_and_wait(self, timeout: float = 10.0) -> None:
