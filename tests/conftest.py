@@ -56,21 +56,28 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
 
 
-@pytest.fixture(scope="session")
-async def database_url(store_urls: tuple[str, str]) -> AsyncIterator[str]:
-    admin = store_urls[0]
-    name = f"tm_test_{secrets.token_hex(4)}"
+@contextlib.asynccontextmanager
+async def scratch_database(admin: str, prefix: str) -> AsyncIterator[str]:
+    """A new empty database on the server of ``admin``, dropped on exit; yields its URL."""
+    name = f"{prefix}_{secrets.token_hex(4)}"
     conn = await asyncpg.connect(admin)
     await conn.execute(f'CREATE DATABASE "{name}"')
     await conn.close()
-    url = with_database(admin, name)
-    conn = await asyncpg.connect(url)
-    await migrate(conn)
-    await conn.close()
-    yield url
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
+    try:
+        yield with_database(admin, name)
+    finally:
+        conn = await asyncpg.connect(admin)
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+async def database_url(store_urls: tuple[str, str]) -> AsyncIterator[str]:
+    async with scratch_database(store_urls[0], "tm_test") as url:
+        conn = await asyncpg.connect(url)
+        await migrate(conn)
+        await conn.close()
+        yield url
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import sys
 from collections.abc import AsyncIterator
 
@@ -11,22 +10,15 @@ import asyncpg
 import pytest
 
 from taskmesh.store.postgres import migrate, migrations
-from tests.conftest import with_database
+from tests.conftest import scratch_database
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 async def empty_database(store_urls: tuple[str, str]) -> AsyncIterator[str]:
-    admin = store_urls[0]
-    name = f"tm_mig_{secrets.token_hex(4)}"
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    yield with_database(admin, name)
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
+    async with scratch_database(store_urls[0], "tm_mig") as url:
+        yield url
 
 
 async def test_five_concurrent_migrations_apply_each_version_exactly_once(empty_database: str) -> None:

@@ -119,9 +119,6 @@ WHERE status = 'queued' AND queue = ANY($1::text[])
 ORDER BY run_at
 LIMIT $3;
 
--- name: task_count_by_status
-SELECT status, count(*)::bigint AS n FROM tasks WHERE queue = $1 GROUP BY status;
-
 -- name: worker_heartbeat
 -- Register or refresh this instance and extend the leases of all its running
 -- runs, in one statement (issue 3); returns the running tasks whose
