@@ -13,22 +13,27 @@ the CLI turns that into exit status 2.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tomllib
+from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+import orjson
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
-from taskmesh.errors import ConfigError
+from taskmesh.cron import CronSpec, CronSpecError, load_zone
+from taskmesh.errors import ConfigError, InvalidTaskError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Allowed task and queue names (issue 2): letters, digits, ``_ . : -``, 1-128 chars."""
@@ -50,6 +55,125 @@ class QueueSettings(BaseModel):
     """Executors running handlers of this queue at once."""
     prefetch: int | None = Field(default=None, ge=0, le=1000)
     """Tasks claimed ahead of free executors (default: the global ``prefetch``)."""
+
+
+StrictInt = Annotated[int, Strict()]
+StrictBool = Annotated[bool, Strict()]
+MISFIRE_ALL_CAP = 1000
+"""Most missed fires the ``all`` policy makes after one outage (the most recent ones)."""
+
+
+class ScheduleSettings(BaseModel):
+    """One ``[[schedules]]`` table: a cron spec that makes a task per fire (issue 5).
+
+    Each fire creates a task of ``type = "cron"`` whose idempotency key is
+    ``cron:{name}:{fire time in UTC, ISO 8601}``, so instances firing the same
+    time make one task. Field docs name units and defaults.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN.pattern)
+    """Unique name, ``[A-Za-z0-9_.:-]{1,128}``."""
+    cron: str
+    """5 fields, 6 with seconds first, or an alias (``@hourly``, ``@daily``, ...); see ``taskmesh.cron``."""
+    timezone: str = "UTC"
+    """IANA zone whose wall-clock time the spec follows."""
+    task: str = Field(pattern=NAME_PATTERN.pattern)
+    """Handler name of the tasks it makes."""
+    queue: str | None = Field(default=None, pattern=NAME_PATTERN.pattern)
+    """Queue of the tasks (default: the handler's queue, else ``default``)."""
+    priority: StrictInt = Field(default=0, ge=0, le=1000)
+    payload: Any = Field(default_factory=dict)
+    """Any JSON value, given to every task as is."""
+    max_retries: StrictInt | None = Field(default=None, ge=0, le=100)
+    misfire: Literal["skip", "once", "all"] = "once"
+    """What to do with fire times missed while no scheduler ran: none, the most recent, every one
+    (at most 1,000)."""
+    misfire_grace_seconds: float = Field(default=60.0, ge=0, le=7 * 86400, allow_inf_nan=False)
+    """A fire made later than this after its time is a misfire, seconds."""
+    overlap: Literal["allow", "skip"] = "allow"
+    """``skip``: no fire while the previous fire's task is still queued or running."""
+    enabled: StrictBool = True
+
+    @field_validator("cron")
+    @classmethod
+    def _check_cron(cls, value: str) -> str:
+        try:
+            CronSpec(value, "UTC")
+        except CronSpecError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _check_zone(cls, value: str) -> str:
+        try:
+            load_zone(value)
+        except CronSpecError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("payload")
+    @classmethod
+    def _check_payload(cls, value: Any) -> Any:
+        from taskmesh.validation import check_json
+
+        try:
+            check_json(value, "payload")
+            orjson.dumps(value)
+        except InvalidTaskError as exc:
+            raise ValueError(exc.message) from None
+        except TypeError as exc:
+            raise ValueError(f"is not JSON-serialisable: {exc}") from None
+        return value
+
+    @cached_property
+    def spec(self) -> CronSpec:
+        """The parsed cron spec in the schedule's zone."""
+        return CronSpec(self.cron, self.timezone)
+
+    def config_hash(self) -> str:
+        """SHA-256 (hex) of the declaration; a change resets pause state and the next fire."""
+        return hashlib.sha256(orjson.dumps(self.model_dump(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _check_schedules(value: Any) -> list[ScheduleSettings]:
+    """Validate every ``[[schedules]]`` entry; each error names the schedule and the key.
+
+    :raises ValueError: ``schedules[nightly].cron: '0 0 30 2 *' can never fire (no such date)``,
+        one line per problem, all entries checked.
+    """
+    if not isinstance(value, list):
+        raise ValueError("schedules: must be a list of tables ([[schedules]] in TOML, a JSON array in the environment)")
+    problems: list[str] = []
+    out: list[ScheduleSettings] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(value):
+        label = entry.get("name") if isinstance(entry, dict) else None
+        where = f"schedules[{label}]" if isinstance(label, str) and label else f"schedules[{i}]"
+        if isinstance(entry, ScheduleSettings):
+            parsed = entry
+        else:
+            try:
+                parsed = ScheduleSettings.model_validate(entry)
+            except ValidationError as exc:
+                for err in exc.errors():
+                    key = ".".join(str(p) for p in err["loc"])
+                    message = err["msg"].removeprefix("Value error, ")
+                    if err["type"] == "extra_forbidden":
+                        message = "unknown key"
+                    elif err["type"] == "missing":
+                        message = "required"
+                    problems.append(f"{where}.{key}: {message}" if key else f"{where}: {message}")
+                continue
+        if parsed.name in seen:
+            problems.append(f"{where}.name: duplicate schedule name {parsed.name!r}")
+        seen.add(parsed.name)
+        out.append(parsed)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return out
 
 
 class Settings(BaseSettings):
@@ -122,6 +246,15 @@ class Settings(BaseSettings):
     log_format: str = Field(default="auto", validation_alias=_aliases("log_format"))
     """``json``, ``console``, or ``auto`` (console on a terminal, JSON elsewhere)."""
     migrate_on_start: bool = Field(default=True, validation_alias=_aliases("migrate_on_start"))
+    scheduler_enabled: bool = Field(default=True, validation_alias=_aliases("scheduler_enabled"))
+    """Run the cron scheduler in this instance (off: another instance fires the schedules)."""
+    schedules: list[ScheduleSettings] = Field(default_factory=list, validation_alias=_aliases("schedules"))
+    """Cron schedules (``[[schedules]]`` tables; ``TASKMESH_SCHEDULES`` as a JSON array)."""
+
+    @field_validator("schedules", mode="before")
+    @classmethod
+    def _validate_schedules(cls, value: Any) -> Any:
+        return _check_schedules(value)
 
     @field_validator("queue_names", "handlers", mode="before")
     @classmethod
@@ -233,12 +366,38 @@ def load_settings(**overrides: Any) -> Settings:
         for err in exc.errors():
             key = ".".join(str(p) for p in err["loc"]) or "settings"
             message = err["msg"].removeprefix("Value error, ")
+            if key == "schedules" and message.startswith("schedules"):
+                problems.append(message)  # already names each schedule and key
+                continue
             if err["type"] == "extra_forbidden":
                 message = "unknown setting"
             problems.append(f"{key}: {message}")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"TASKMESH_CONFIG: cannot parse TOML: {exc}") from None
+    except SettingsError as exc:  # an environment variable holding invalid JSON
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = f"TASKMESH_{field.group(1).upper()}" if field else "environment"
+        raise ConfigError(f"{name}: not valid JSON ({exc.__cause__ or exc})") from None
+
+
+def check_schedule_tasks(settings: Settings, known: set[str], has_fallback: bool) -> None:
+    """Refuse schedules naming a task no handler runs (issue 5: nothing starts half-configured).
+
+    :param known: registered handler names.
+    :param has_fallback: a fallback handler runs unknown names (the ``dev`` profile).
+    :raises ConfigError: ``schedules[nightly].task: no handler named 'reports.nigthly' is registered ...``.
+    """
+    if has_fallback:
+        return
+    problems = [
+        f"schedules[{s.name}].task: no handler named {s.task!r} is registered "
+        f"(import its module through the handlers setting)"
+        for s in settings.schedules
+        if s.task not in known
+    ]
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
 
 
 def require_stores(settings: Settings) -> tuple[str, str]:
