@@ -26,6 +26,8 @@ class Metrics:
     - ``taskmesh_late_results_total``: results dropped because their run lost its lease.
     - ``taskmesh_runs_reclaimed_total{outcome}``: runs ended by the reclaimer (queued, failed, cancelled).
     - ``taskmesh_redis_resyncs_total``: full resyncs after Redis lost its data.
+    - ``taskmesh_schedule_fires_total{schedule,outcome}``: fire times of cron schedules by what
+      was done: fired, misfire_fired, misfire_skipped, overlap_skipped, triggered, duplicate.
     """
 
     def __init__(self) -> None:
@@ -62,6 +64,12 @@ class Metrics:
         )
         self.tasks_repushed = Counter(
             "taskmesh_tasks_repushed", "Queued tasks pushed again into Redis.", ["queue"], registry=r
+        )
+        self.schedule_fires = Counter(
+            "taskmesh_schedule_fires",
+            "Fire times of cron schedules, by outcome.",
+            ["schedule", "outcome"],
+            registry=r,
         )
 
     def run_finished(self, queue: str, task_name: str, outcome: str, duration_seconds: float) -> None:

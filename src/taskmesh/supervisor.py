@@ -4,8 +4,9 @@ Start order: bind the HTTP socket and serve (``/readyz`` says 503 until the
 stores answer); connect to PostgreSQL and Redis with backoff, logging
 ``store_unavailable`` once per outage and naming the store; migrate under the
 advisory lock; register the instance (first heartbeat); then start the
-committer, the heartbeat, the delayed mover, the reclaimer, the reconciler
-and, per queue, a fetcher and ``concurrency`` executors.
+committer, the heartbeat, the delayed mover, the reclaimer, the reconciler,
+the scheduler (when schedules are declared and ``scheduler_enabled``) and,
+per queue, a fetcher and ``concurrency`` executors.
 
 Shutdown (SIGTERM or SIGINT, or ``Instance.stop``): ``/readyz`` turns 503
 (draining) at once; fetchers stop; executors finish what they hold within
@@ -40,11 +41,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from taskmesh import __version__
 from taskmesh.api.app import AppState, create_app
-from taskmesh.config import Settings, require_stores
+from taskmesh.clock import SystemClock
+from taskmesh.config import Settings, check_schedule_tasks, require_stores
 from taskmesh.errors import ConfigError
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, Outcome, RunResult
 from taskmesh.registry import Registry
+from taskmesh.schedules import Schedules
 from taskmesh.services import (
     committer,
     delayed_mover,
@@ -54,6 +57,7 @@ from taskmesh.services import (
     reclaimer,
     reconciler,
     retention,
+    scheduler,
 )
 from taskmesh.services.outage import STORE_ERRORS, Outage
 from taskmesh.store import redis as rstore
@@ -119,9 +123,11 @@ async def run(
     """Run an instance until it is stopped (see module docs).
 
     :param signals: install SIGTERM/SIGINT handlers (off for in-process tests).
-    :raises ConfigError: ``DATABASE_URL``/``REDIS_URL`` missing, or the HTTP port cannot be bound.
+    :raises ConfigError: ``DATABASE_URL``/``REDIS_URL`` missing, a schedule names a task
+        no handler runs, or the HTTP port cannot be bound.
     """
     database_url, redis_url = require_stores(settings)
+    check_schedule_tasks(settings, set(registry.names()), registry.fallback is not None)
     inst = instance or Instance()
     metrics = Metrics()
     state = AppState(metrics=metrics, queues=list(settings.queue_names))
@@ -171,12 +177,14 @@ async def run(
                 metrics=metrics,
             )
             state.tasks = tasks
+            state.schedules = Schedules(tasks, settings.schedules)
             try:
                 await _work(settings, registry, tasks, inst, state)
             finally:
                 with anyio.CancelScope(shield=True):
                     await stop_http()
                     state.tasks = None
+                    state.schedules = None
                     await client.aclose()
                     with anyio.move_on_after(3) as closing:
                         await pool.close()
@@ -269,6 +277,17 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
         await inst.force.wait()
         grace.cancel()
 
+    async def schedule(schedules: Schedules) -> None:
+        # A draining instance makes no new fires: the other instances carry on.
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on_drain() -> None:
+                await inst.stop.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stop_on_drain)
+            tg.start_soon(scheduler.run, schedules, SystemClock(), state.schedule_waker)
+
     async def maintain() -> None:
         with maintenance:
             async with anyio.create_task_group() as tg:
@@ -296,6 +315,8 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                         interval=settings.reclaim_interval_seconds,
                     )
                 )
+                if settings.scheduler_enabled and settings.schedules and state.schedules is not None:
+                    tg.start_soon(schedule, state.schedules)
                 if settings.retention_seconds():
                     tg.start_soon(partial(retention.run, tasks, settings.retention_seconds()))
                 tg.start_soon(

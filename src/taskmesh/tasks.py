@@ -175,8 +175,13 @@ class Tasks:
         task_type = "delayed" if due_at is not None else "immediate"
         return queue, max_retries, task_type, due_at
 
-    async def enqueue_many(self, specs: Sequence[TaskSpec], *, field_prefix: str = "tasks[{i}].") -> list[Enqueued]:
+    async def enqueue_many(
+        self, specs: Sequence[TaskSpec], *, field_prefix: str = "tasks[{i}].", task_type: str | None = None
+    ) -> list[Enqueued]:
         """Store many tasks with one statement and push them with one Redis pipeline.
+
+        :param task_type: overrides the ``type`` column (``cron`` for schedule fires);
+            by default ``delayed`` when the spec has a delay, else ``immediate``.
 
         :returns: one :class:`Enqueued` per spec, in order; ``created=False``
             for an idempotency key that already existed (in the table or
@@ -193,7 +198,7 @@ class Tasks:
             self._q["task_insert_many"],
             ids,
             [s.name for s in specs],
-            [p[2] for p in prepared],
+            [task_type or p[2] for p in prepared],
             [p[0] for p in prepared],
             [s.priority for s in specs],
             payloads,

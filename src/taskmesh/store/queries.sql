@@ -284,3 +284,55 @@ DELETE FROM tasks WHERE id = ANY(ARRAY(
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 ));
+
+-- name: schedule_upsert
+-- Schedules (issue 5) are declared in config, mirrored here, fired by whichever instance locks a due row.
+-- A new declaration, or a changed one (its hash differs): reset pause and the next fire.
+INSERT INTO schedules AS s (name, cron, timezone, task, queue, priority, payload, max_retries, misfire,
+                            misfire_grace_seconds, overlap, enabled, config_hash, next_fire_at, synced_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12, $13, $14, $15)
+ON CONFLICT (name) DO UPDATE
+   SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, task = EXCLUDED.task, queue = EXCLUDED.queue,
+       priority = EXCLUDED.priority, payload = EXCLUDED.payload, max_retries = EXCLUDED.max_retries,
+       misfire = EXCLUDED.misfire, misfire_grace_seconds = EXCLUDED.misfire_grace_seconds,
+       overlap = EXCLUDED.overlap, enabled = EXCLUDED.enabled, config_hash = EXCLUDED.config_hash,
+       paused = false, next_fire_at = EXCLUDED.next_fire_at, synced_at = EXCLUDED.synced_at, updated_at = now()
+ WHERE s.config_hash IS DISTINCT FROM EXCLUDED.config_hash
+RETURNING name
+
+-- name: schedule_touch
+UPDATE schedules SET synced_at = $2 WHERE name = ANY($1::text[])
+
+-- name: schedule_lock_due
+SELECT * FROM schedules
+ WHERE name = ANY($1::text[]) AND enabled AND NOT paused AND next_fire_at <= $2
+ ORDER BY next_fire_at
+   FOR UPDATE SKIP LOCKED
+
+-- name: schedule_advance
+UPDATE schedules
+   SET last_fire_at = COALESCE($2, last_fire_at), next_fire_at = $3,
+       last_task_id = COALESCE($4, last_task_id), updated_at = now()
+ WHERE name = $1
+
+-- name: schedule_next_due
+SELECT min(next_fire_at) FROM schedules WHERE name = ANY($1::text[]) AND enabled AND NOT paused
+
+-- name: schedule_list
+SELECT * FROM schedules ORDER BY name
+
+-- name: schedule_get
+SELECT * FROM schedules WHERE name = $1
+
+-- name: schedule_set_paused
+-- Pause, or resume with a fresh next fire (fires missed while paused are not misfires).
+UPDATE schedules
+   SET paused = $2, next_fire_at = CASE WHEN $2 THEN next_fire_at ELSE $3 END, updated_at = now()
+ WHERE name = $1
+RETURNING *
+
+-- name: schedule_set_last_task
+UPDATE schedules SET last_task_id = $2, updated_at = now() WHERE name = $1
+
+-- name: task_status
+SELECT status FROM tasks WHERE id = $1

@@ -1,0 +1,111 @@
+"""Time sources of the scheduler: the system clock, and a manual one for tests and simulations.
+
+The scheduler never reads the time itself; it asks a :class:`Clock`, so that a
+test can run a simulated hour (or a DST night) in milliseconds, and it never
+sleeps for a fixed period: it sleeps until an absolute instant, which is what
+keeps it from drifting over days (issue 5).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+import anyio
+
+
+class Waker:
+    """A resettable wake-up signal: ``wake()`` ends the current (or next) sleep early.
+
+    Set by the API on pause/resume/trigger and by PostgreSQL notifications, so a
+    sleeping scheduler re-reads the schedules at once.
+    """
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def wake(self) -> None:
+        """End the current sleep (or the next one, when none is in progress)."""
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        """Wait for a wake-up, then re-arm."""
+        await self._event.wait()
+        self._event = anyio.Event()
+
+    def clear(self) -> None:
+        if self._event.is_set():
+            self._event = anyio.Event()
+
+
+class Clock(Protocol):
+    """What the scheduler needs of time."""
+
+    def now(self) -> datetime:
+        """The current instant, aware, in UTC."""
+        ...
+
+    async def sleep_until(self, when: datetime, waker: Waker) -> None:
+        """Return at ``when`` (aware), or earlier when ``waker`` is woken."""
+        ...
+
+
+class SystemClock:
+    """The real clock: ``datetime.now(UTC)``; sleeps on anyio's monotonic clock.
+
+    Each sleep is computed from an absolute deadline, so errors never add up.
+    """
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep_until(self, when: datetime, waker: Waker) -> None:
+        delay = (when - self.now()).total_seconds()
+        if delay <= 0:
+            return
+        with anyio.move_on_after(delay):
+            await waker.wait()
+
+
+class ManualClock:
+    """A clock that moves only when told to (tests, simulations).
+
+    :param start: the initial instant (aware).
+
+    ``advance(seconds)`` or ``set(instant)`` moves it and releases every sleeper
+    whose deadline has come; sleepers never wait on real time.
+    """
+
+    def __init__(self, start: datetime) -> None:
+        if start.tzinfo is None:
+            raise ValueError("start must be an aware datetime")
+        self._now = start.astimezone(UTC)
+        self._moved = anyio.Event()
+
+    def now(self) -> datetime:
+        return self._now
+
+    def set(self, instant: datetime) -> None:
+        """Jump to ``instant`` (forwards or backwards, as a stepped system clock can)."""
+        self._now = instant.astimezone(UTC)
+        self._moved.set()
+        self._moved = anyio.Event()
+
+    def advance(self, seconds: float) -> None:
+        """Move forwards by ``seconds``."""
+        self.set(self._now + timedelta(seconds=seconds))
+
+    async def sleep_until(self, when: datetime, waker: Waker) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def woken() -> None:
+                await waker.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(woken)
+            while self._now < when:
+                await self._moved.wait()
+            tg.cancel_scope.cancel()

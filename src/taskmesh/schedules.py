@@ -1,0 +1,362 @@
+"""Cron schedules over the stores: sync from config, fire what is due, and the operator's verbs.
+
+Exactly one task per fire, however many instances run (issue 5):
+
+1. Each instance upserts its ``[[schedules]]`` into the ``schedules`` table at
+   start (:meth:`Schedules.sync`); a changed declaration (its hash differs)
+   resets the pause and the next fire, an unchanged one keeps both.
+2. :meth:`Schedules.fire_due` locks the due rows ``FOR UPDATE SKIP LOCKED``
+   (one instance per row at a time), works out the fire times due since the
+   row's ``next_fire_at``, applies the misfire and overlap policies, enqueues
+   one task per fire with the idempotency key ``cron:{name}:{fire UTC}``, and
+   advances the row. The tasks commit before the row: an instance dying in
+   between leaves the row due, and the next one's enqueue of the same fires is
+   answered by the unique key instead of making a second task.
+
+Misfires: a fire enqueued more than ``misfire_grace_seconds`` after its time is
+a misfire; ``skip`` drops them, ``once`` makes only the most recent, ``all``
+makes every one (the most recent 1,000, with a warning beyond). Counted in
+``taskmesh_schedule_fires_total{schedule,outcome}`` with outcomes ``fired``,
+``misfire_fired``, ``misfire_skipped``, ``overlap_skipped``, ``triggered`` and
+``duplicate`` (the key already had a task).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+import asyncpg
+import orjson
+import structlog
+
+from taskmesh.config import MISFIRE_ALL_CAP, ScheduleSettings
+from taskmesh.cron import CronSpec
+from taskmesh.errors import TaskmeshError
+from taskmesh.store.postgres import queries
+from taskmesh.tasks import Tasks, dump_json
+from taskmesh.validation import TaskSpec
+
+log = structlog.get_logger("taskmesh.scheduler")
+
+NOTIFY_CHANNEL = "taskmesh_schedules"
+"""PostgreSQL channel notified on sync, pause and resume, so sleeping schedulers re-read at once."""
+ENUMERATION_LIMIT = 100_000
+"""Most missed fire times counted one by one after an outage (every second for ~28 hours)."""
+NEXT_FIRES_SHOWN = 5
+
+
+class ScheduleNotFoundError(TaskmeshError, LookupError):
+    """No schedule has this name (in the ``schedules`` table)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"schedule {name!r} not found")
+        self.name = name
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """What happened to one fire time: ``outcome`` as in the module docs; ``task_id`` when a task answers it."""
+
+    schedule: str
+    fire_at: datetime
+    outcome: str
+    task_id: uuid.UUID | None = None
+
+
+def fire_key(name: str, fire_at: datetime) -> str:
+    """The idempotency key of a fire: ``cron:{name}:{UTC ISO 8601, whole seconds}Z``."""
+    return f"cron:{name}:{fire_at.astimezone(UTC):%Y-%m-%dT%H:%M:%S}Z"
+
+
+@lru_cache(maxsize=256)
+def _spec(cron: str, timezone: str) -> CronSpec:
+    return CronSpec(cron, timezone)
+
+
+def _moment(spec: CronSpec, instant: datetime | None) -> dict[str, str] | None:
+    if instant is None:
+        return None
+    return {
+        "utc": instant.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        "local": spec.local(instant).isoformat(),
+    }
+
+
+def schedule_to_dict(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
+    """A ``schedules`` row in the API's shape, with its next five fires in UTC and local time."""
+    spec = _spec(row["cron"], row["timezone"])
+    upcoming: list[dict[str, str]] = []
+    nxt = row["next_fire_at"]
+    if row["enabled"] and not row["paused"] and nxt is not None:
+        for _ in range(NEXT_FIRES_SHOWN):
+            upcoming.append(_moment(spec, nxt))  # type: ignore[arg-type]
+            nxt = spec.next_fire(nxt)
+    return {
+        "name": row["name"],
+        "cron": row["cron"],
+        "timezone": row["timezone"],
+        "task": row["task"],
+        "queue": row["queue"],
+        "priority": row["priority"],
+        "payload": orjson.loads(row["payload"]),
+        "max_retries": row["max_retries"],
+        "misfire": row["misfire"],
+        "misfire_grace_seconds": row["misfire_grace_seconds"],
+        "overlap": row["overlap"],
+        "enabled": row["enabled"],
+        "paused": row["paused"],
+        "last_fire": _moment(spec, row["last_fire_at"]),
+        "next_fires": upcoming,
+        "last_task_id": str(row["last_task_id"]) if row["last_task_id"] else None,
+        "synced_at": row["synced_at"].isoformat(),
+    }
+
+
+def plan_fires(
+    spec: CronSpec, first: datetime, now: datetime, *, policy: str, grace_seconds: float
+) -> tuple[list[tuple[datetime, bool]], int]:
+    """Decide which due fire times to make, by the misfire policy (pure; the rule of issue 5).
+
+    :param first: the row's ``next_fire_at``, itself a fire time, ``<= now``.
+    :param policy: ``skip``, ``once`` or ``all``.
+    :param grace_seconds: a fire later than this is a misfire.
+    :returns: ``(to_make, skipped)``: the fire times to enqueue with ``True`` for a
+        late one (misfire made anyway), oldest first; and how many late fires are
+        dropped (counted, for metrics and logs).
+    """
+    recent: deque[datetime] = deque(maxlen=MISFIRE_ALL_CAP)
+    total = 0
+    instant = first
+    while instant <= now:
+        recent.append(instant)
+        total += 1
+        if total == ENUMERATION_LIMIT:
+            # A very long outage of a very frequent spec: count up to here, then
+            # jump to the last day, whose fires are the ones a policy could make.
+            restart = max(instant, now - timedelta(days=1))
+            instant = spec.next_fire(restart)
+            continue
+        instant = spec.next_fire(instant)
+    grace = timedelta(seconds=grace_seconds)
+    on_time = [f for f in recent if now - f <= grace]
+    late = [f for f in recent if now - f > grace]
+    late_total = total - len(on_time)
+    if policy == "all":
+        make = [(f, True) for f in late] + [(f, False) for f in on_time]
+        return make, late_total - len(late)
+    if policy == "once" and late and not on_time:
+        return [(late[-1], True)], late_total - 1
+    return [(f, False) for f in on_time], late_total
+
+
+class Schedules:
+    """The schedules of one deployment, over the task facade's stores.
+
+    :param tasks: the task facade (its pool, Redis client and metrics are used).
+    :param declared: this instance's ``[[schedules]]``; it fires only these (by name).
+    """
+
+    def __init__(self, tasks: Tasks, declared: Sequence[ScheduleSettings]) -> None:
+        self.tasks = tasks
+        self.declared = {s.name: s for s in declared}
+        self._q = queries()
+
+    # -- the scheduler's side ---------------------------------------------
+
+    async def sync(self, now: datetime) -> list[str]:
+        """Mirror the declared schedules into the table.
+
+        :returns: names whose row was created or changed (their next fire recomputed, pause cleared).
+        """
+        changed: list[str] = []
+        async with self.tasks.pool.acquire() as conn, conn.transaction():
+            for s in self.declared.values():
+                nxt = s.spec.next_fire(now) if s.enabled else None
+                row = await conn.fetchrow(
+                    self._q["schedule_upsert"],
+                    s.name,
+                    s.cron,
+                    s.timezone,
+                    s.task,
+                    s.queue,
+                    s.priority,
+                    dump_json(s.payload, f"schedules[{s.name}].payload"),
+                    s.max_retries,
+                    s.misfire,
+                    s.misfire_grace_seconds,
+                    s.overlap,
+                    s.enabled,
+                    s.config_hash(),
+                    nxt,
+                    now,
+                )
+                if row is not None:
+                    changed.append(s.name)
+            await conn.execute(self._q["schedule_touch"], list(self.declared), now)
+            if changed:
+                await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, "sync")
+        for name in changed:
+            log.info("schedule_synced", schedule=name, next_fire_at=_iso(await self._next_of(name)))
+        return changed
+
+    async def _next_of(self, name: str) -> datetime | None:
+        row = await self.tasks.pool.fetchrow(self._q["schedule_get"], name)
+        return row["next_fire_at"] if row else None
+
+    async def next_due(self) -> datetime | None:
+        """The earliest ``next_fire_at`` of this instance's active schedules (``None``: nothing to fire)."""
+        if not self.declared:
+            return None
+        value: datetime | None = await self.tasks.pool.fetchval(self._q["schedule_next_due"], list(self.declared))
+        return value
+
+    async def fire_due(self, now: datetime) -> list[Fire]:
+        """Fire every due schedule this instance declares (see module docs).
+
+        :param now: the scheduler's clock (not PostgreSQL's), so tests control time.
+        :returns: one :class:`Fire` per fire time handled, made or skipped.
+        """
+        if not self.declared:
+            return []
+        fires: list[Fire] = []
+        async with self.tasks.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(self._q["schedule_lock_due"], list(self.declared), now)
+            for row in rows:
+                fires.extend(await self._fire_row(conn, row, now))
+        return fires
+
+    async def _fire_row(self, conn: Any, row: asyncpg.Record, now: datetime) -> list[Fire]:
+        name = row["name"]
+        spec = _spec(row["cron"], row["timezone"])
+        plan, skipped = plan_fires(
+            spec, row["next_fire_at"], now, policy=row["misfire"], grace_seconds=row["misfire_grace_seconds"]
+        )
+        fires: list[Fire] = []
+        if plan and row["overlap"] == "skip":
+            running = False
+            if row["last_task_id"] is not None:
+                status = await conn.fetchval(self._q["task_status"], row["last_task_id"])
+                running = status in ("queued", "running")
+            keep = [] if running else plan[-1:]
+            fires.extend(Fire(name, fire_at, "overlap_skipped") for fire_at, _ in plan[: len(plan) - len(keep)])
+            plan = keep
+        last_task: uuid.UUID | None = None
+        if plan:
+            made = await self.tasks.enqueue_many(
+                [self._spec_for(row, fire_key(name, f)) for f, _ in plan], field_prefix="", task_type="cron"
+            )
+            for (fire_at, late), result in zip(plan, made, strict=True):
+                outcome = "duplicate" if not result.created else ("misfire_fired" if late else "fired")
+                fires.append(Fire(name, fire_at, outcome, result.task_id))
+                last_task = result.task_id
+        last_fire = max((f.fire_at for f in fires if f.task_id is not None), default=None)
+        await conn.execute(self._q["schedule_advance"], name, last_fire, spec.next_fire(now), last_task)
+        self._count(name, fires, skipped)
+        for f in fires:
+            log.info(
+                "schedule_fired" if f.task_id else "schedule_fire_skipped",
+                schedule=name,
+                fire_at=_iso(f.fire_at),
+                outcome=f.outcome,
+                task_id=str(f.task_id) if f.task_id else None,
+            )
+        if skipped:
+            log.warning(
+                "schedule_misfired",
+                schedule=name,
+                policy=row["misfire"],
+                skipped=skipped,
+                made=sum(1 for f in fires if f.outcome == "misfire_fired"),
+                since=_iso(row["next_fire_at"]),
+            )
+        if row["misfire"] == "all" and skipped:
+            log.warning("schedule_misfire_cap", schedule=name, cap=MISFIRE_ALL_CAP, dropped=skipped)
+        return fires
+
+    def _spec_for(self, row: asyncpg.Record | dict[str, Any], key: str) -> TaskSpec:
+        fields: dict[str, Any] = {
+            "name": row["task"],
+            "priority": row["priority"],
+            "payload": orjson.loads(row["payload"]),
+            "dedup_key": key,
+            "max_retries": row["max_retries"],
+        }
+        if row["queue"]:
+            fields["queue_name"] = row["queue"]
+        return TaskSpec(**fields)
+
+    def _count(self, name: str, fires: Sequence[Fire], skipped: int) -> None:
+        metrics = self.tasks.metrics
+        if metrics is None:
+            return
+        for f in fires:
+            metrics.schedule_fires.labels(name, f.outcome).inc()
+        if skipped:
+            metrics.schedule_fires.labels(name, "misfire_skipped").inc(skipped)
+
+    # -- the operator's side ----------------------------------------------
+
+    async def list(self) -> list[dict[str, Any]]:
+        """Every schedule in the table, by name, in the API's shape."""
+        return [schedule_to_dict(r) for r in await self.tasks.pool.fetch(self._q["schedule_list"])]
+
+    async def get(self, name: str) -> dict[str, Any]:
+        """One schedule in the API's shape.
+
+        :raises ScheduleNotFoundError: no row has this name.
+        """
+        row = await self.tasks.pool.fetchrow(self._q["schedule_get"], name)
+        if row is None:
+            raise ScheduleNotFoundError(name)
+        return schedule_to_dict(row)
+
+    async def set_paused(self, name: str, paused: bool, now: datetime | None = None) -> dict[str, Any]:
+        """Pause or resume a schedule; persisted until a config change of that schedule.
+
+        Resuming computes the next fire from ``now``: fires missed while paused
+        are not misfires, they are simply not made.
+
+        :raises ScheduleNotFoundError: no row has this name.
+        """
+        async with self.tasks.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(self._q["schedule_get"], name)
+            if row is None:
+                raise ScheduleNotFoundError(name)
+            nxt = None
+            if row["enabled"]:
+                nxt = _spec(row["cron"], row["timezone"]).next_fire(now or datetime.now(UTC))
+            updated = await conn.fetchrow(self._q["schedule_set_paused"], name, paused, nxt)
+            assert updated is not None  # the row is locked by nothing else that deletes it
+            await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, name)
+        log.info("schedule_paused" if paused else "schedule_resumed", schedule=name)
+        return schedule_to_dict(updated)
+
+    async def trigger(self, name: str, idempotency_key: str | None = None) -> tuple[uuid.UUID, str, bool]:
+        """Fire a schedule now, outside its spec (also when paused or disabled).
+
+        :param idempotency_key: the task's key; default ``cron:{name}:trigger:{uuid4}``,
+            so each call makes exactly one task.
+        :returns: ``(task_id, idempotency_key, created)``; ``created`` is ``False``
+            when the key already named a task.
+        :raises ScheduleNotFoundError: no row has this name.
+        """
+        row = await self.tasks.pool.fetchrow(self._q["schedule_get"], name)
+        if row is None:
+            raise ScheduleNotFoundError(name)
+        key = idempotency_key or f"cron:{name}:trigger:{uuid.uuid4()}"
+        [result] = await self.tasks.enqueue_many([self._spec_for(row, key)], field_prefix="", task_type="cron")
+        if result.created:
+            await self.tasks.pool.execute(self._q["schedule_set_last_task"], name, result.task_id)
+        self._count(name, [Fire(name, datetime.now(UTC), "triggered" if result.created else "duplicate")], 0)
+        log.info("schedule_triggered", schedule=name, task_id=str(result.task_id), created=result.created)
+        return result.task_id, key, result.created
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None

@@ -1,0 +1,390 @@
+"""Cron schedules against real PostgreSQL and Redis, time driven by a manual clock (issue 5)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from taskmesh import supervisor
+from taskmesh.clock import ManualClock, Waker
+from taskmesh.config import ScheduleSettings
+from taskmesh.errors import ConfigError
+from taskmesh.metrics import Metrics
+from taskmesh.registry import Registry
+from taskmesh.schedules import ScheduleNotFoundError, Schedules
+from taskmesh.services import scheduler
+from taskmesh.store import redis as rstore
+from taskmesh.store.keys import Keys
+from taskmesh.store.postgres import create_pool
+from taskmesh.tasks import Tasks
+from tests.conftest import http, wait_for
+
+pytestmark = pytest.mark.anyio
+
+T0 = datetime(2026, 6, 1, 12, 0, 0, 500000, tzinfo=UTC)  # half a second past the minute
+
+
+def sched(name: str = "every-minute", cron: str = "* * * * *", **extra: Any) -> ScheduleSettings:
+    return ScheduleSettings(name=name, cron=cron, task="report.build", **extra)
+
+
+@pytest.fixture
+async def clean(pool: asyncpg.Pool) -> asyncpg.Pool:
+    await pool.execute("TRUNCATE schedules")
+    return pool
+
+
+@pytest.fixture
+def make(clean: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys) -> Callable[..., Schedules]:
+    def build(*declared: ScheduleSettings, pool: asyncpg.Pool | None = None) -> Schedules:
+        tasks = Tasks(pool or clean, redis_client, keys, metrics=Metrics())
+        return Schedules(tasks, declared)
+
+    return build
+
+
+async def cron_keys(pool: asyncpg.Pool, name: str | None = None) -> list[str]:
+    rows = await pool.fetch(
+        "SELECT idempotency_key FROM tasks WHERE type = 'cron' AND ($1::text IS NULL OR idempotency_key LIKE $1)"
+        " ORDER BY idempotency_key",
+        f"cron:{name}:%" if name else None,
+    )
+    return [r["idempotency_key"] for r in rows]
+
+
+def fires_of(s: Schedules, name: str, outcome: str) -> float:
+    assert s.tasks.metrics is not None
+    value = s.tasks.metrics.registry.get_sample_value(
+        "taskmesh_schedule_fires_total", {"schedule": name, "outcome": outcome}
+    )
+    return value or 0.0
+
+
+async def test_every_minute_over_a_simulated_hour_fires_sixty_tasks(make: Callable[..., Schedules]) -> None:
+    s = make(sched())
+    clock = ManualClock(T0)
+    waker = Waker()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(scheduler.run, s, clock, waker))
+        await wait_for(lambda: s.next_due())
+        for minute in range(1, 61):
+            clock.set(T0.replace(microsecond=0) + timedelta(minutes=minute, milliseconds=200))
+            await wait_for(lambda m=minute: _count_is(s, m))  # type: ignore[misc]
+        tg.cancel_scope.cancel()
+    keys = await cron_keys(s.tasks.pool)
+    assert len(keys) == 60 == len(set(keys))
+    assert keys[0] == "cron:every-minute:2026-06-01T12:01:00Z"
+    assert keys[-1] == "cron:every-minute:2026-06-01T13:00:00Z"
+    assert fires_of(s, "every-minute", "fired") == 60
+    assert fires_of(s, "every-minute", "misfire_skipped") == 0
+    row = await s.tasks.pool.fetchrow("SELECT type, status, name, queue FROM tasks LIMIT 1")
+    assert dict(row) == {"type": "cron", "status": "queued", "name": "report.build", "queue": "default"}
+
+
+async def _count_is(s: Schedules, n: int) -> bool:
+    return await s.tasks.pool.fetchval("SELECT count(*) FROM tasks") == n
+
+
+async def test_the_scheduler_sleeps_until_the_next_fire_and_not_before(make: Callable[..., Schedules]) -> None:
+    s = make(sched(cron="0 2 * * *", timezone="Asia/Shanghai"))
+    clock = ManualClock(T0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(scheduler.run, s, clock, Waker()))
+        due = await wait_for(lambda: s.next_due())
+        assert due == datetime(2026, 6, 1, 18, 0, tzinfo=UTC)  # 02:00 in Shanghai
+        clock.set(due - timedelta(seconds=1))
+        await anyio.sleep(0.2)
+        assert await cron_keys(s.tasks.pool) == []
+        clock.set(due)
+        await wait_for(lambda: _count_is(s, 1))
+        tg.cancel_scope.cancel()
+    assert await cron_keys(s.tasks.pool) == ["cron:every-minute:2026-06-01T18:00:00Z"]
+
+
+@pytest.mark.parametrize("instances", [2, 5])
+async def test_several_schedulers_on_one_database_fire_each_time_once(
+    make: Callable[..., Schedules], database_url: str, instances: int
+) -> None:
+    pools = [await create_pool(database_url, 3) for _ in range(instances)]
+    try:
+        many = [make(sched(), sched("hourly", "0 * * * *"), pool=p) for p in pools]
+        for s in many:
+            await s.sync(T0)
+        for minute in range(1, 31):
+            now = T0.replace(microsecond=0) + timedelta(minutes=minute)
+            async with anyio.create_task_group() as tg:
+                for s in many:
+                    tg.start_soon(s.fire_due, now)
+        keys = await cron_keys(many[0].tasks.pool)
+        assert len(keys) == 30 == len(set(keys))
+        assert sum(fires_of(s, "every-minute", "fired") for s in many) == 30
+        assert sum(fires_of(s, "every-minute", "duplicate") for s in many) == 0
+    finally:
+        for p in pools:
+            await p.close()
+
+
+async def test_an_instance_dying_between_the_task_and_the_row_makes_no_second_task(
+    make: Callable[..., Schedules],
+) -> None:
+    s = make(sched())
+    await s.sync(T0)
+    now = T0.replace(microsecond=0) + timedelta(minutes=1)
+    await s.fire_due(now)
+    # As if the row's update had been lost: the next instance sees the same fire due.
+    await s.tasks.pool.execute("UPDATE schedules SET next_fire_at = $1", now)
+    other = make(sched())
+    fires = await other.fire_due(now)
+    assert [f.outcome for f in fires] == ["duplicate"]
+    assert await cron_keys(s.tasks.pool) == ["cron:every-minute:2026-06-01T12:01:00Z"]
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("skip", 0), ("once", 1), ("all", 180)])
+async def test_misfire_policies_after_a_three_hour_outage(
+    make: Callable[..., Schedules], policy: str, expected: int
+) -> None:
+    s = make(sched(misfire=policy, misfire_grace_seconds=10))
+    await s.sync(T0)  # next fire 12:01
+    back = T0.replace(microsecond=0) + timedelta(hours=3, seconds=59)  # 15:00:59, the last due fire 59 s late
+    await s.fire_due(back)
+    keys = await cron_keys(s.tasks.pool)
+    assert len(keys) == expected
+    if policy == "once":
+        assert keys == ["cron:every-minute:2026-06-01T15:00:00Z"]
+    assert fires_of(s, "every-minute", "misfire_fired") == expected
+    assert fires_of(s, "every-minute", "misfire_skipped") == 180 - expected
+    row = await s.tasks.pool.fetchrow("SELECT next_fire_at FROM schedules")
+    assert row["next_fire_at"] == datetime(2026, 6, 1, 15, 1, tzinfo=UTC)
+
+
+async def test_a_restart_after_downtime_applies_the_policy_and_keeps_the_rhythm(
+    make: Callable[..., Schedules],
+) -> None:
+    s = make(sched(misfire="once", misfire_grace_seconds=10))
+    await s.sync(T0)
+    await s.fire_due(T0.replace(microsecond=0) + timedelta(minutes=1))
+    # The instance stops; a new one (same config) starts 10 minutes later.
+    later = T0.replace(microsecond=0) + timedelta(minutes=11, seconds=30)
+    again = make(sched(misfire="once", misfire_grace_seconds=10))
+    assert await again.sync(later) == []  # unchanged declaration: row kept, misfires to handle
+    await again.fire_due(later)
+    assert await cron_keys(s.tasks.pool) == [
+        "cron:every-minute:2026-06-01T12:01:00Z",
+        "cron:every-minute:2026-06-01T12:11:00Z",
+    ]
+
+
+async def test_pause_survives_a_restart_until_the_config_changes(make: Callable[..., Schedules]) -> None:
+    s = make(sched())
+    await s.sync(T0)
+    view = await s.set_paused("every-minute", True, T0)
+    assert view["paused"] is True and view["next_fires"] == []
+    restarted = make(sched())
+    await restarted.sync(T0 + timedelta(minutes=5))
+    assert await restarted.fire_due(T0 + timedelta(minutes=6)) == []
+    assert (await restarted.get("every-minute"))["paused"] is True
+    changed = make(sched(cron="*/2 * * * *"))
+    assert await changed.sync(T0 + timedelta(minutes=7)) == ["every-minute"]
+    assert (await changed.get("every-minute"))["paused"] is False
+    await changed.fire_due(T0.replace(microsecond=0) + timedelta(minutes=8))
+    assert await cron_keys(s.tasks.pool) == ["cron:every-minute:2026-06-01T12:08:00Z"]
+
+
+async def test_resume_does_not_make_the_fires_missed_while_paused(make: Callable[..., Schedules]) -> None:
+    s = make(sched(misfire="all"))
+    await s.sync(T0)
+    await s.set_paused("every-minute", True, T0)
+    resumed = await s.set_paused("every-minute", False, T0 + timedelta(minutes=30))
+    assert resumed["next_fires"][0]["utc"] == "2026-06-01T12:31:00Z"
+    await s.fire_due(T0.replace(microsecond=0) + timedelta(minutes=31))
+    assert await cron_keys(s.tasks.pool) == ["cron:every-minute:2026-06-01T12:31:00Z"]
+
+
+async def test_trigger_makes_exactly_one_task_per_call(make: Callable[..., Schedules]) -> None:
+    s = make(sched())
+    await s.sync(T0)
+    first, key1, created1 = await s.trigger("every-minute")
+    second, key2, created2 = await s.trigger("every-minute")
+    assert created1 and created2 and first != second and key1 != key2
+    assert key1.startswith("cron:every-minute:trigger:")
+    again, key3, created3 = await s.trigger("every-minute", "deploy-1234")
+    same, _, created4 = await s.trigger("every-minute", "deploy-1234")
+    assert (created3, created4, again == same, key3) == (True, False, True, "deploy-1234")
+    assert await s.tasks.pool.fetchval("SELECT count(*) FROM tasks WHERE type = 'cron'") == 3
+    assert fires_of(s, "every-minute", "triggered") == 3
+    with pytest.raises(ScheduleNotFoundError, match="schedule 'nope' not found"):
+        await s.trigger("nope")
+
+
+async def test_overlap_skip_makes_no_task_while_the_previous_one_is_unfinished(
+    make: Callable[..., Schedules],
+) -> None:
+    s = make(sched(overlap="skip"))
+    await s.sync(T0)
+    base = T0.replace(microsecond=0)
+    await s.fire_due(base + timedelta(minutes=1))
+    await s.fire_due(base + timedelta(minutes=2))  # the 12:01 task is still queued
+    assert await cron_keys(s.tasks.pool) == ["cron:every-minute:2026-06-01T12:01:00Z"]
+    assert fires_of(s, "every-minute", "overlap_skipped") == 1
+    await s.tasks.pool.execute("UPDATE tasks SET status = 'running'")
+    await s.fire_due(base + timedelta(minutes=3))
+    assert fires_of(s, "every-minute", "overlap_skipped") == 2
+    await s.tasks.pool.execute("UPDATE tasks SET status = 'completed'")
+    await s.fire_due(base + timedelta(minutes=4))
+    assert await cron_keys(s.tasks.pool) == [
+        "cron:every-minute:2026-06-01T12:01:00Z",
+        "cron:every-minute:2026-06-01T12:04:00Z",
+    ]
+
+
+async def test_dst_nights_fire_at_the_exact_instants(make: Callable[..., Schedules]) -> None:
+    ny = sched("ny-0130", "30 1 * * *", timezone="America/New_York")
+    berlin = sched("berlin-0230", "30 2 * * *", timezone="Europe/Berlin")
+    hourly = sched("ny-hourly", "0 * * * *", timezone="America/New_York")
+    s = make(ny, berlin, hourly)
+    start = datetime(2026, 10, 24, 22, 0, tzinfo=UTC)
+    await s.sync(start)
+    clock = ManualClock(start)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(scheduler.run, s, clock, Waker()))
+        await wait_for(lambda: s.next_due())
+        # Walk the clock in 10-minute steps over both fall-back nights (Berlin 10-25, New York 11-01).
+        while clock.now() < datetime(2026, 11, 1, 9, 0, tzinfo=UTC):
+            clock.advance(600)
+            await wait_for(lambda: _caught_up(s, clock.now()))
+        tg.cancel_scope.cancel()
+    berlin_days = ["2026-10-25T00:30:00Z"] + [f"2026-10-{n}T01:30:00Z" for n in range(26, 32)]
+    assert await cron_keys(s.tasks.pool, "berlin-0230") == [
+        f"cron:berlin-0230:{d}" for d in [*berlin_days, "2026-11-01T01:30:00Z"]
+    ]
+    ny_keys = await cron_keys(s.tasks.pool, "ny-0130")
+    assert ny_keys[-2:] == ["cron:ny-0130:2026-10-31T05:30:00Z", "cron:ny-0130:2026-11-01T05:30:00Z"]
+    hourly_keys = await cron_keys(s.tasks.pool, "ny-hourly")
+    assert hourly_keys[-4:] == [
+        "cron:ny-hourly:2026-11-01T06:00:00Z",  # 01:00 EST, the repeated hour
+        "cron:ny-hourly:2026-11-01T07:00:00Z",
+        "cron:ny-hourly:2026-11-01T08:00:00Z",
+        "cron:ny-hourly:2026-11-01T09:00:00Z",
+    ]
+    assert "cron:ny-hourly:2026-11-01T05:00:00Z" in hourly_keys
+    assert len(hourly_keys) == len(set(hourly_keys)) == 24 * 7 + 11
+
+
+async def _caught_up(s: Schedules, now: datetime) -> bool:
+    due = await s.next_due()
+    return due is not None and due > now
+
+
+async def test_the_api_lists_triggers_pauses_and_resumes(
+    start_instance: Callable[..., Any], registry: Registry, clean: asyncpg.Pool
+) -> None:
+    @registry.task("report.build")
+    async def build(payload: Any) -> None:
+        return None
+
+    nightly = {"name": "nightly-report", "cron": "0 2 * * *", "timezone": "Asia/Shanghai", "task": "report.build"}
+    async with start_instance(schedules=[nightly]) as inst, http(inst) as client:
+        listed = await wait_for(lambda: _listed(client))
+        [item] = listed
+        assert item["name"] == "nightly-report" and item["timezone"] == "Asia/Shanghai"
+        assert len(item["next_fires"]) == 5
+        first = item["next_fires"][0]
+        assert first["utc"].endswith("T18:00:00Z") and first["local"].endswith("T02:00:00+08:00")
+        r = await client.post("/api/v1/schedules/nightly-report/trigger")
+        assert r.status_code == 201
+        task_id = r.json()["task_id"]
+        assert r.headers["location"] == f"/api/v1/tasks/{task_id}"
+        task = (await client.get(f"/api/v1/tasks/{task_id}")).json()["task"]
+        assert task["type"] == "cron" and task["name"] == "report.build"
+        r = await client.post("/api/v1/schedules/nightly-report/trigger", json={"idempotency_key": "k-1"})
+        assert r.status_code == 201
+        r = await client.post("/api/v1/schedules/nightly-report/trigger", json={"idempotency_key": "k-1"})
+        assert r.status_code == 200 and r.json()["created"] is False
+        r = await client.post("/api/v1/schedules/nightly-report/pause")
+        assert r.status_code == 200 and r.json()["paused"] is True and r.json()["next_fires"] == []
+        r = await client.post("/api/v1/schedules/nightly-report/resume")
+        assert r.status_code == 200 and r.json()["paused"] is False and len(r.json()["next_fires"]) == 5
+        r = await client.get("/api/v1/schedules/nightly-report")
+        assert r.status_code == 200 and r.json()["last_task_id"] is not None
+
+
+async def _listed(client: Any) -> list[dict[str, Any]] | None:
+    r = await client.get("/api/v1/schedules")
+    return r.json()["schedules"] if r.status_code == 200 and r.json()["schedules"] else None
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "detail"),
+    [
+        ("GET", "/api/v1/schedules/nope", None, 404, "no schedule is named 'nope'"),
+        ("POST", "/api/v1/schedules/nope/trigger", None, 404, "no schedule is named 'nope'"),
+        ("POST", "/api/v1/schedules/nope/pause", None, 404, "no schedule is named 'nope'"),
+        ("POST", "/api/v1/schedules/nope/resume", None, 404, "no schedule is named 'nope'"),
+        ("POST", "/api/v1/schedules/tick/trigger", b"{", 400, None),
+        ("POST", "/api/v1/schedules/tick/trigger", b"[]", 422, "body: must be a JSON object"),
+        ("POST", "/api/v1/schedules/tick/trigger", b'{"key": 1}', 422, "key: unknown field"),
+        (
+            "POST",
+            "/api/v1/schedules/tick/trigger",
+            b'{"idempotency_key": ""}',
+            422,
+            "idempotency_key: String should have at least 1 character",
+        ),
+        (
+            "POST",
+            "/api/v1/schedules/tick/trigger",
+            b'{"idempotency_key": 7}',
+            422,
+            "idempotency_key: Input should be a valid string",
+        ),
+        (
+            "POST",
+            "/api/v1/schedules/tick/trigger",
+            b'{"idempotency_key": "a\\u0000b"}',
+            422,
+            "idempotency_key: contains a NUL character",
+        ),
+    ],
+)
+async def test_bad_schedule_requests_get_problem_details(
+    start_instance: Callable[..., Any],
+    registry: Registry,
+    clean: asyncpg.Pool,
+    method: str,
+    path: str,
+    body: bytes | None,
+    status: int,
+    detail: str | None,
+) -> None:
+    @registry.task("report.build")
+    async def build(payload: Any) -> None:
+        return None
+
+    tick = {"name": "tick", "cron": "0 0 1 1 *", "task": "report.build"}
+    async with start_instance(schedules=[tick]) as inst, http(inst) as client:
+        await wait_for(lambda: _listed(client))
+        r = await client.request(method, path, content=body)
+        assert r.status_code == status
+        assert r.headers["content-type"] == "application/problem+json"
+        if detail is not None:
+            assert r.json()["detail"] == detail
+    assert await clean.fetchval("SELECT count(*) FROM tasks") == 0
+
+
+async def test_an_instance_refuses_a_schedule_whose_task_has_no_handler(
+    make_settings: Callable[..., Any], clean: asyncpg.Pool
+) -> None:
+    settings = make_settings(schedules=[{"name": "n", "cron": "@daily", "task": "reports.nigthly"}])
+    with pytest.raises(ConfigError) as err:
+        await supervisor.run(settings, Registry(), signals=False)
+    assert str(err.value) == (
+        "invalid configuration: schedules[n].task: no handler named 'reports.nigthly' is registered "
+        "(import its module through the handlers setting)"
+    )
+    assert await clean.fetchval("SELECT count(*) FROM schedules") == 0
