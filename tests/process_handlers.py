@@ -59,3 +59,9 @@ async def ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
         start,
         end,
     )
+
+
+@taskmesh.task("noop")
+async def noop(payload: Any) -> None:
+    """Does nothing: cron fires in the two-instance schedule test."""
+    return None

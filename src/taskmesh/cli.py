@@ -1,4 +1,4 @@
-"""Command line: ``python -m taskmesh [run|migrate|dev]``.
+"""Command line: ``python -m taskmesh [run|migrate|dev|schedules|bench]``.
 
 Exit status: 0 after a clean stop; 2 for invalid or missing configuration
 (the message names the key); 1 for anything unexpected.
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import anyio
 
-from taskmesh import __version__
-from taskmesh.config import Settings, load_settings
+from taskmesh import __version__, cli_schedules
+from taskmesh.config import Settings, check_schedule_tasks, load_settings
 from taskmesh.errors import ConfigError
 from taskmesh.logs import configure
 from taskmesh.registry import default_registry, load_modules
@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="run an instance (the default)")
     sub.add_parser("migrate", help="apply database migrations and exit")
     sub.add_parser("dev", help="run on an embedded PostgreSQL and Valkey with the demo handler")
+    cli_schedules.add_parser(sub)
     sub.add_parser("bench", help="benchmark one instance (see `python -m taskmesh bench --help`)", add_help=False)
     return parser
 
@@ -47,6 +48,7 @@ def _run(settings: Settings) -> None:
     from taskmesh import supervisor
 
     load_modules(settings.handlers)
+    check_schedule_tasks(settings, set(default_registry.names()), default_registry.fallback is not None)
     anyio.run(supervisor.run, settings, default_registry, backend_options=_backend_options())
 
 
@@ -104,10 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["TASKMESH_CONFIG"] = args.config
     try:
         settings = load_settings()
-        configure(settings.log_level, settings.log_format)
         command = args.command or "run"
+        # The operator's verbs print their answer; only warnings and errors are logged around it.
+        configure("warning" if command == "schedules" else settings.log_level, settings.log_format)
         if command == "migrate":
             _migrate(settings)
+        elif command == "schedules":
+            return cli_schedules.run(settings, args)
         elif command == "dev":
             _dev(settings)
         else:

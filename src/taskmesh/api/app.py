@@ -24,12 +24,14 @@ from starlette.responses import Response
 from taskmesh import __version__
 from taskmesh.api.limits import BodyLimit
 from taskmesh.api.problems import invalid, problem
+from taskmesh.clock import Waker
 from taskmesh.errors import InvalidTaskError, TaskNotFoundError
 from taskmesh.metrics import Metrics
+from taskmesh.schedules import ScheduleNotFoundError, Schedules
 from taskmesh.services.outage import STORE_ERRORS
 from taskmesh.store import redis as rstore
 from taskmesh.tasks import TaskFinishedError, Tasks
-from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, field_errors, parse_task_spec
+from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, check_json, field_errors, parse_task_spec
 
 _NAME = re.compile(NAME_REGEX)
 log = structlog.get_logger("taskmesh.api")
@@ -43,6 +45,8 @@ class AppState:
     metrics: Metrics
     queues: list[str]
     tasks: Tasks | None = None
+    schedules: Schedules | None = None
+    schedule_waker: Waker = field(default_factory=Waker)
     draining: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -66,6 +70,14 @@ class BatchRequest(BaseModel):
 
     tasks: list[TaskSpec] = Field(min_length=1, max_length=BATCH_MAX)
     atomic: bool = False
+
+
+class TriggerRequest(BaseModel):
+    """Body of ``POST /api/v1/schedules/{name}/trigger`` (optional): the fire's own idempotency key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=512)
 
 
 class Created(BaseModel):
@@ -133,6 +145,10 @@ def create_app(state: AppState) -> FastAPI:
     @app.exception_handler(TaskNotFoundError)
     async def _not_found(_: Request, exc: TaskNotFoundError) -> Response:
         return problem(404, "Task not found", f"no task has id {exc}")
+
+    @app.exception_handler(ScheduleNotFoundError)
+    async def _no_schedule(_: Request, exc: ScheduleNotFoundError) -> Response:
+        return problem(404, "Schedule not found", f"no schedule is named {exc.name!r}")
 
     @app.exception_handler(_NotReady)
     async def _not_ready(_: Request, exc: _NotReady) -> Response:
@@ -285,6 +301,61 @@ def create_app(state: AppState) -> FastAPI:
             return invalid(errors[0][0], errors[0][1], errors)
         ids = await tasks().replay(queue, req.count, req.override_priority)
         return _json({"queue": queue, "count": len(ids), "replayed": ids})
+
+    def schedules() -> Schedules:
+        if state.schedules is None:
+            raise _NotReady()
+        return state.schedules
+
+    @app.get("/api/v1/schedules", summary="Cron schedules: spec, zone, state, last fire and the next five fires")
+    async def list_schedules() -> Response:
+        return _json({"schedules": await schedules().list()})
+
+    @app.get("/api/v1/schedules/{name}", summary="One cron schedule")
+    async def get_schedule(name: str) -> Response:
+        return _json(await schedules().get(name))
+
+    @app.post(
+        "/api/v1/schedules/{name}/trigger",
+        status_code=201,
+        openapi_extra={
+            "requestBody": {
+                "required": False,
+                "content": {"application/json": {"schema": TriggerRequest.model_json_schema()}},
+            }
+        },
+        summary="Fire a schedule now (201; 200 when the given idempotency_key already made a task)",
+    )
+    async def trigger_schedule(name: str, request: Request) -> Response:
+        body = await request.body()
+        data: Any = {} if not body.strip() else await _read_json(request, "body")
+        if not isinstance(data, dict):
+            raise InvalidTaskError("body", "must be a JSON object")
+        if isinstance(data.get("idempotency_key"), str):
+            check_json(data["idempotency_key"], "idempotency_key")
+        try:
+            req = TriggerRequest.model_validate(data)
+        except ValidationError as exc:
+            errors = field_errors(exc)
+            return invalid(errors[0][0], errors[0][1], errors)
+        task_id, key, created = await schedules().trigger(name, req.idempotency_key)
+        state.schedule_waker.wake()
+        answer = {"schedule": name, "task_id": str(task_id), "idempotency_key": key, "created": created}
+        if not created:
+            return _json(answer, 200)
+        return _json(answer, 201, headers={"Location": f"/api/v1/tasks/{task_id}"})
+
+    @app.post("/api/v1/schedules/{name}/pause", summary="Pause a schedule until resumed or its config changes")
+    async def pause_schedule(name: str) -> Response:
+        answer = await schedules().set_paused(name, True)
+        state.schedule_waker.wake()
+        return _json(answer)
+
+    @app.post("/api/v1/schedules/{name}/resume", summary="Resume a schedule; fires missed while paused are not made")
+    async def resume_schedule(name: str) -> Response:
+        answer = await schedules().set_paused(name, False)
+        state.schedule_waker.wake()
+        return _json(answer)
 
     @app.get("/healthz", summary="Liveness: the process serves HTTP")
     async def healthz() -> Response:
