@@ -246,6 +246,10 @@ class Settings(BaseSettings):
     log_format: str = Field(default="auto", validation_alias=_aliases("log_format"))
     """``json``, ``console``, or ``auto`` (console on a terminal, JSON elsewhere)."""
     migrate_on_start: bool = Field(default=True, validation_alias=_aliases("migrate_on_start"))
+    api_enabled: bool = Field(default=True, validation_alias=_aliases("api_enabled"))
+    """Serve the ``/api/v1`` routes; off, the port still serves ``/healthz``, ``/readyz`` and ``/metrics``."""
+    workers_enabled: bool = Field(default=True, validation_alias=_aliases("workers_enabled"))
+    """Run fetchers and executors for ``queue_names`` (off: an API-only instance, no worker row)."""
     scheduler_enabled: bool = Field(default=True, validation_alias=_aliases("scheduler_enabled"))
     """Run the cron scheduler in this instance (off: another instance fires the schedules)."""
     schedules: list[ScheduleSettings] = Field(default_factory=list, validation_alias=_aliases("schedules"))

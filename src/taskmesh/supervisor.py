@@ -135,7 +135,11 @@ async def run(
     sock = bind_http(settings.http_host, settings.http_port)
     inst.port = sock.getsockname()[1]
     config = uvicorn.Config(
-        create_app(state), log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=3
+        create_app(state, api_enabled=settings.api_enabled),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=3,
     )
     server = _Server(config)
     log.info(
@@ -269,7 +273,8 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
         return True
 
     # Register before the first claim, so that no run of ours looks orphaned to a reclaimer.
-    await heartbeat.run_once(tasks, inst.worker_id, concurrency, lease_seconds=settings.lease_seconds)
+    if settings.workers_enabled:
+        await heartbeat.run_once(tasks, inst.worker_id, concurrency, lease_seconds=settings.lease_seconds)
     maintenance = anyio.CancelScope()
     grace = anyio.CancelScope()
 
@@ -292,18 +297,19 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
         with maintenance:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(end_grace_on_force)
-                tg.start_soon(
-                    partial(
-                        heartbeat.run,
-                        tasks,
-                        inst.worker_id,
-                        concurrency,
-                        lease_seconds=settings.lease_seconds,
-                        interval=settings.lease_seconds / 3,
-                        is_draining=lambda: state.draining,
-                        cancel=cancel_run,
+                if settings.workers_enabled:
+                    tg.start_soon(
+                        partial(
+                            heartbeat.run,
+                            tasks,
+                            inst.worker_id,
+                            concurrency,
+                            lease_seconds=settings.lease_seconds,
+                            interval=settings.lease_seconds / 3,
+                            is_draining=lambda: state.draining,
+                            cancel=cancel_run,
+                        )
                     )
-                )
                 tg.start_soon(
                     partial(delayed_mover.run, tasks.redis, tasks.keys, queues, interval=settings.delayed_poll_seconds)
                 )
@@ -351,7 +357,7 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
         services.start_soon(maintain)
         with grace:
             async with anyio.create_task_group() as workers:
-                for queue in queues:
+                for queue in queues if settings.workers_enabled else []:
                     n = concurrency[queue]
                     # With prefetch, claimed tasks wait for an executor so that the next claim
                     # overlaps the current runs instead of following them (settings.prefetch).
@@ -417,6 +423,7 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
         maintenance.cancel()
     with anyio.CancelScope(shield=True), anyio.move_on_after(2):
         try:
-            await tasks.deregister(inst.worker_id)
+            if settings.workers_enabled:
+                await tasks.deregister(inst.worker_id)
         except STORE_ERRORS as exc:
             log.warning("deregister_failed", error=str(exc))

@@ -110,8 +110,12 @@ class _BadJson(Exception):
     pass
 
 
-def create_app(state: AppState) -> FastAPI:
-    """Build the ASGI app over ``state`` (see module docs for the routes)."""
+def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
+    """Build the ASGI app over ``state`` (see module docs for the routes).
+
+    :param api_enabled: serve the ``/api/v1`` routes; without them (a worker-only
+        instance) the app still answers ``/healthz``, ``/readyz`` and ``/metrics``.
+    """
     app = FastAPI(
         title="taskmesh",
         version=__version__,
@@ -407,6 +411,9 @@ def create_app(state: AppState) -> FastAPI:
                 pass  # the last sampled depths stay; readiness reports the outage
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    if not api_enabled:
+        app.router.routes = [r for r in app.router.routes if not getattr(r, "path", "").startswith("/api/")]
+        app.openapi_schema = None
     return app
 
 
