@@ -246,6 +246,10 @@ class Settings(BaseSettings):
     log_format: str = Field(default="auto", validation_alias=_aliases("log_format"))
     """``json``, ``console``, or ``auto`` (console on a terminal, JSON elsewhere)."""
     migrate_on_start: bool = Field(default=True, validation_alias=_aliases("migrate_on_start"))
+    metrics_sample_seconds: float = Field(
+        default=5.0, gt=0, le=3600, validation_alias=_aliases("metrics_sample_seconds")
+    )
+    """How often queue depths, the oldest ready age and workers by state are sampled, seconds."""
     api_enabled: bool = Field(default=True, validation_alias=_aliases("api_enabled"))
     """Serve the ``/api/v1`` routes; off, the port still serves ``/healthz``, ``/readyz`` and ``/metrics``."""
     workers_enabled: bool = Field(default=True, validation_alias=_aliases("workers_enabled"))

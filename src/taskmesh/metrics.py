@@ -1,89 +1,277 @@
 """Prometheus metrics of one instance (``taskmesh_`` prefix, base units, bounded labels).
 
-Labels are queue, task name and outcome only, never a task id. Each instance
-(and each test) owns its own :class:`Metrics` with its own registry.
+Labels are queue, task name, outcome, state, schedule, store, and the HTTP
+route template: never a task id or a payload value. Each instance (and each
+test) owns its own :class:`Metrics` with its own registry; every family is
+listed in :attr:`Metrics.catalog`, from which ``docs/metrics.md`` is generated
+(``python -m taskmesh.metrics_doc > docs/metrics.md``; a test keeps them equal).
+
+Gauges marked *cluster-wide* (queue depths, oldest ready age, workers) are
+read from Redis and PostgreSQL by every instance's sampler every
+``metrics_sample_seconds``, not at scrape time: aggregate them across
+instances with ``max by (queue)``, not ``sum``.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import platform
+from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 
-RUN_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+import redis.exceptions
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from taskmesh import __version__
+
+# The ``_created`` series of every counter double the series count for nothing an
+# alert or a dashboard reads.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+DURATION_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1800,
+    3600,
+)
+"""Run duration and queue wait buckets: 1 ms to 1 h (issue 6), seconds."""
+HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+"""HTTP request latency buckets, seconds."""
+
+OUTCOME_LABELS = {"retry": "retrying"}
+"""Executor outcomes under their metric names (the rest keep their value)."""
+
+__all__ = ["DURATION_BUCKETS", "MetricInfo", "Metrics", "current_metrics"]
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """One metric family as documented: exposed name, type, labels, meaning."""
+
+    name: str
+    type: str
+    labels: tuple[str, ...]
+    help: str
+
+
+current_metrics: ContextVar[Metrics | None] = ContextVar("taskmesh_metrics", default=None)
+"""The running instance's metrics, for code that has no handle on it (store error counts).
+Set by the supervisor in its own task, so instances sharing a process stay apart."""
 
 
 class Metrics:
-    """The instance's metric families.
-
-    - ``taskmesh_tasks_created_total{queue}``: tasks written by enqueue (not dedup hits).
-    - ``taskmesh_tasks_deduplicated_total{queue}``: enqueues answered by an existing task.
-    - ``taskmesh_runs_finished_total{queue,task_name,outcome}``: outcome is
-      succeeded, retry, failed or interrupted.
-    - ``taskmesh_run_duration_seconds{queue,task_name}``: handler wall time.
-    - ``taskmesh_queue_depth{queue,state}``: ready, delayed and dlq sizes in Redis,
-      sampled at each scrape.
-    - ``taskmesh_redis_push_failures_total``: pushes left to the re-push service.
-    - ``taskmesh_tasks_repushed_total{queue}``: queued tasks pushed again by the reconciler.
-    - ``taskmesh_late_results_total``: results dropped because their run lost its lease.
-    - ``taskmesh_runs_reclaimed_total{outcome}``: runs ended by the reclaimer (queued, failed, cancelled).
-    - ``taskmesh_redis_resyncs_total``: full resyncs after Redis lost its data.
-    - ``taskmesh_schedule_fires_total{schedule,outcome}``: fire times of cron schedules by what
-      was done: fired, misfire_fired, misfire_skipped, overlap_skipped, triggered, duplicate.
-    """
+    """The instance's metric families (see ``docs/metrics.md`` for the list)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.tasks_created = Counter("taskmesh_tasks_created", "Tasks created.", ["queue"], registry=r)
-        self.tasks_deduplicated = Counter(
-            "taskmesh_tasks_deduplicated", "Enqueues answered by an existing task.", ["queue"], registry=r
+        self.catalog: list[MetricInfo] = []
+        c, g, h = self._counter, self._gauge, self._histogram
+        self.build_info = g(
+            "taskmesh_build_info", "Constant 1, labelled with the version.", "version", "python_version"
         )
-        self.runs_finished = Counter(
-            "taskmesh_runs_finished", "Runs finished, by outcome.", ["queue", "task_name", "outcome"], registry=r
+        self.build_info.labels(__version__, platform.python_version()).set(1)
+        # Tasks and runs.
+        self.tasks_created = c("taskmesh_tasks_created", "Tasks created (not deduplicated).", "queue")
+        self.tasks_deduplicated = c(
+            "taskmesh_tasks_deduplicated", "Enqueues answered by an existing task (idempotency key).", "queue"
         )
-        self.run_duration = Histogram(
-            "taskmesh_run_duration_seconds",
-            "Handler wall time of a run.",
-            ["queue", "task_name"],
-            buckets=RUN_DURATION_BUCKETS,
-            registry=r,
+        self.runs_started = c("taskmesh_runs_started", "Runs whose handler started.", "queue", "task_name")
+        self.runs_finished = c(
+            "taskmesh_runs_finished",
+            "Runs finished, by outcome: succeeded, retrying, failed (dead-lettered), cancelled, "
+            "lease_expired (ended by the reclaimer), interrupted (handed back at shutdown).",
+            "queue",
+            "task_name",
+            "outcome",
         )
+        self.run_duration = h(
+            "taskmesh_run_duration_seconds", "Handler wall time of a run.", DURATION_BUCKETS, "queue", "task_name"
+        )
+        self.queue_wait = h(
+            "taskmesh_queue_wait_seconds",
+            "Time from a task becoming runnable (created, or due) to its handler starting.",
+            DURATION_BUCKETS,
+            "queue",
+            "task_name",
+        )
+        # Queues (cluster-wide, sampled).
+        self.queue_depth = g(
+            "taskmesh_queue_depth",
+            "Tasks by state: ready and delayed (Redis), running and dead_letter (PostgreSQL); cluster-wide, sampled.",
+            "queue",
+            "state",
+        )
+        self.queue_oldest_ready_age = g(
+            "taskmesh_queue_oldest_ready_age_seconds",
+            "Age of the oldest runnable queued task (0 when none); cluster-wide, sampled.",
+            "queue",
+        )
+        # This instance.
+        self.in_flight = g("taskmesh_in_flight", "Runs this instance is executing now.", "queue")
+        self.concurrency = g("taskmesh_concurrency", "Executors this instance runs.", "queue")
+        self.heartbeats = c("taskmesh_heartbeats", "Heartbeats this instance wrote.")
+        # Workers (cluster-wide, sampled).
+        self.workers = g(
+            "taskmesh_workers",
+            "Worker rows by state: running, draining, stopped, lost; cluster-wide, sampled.",
+            "state",
+        )
+        self.workers_lost = c("taskmesh_workers_lost", "Workers this instance marked lost (silent for three leases).")
+        # Recovery.
+        self.runs_reclaimed = c(
+            "taskmesh_runs_reclaimed",
+            "Runs ended by the reclaimer after their lease expired, by the task's next status.",
+            "outcome",
+        )
+        self.tasks_repushed = c("taskmesh_tasks_repushed", "Queued tasks pushed again into Redis.", "queue")
+        self.redis_resyncs = c("taskmesh_redis_resyncs", "Full resyncs of Redis from PostgreSQL after data loss.")
+        self.late_results = c(
+            "taskmesh_late_results", "Run results dropped because the run had lost its lease (fencing)."
+        )
+        self.redis_push_failures = c(
+            "taskmesh_redis_push_failures", "Pushes to Redis that failed after the commit (re-pushed later)."
+        )
+        self.store_errors = c("taskmesh_store_errors", "Failed calls to a store, by store: postgres, redis.", "store")
+        # Schedules.
+        self.schedule_fires = c(
+            "taskmesh_schedule_fires",
+            "Fire times of cron schedules, by outcome: fired, misfire_fired, misfire_skipped, "
+            "overlap_skipped, triggered, duplicate.",
+            "schedule",
+            "outcome",
+        )
+        # HTTP.
+        self.http_requests = c(
+            "taskmesh_http_requests",
+            "HTTP requests by route template, method and status.",
+            "route",
+            "method",
+            "status",
+        )
+        self.http_duration = h(
+            "taskmesh_http_request_duration_seconds",
+            "HTTP request latency by route template and method.",
+            HTTP_BUCKETS,
+            "route",
+            "method",
+        )
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self._finished: dict[tuple[str, str, str], Counter] = {}
         self._durations: dict[tuple[str, str], Histogram] = {}
-        self.queue_depth = Gauge("taskmesh_queue_depth", "Task ids waiting in Redis.", ["queue", "state"], registry=r)
-        self.redis_push_failures = Counter(
-            "taskmesh_redis_push_failures", "Redis pushes that failed (re-pushed later).", registry=r
-        )
-        self.late_results = Counter(
-            "taskmesh_late_results", "Run results dropped because the run had lost its lease.", registry=r
-        )
-        self.runs_reclaimed = Counter(
-            "taskmesh_runs_reclaimed", "Runs ended by the reclaimer after their lease expired.", ["outcome"], registry=r
-        )
-        self.redis_resyncs = Counter(
-            "taskmesh_redis_resyncs", "Full resyncs of Redis from Postgres after a flush or restart.", registry=r
-        )
-        self.tasks_repushed = Counter(
-            "taskmesh_tasks_repushed", "Queued tasks pushed again into Redis.", ["queue"], registry=r
-        )
-        self.schedule_fires = Counter(
-            "taskmesh_schedule_fires",
-            "Fire times of cron schedules, by outcome.",
-            ["schedule", "outcome"],
-            registry=r,
-        )
+        self._started: dict[tuple[str, str], Counter] = {}
+        self._waits: dict[tuple[str, str], Histogram] = {}
 
-    def run_finished(self, queue: str, task_name: str, outcome: str, duration_seconds: float) -> None:
-        """Count a finished run and observe its duration (label children cached: this is per run)."""
+    # -- construction, with the catalog ---------------------------------------
+
+    def _counter(self, name: str, doc: str, *labels: str) -> Counter:
+        self.catalog.append(MetricInfo(f"{name}_total", "counter", labels, doc))
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, *labels: str) -> Gauge:
+        self.catalog.append(MetricInfo(name, "gauge", labels, doc))
+        return Gauge(name, doc, labels, registry=self.registry)
+
+    def _histogram(self, name: str, doc: str, buckets: Sequence[float], *labels: str) -> Histogram:
+        self.catalog.append(MetricInfo(name, "histogram", labels, doc))
+        return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+
+    # -- hot-path helpers (label children cached: these run per task) ----------
+
+    def prepare(self, queues: Sequence[str], concurrency: dict[str, int]) -> None:
+        """Create the per-queue series at 0 (so ``rate()`` and alerts work before the first event)."""
+        for queue in queues:
+            self.tasks_created.labels(queue)
+            self.in_flight.labels(queue).set(0)
+            self.concurrency.labels(queue).set(concurrency.get(queue, 0))
+            for state in ("ready", "delayed", "running", "dead_letter"):
+                self.queue_depth.labels(queue, state)
+            self.queue_oldest_ready_age.labels(queue)
+        for store in ("postgres", "redis"):
+            self.store_errors.labels(store)
+
+    def run_started(self, queue: str, task_name: str, wait_seconds: float | None) -> None:
+        """Count a run whose handler starts, and observe how long its task waited (seconds)."""
+        key = (queue, task_name)
+        counter = self._started.get(key)
+        if counter is None:
+            counter = self._started[key] = self.runs_started.labels(queue, task_name)
+        counter.inc()
+        if wait_seconds is not None:
+            hist = self._waits.get(key)
+            if hist is None:
+                hist = self._waits[key] = self.queue_wait.labels(queue, task_name)
+            hist.observe(max(0.0, wait_seconds))
+
+    def run_finished(self, queue: str, task_name: str, outcome: str, duration_seconds: float | None) -> None:
+        """Count a finished run by outcome (``retry`` is exposed as ``retrying``) and observe its duration."""
+        outcome = OUTCOME_LABELS.get(outcome, outcome)
         key = (queue, task_name, outcome)
         counter = self._finished.get(key)
         if counter is None:
             counter = self._finished[key] = self.runs_finished.labels(queue, task_name, outcome)
         counter.inc()
-        hist = self._durations.get((queue, task_name))
-        if hist is None:
-            hist = self._durations[(queue, task_name)] = self.run_duration.labels(queue, task_name)
-        hist.observe(duration_seconds)
+        if duration_seconds is not None:
+            hist = self._durations.get((queue, task_name))
+            if hist is None:
+                hist = self._durations[(queue, task_name)] = self.run_duration.labels(queue, task_name)
+            hist.observe(duration_seconds)
+
+    def store_failed(self, exc: BaseException) -> None:
+        """Count one failed store call; Redis errors are ``redis``, everything else ``postgres``."""
+        self.store_errors.labels("redis" if isinstance(exc, redis.exceptions.RedisError) else "postgres").inc()
 
     def render(self) -> bytes:
         """The exposition text of every family."""
         return generate_latest(self.registry)
+
+    def markdown(self) -> str:
+        """``docs/metrics.md``: every family with its type, labels and meaning."""
+        lines = [
+            "# Metrics",
+            "",
+            "Generated from the registry (`python -m taskmesh.metrics_doc > docs/metrics.md`); a test keeps",
+            "this file equal to what the code exposes. Every instance serves them at `/metrics`, also",
+            "with the API off. *Cluster-wide, sampled* gauges are read from Redis and PostgreSQL by",
+            "each instance every `metrics_sample_seconds`: aggregate them with `max by (queue)`.",
+            "",
+            "| name | type | labels | meaning |",
+            "| --- | --- | --- | --- |",
+        ]
+        for info in self.catalog:
+            labels = ", ".join(f"`{label}`" for label in info.labels) or "—"
+            lines.append(f"| `{info.name}` | {info.type} | {labels} | {info.help} |")
+        lines += [
+            "",
+            "Also the standard collectors of prometheus-client: `process_*` (CPU seconds, resident",
+            "memory bytes, open file descriptors, start time), `python_info`, `python_gc_*`.",
+            "",
+        ]
+        return "\n".join(lines)

@@ -39,12 +39,12 @@ import structlog
 import uvicorn
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from taskmesh import __version__
+from taskmesh import __version__, notify
 from taskmesh.api.app import AppState, create_app
 from taskmesh.clock import SystemClock
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
 from taskmesh.errors import ConfigError
-from taskmesh.metrics import Metrics
+from taskmesh.metrics import Metrics, current_metrics
 from taskmesh.models import ClaimedTask, Outcome, RunResult
 from taskmesh.registry import Registry
 from taskmesh.schedules import Schedules
@@ -57,6 +57,7 @@ from taskmesh.services import (
     reclaimer,
     reconciler,
     retention,
+    sampler,
     scheduler,
 )
 from taskmesh.services.outage import STORE_ERRORS, Outage
@@ -130,6 +131,7 @@ async def run(
     check_schedule_tasks(settings, set(registry.names()), registry.fallback is not None)
     inst = instance or Instance()
     metrics = Metrics()
+    current_metrics.set(metrics)  # this task and the services it starts count their store errors here
     state = AppState(metrics=metrics, queues=list(settings.queue_names))
     inst.state = state
     sock = bind_http(settings.http_host, settings.http_port)
@@ -168,7 +170,9 @@ async def run(
         if signals:
             root.start_soon(_watch_signals, inst)
         root.start_soon(serve_http)
+        root.start_soon(notify.watchdog, lambda: server.started and not http_done.is_set())
         inst.serving.set()
+        notify.status(f"connecting to PostgreSQL and Redis; HTTP on {settings.http_host}:{inst.port}")
         stores = await _connect_until_stopped(settings, database_url, redis_url, inst.stop)
         if stores is not None:
             pool, client = stores
@@ -194,6 +198,8 @@ async def run(
                         await pool.close()
                     if closing.cancelled_caught:  # a dead server cannot hold the exit
                         pool.terminate()
+        else:
+            notify.stopping("stopped before the stores answered")
         await stop_http()
         root.cancel_scope.cancel()
     log.info("instance_stopped", worker_id=inst.worker_id)
@@ -256,6 +262,8 @@ async def _connect_until_stopped(
 async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Instance, state: AppState) -> None:
     queues = list(settings.queue_names)
     concurrency = {q: settings.concurrency_of(q) for q in queues}
+    if tasks.metrics is not None:
+        tasks.metrics.prepare(queues, concurrency if settings.workers_enabled else {})
     total = sum(concurrency.values())
     # Sync handlers run in anyio's worker threads: allow one per executor (anyio's default is 40).
     limiter = anyio.to_thread.current_default_thread_limiter()
@@ -293,6 +301,12 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
             tg.start_soon(stop_on_drain)
             tg.start_soon(scheduler.run, schedules, SystemClock(), state.schedule_waker)
 
+    def in_flight_by_queue() -> dict[str, int]:
+        held: dict[str, int] = {}
+        for claimed in list(inflight.values()):
+            held[claimed.queue] = held.get(claimed.queue, 0) + 1
+        return held
+
     async def maintain() -> None:
         with maintenance:
             async with anyio.create_task_group() as tg:
@@ -323,6 +337,17 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                 )
                 if settings.scheduler_enabled and settings.schedules and state.schedules is not None:
                     tg.start_soon(schedule, state.schedules)
+                if tasks.metrics is not None:
+                    tg.start_soon(
+                        partial(
+                            sampler.run,
+                            tasks,
+                            tasks.metrics,
+                            queues,
+                            interval=settings.metrics_sample_seconds,
+                            in_flight=in_flight_by_queue,
+                        )
+                    )
                 if settings.retention_seconds():
                     tg.start_soon(partial(retention.run, tasks, settings.retention_seconds()))
                 tg.start_soon(
@@ -395,9 +420,12 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                         )
                     buffers.append(recv)
                 inst.ready.set()
+                work = f"{total} executors on {', '.join(queues)}" if settings.workers_enabled else "no workers"
+                notify.ready(f"ready: {work}; HTTP on port {inst.port}")
                 log.info("instance_ready", worker_id=inst.worker_id)
                 await inst.stop.wait()
                 state.draining = True
+                notify.stopping(f"draining {len(inflight)} runs, grace {settings.shutdown_grace_seconds:g} s")
                 log.info("draining", in_flight=len(inflight), grace_s=settings.shutdown_grace_seconds)
                 grace.deadline = anyio.current_time() + settings.shutdown_grace_seconds
                 # The group now waits for fetchers to stop and executors to finish what they hold.

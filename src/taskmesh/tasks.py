@@ -473,6 +473,8 @@ class Tasks:
         counts: dict[str, int] = defaultdict(int)
         for row in rows:
             counts[row["status"]] += 1
+            if self.metrics is not None:
+                self.metrics.run_finished(row["queue"], row["name"], "lease_expired", None)
         return dict(counts)
 
     async def mark_lost_workers(self, silent_seconds: float, forget_after_seconds: float) -> int:

@@ -77,6 +77,9 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "task_list_queued_page": (["default"], uuid.UUID(int=0), 1000),
         "task_list_not_due": (ids,),
         "task_delete_finished": ("completed", 7 * 86400.0, 1000),
+        "sample_running_by_queue": (["default"],),
+        "sample_failed_by_queue": (["default"],),
+        "sample_oldest_ready_age": ("default",),
     }
 
 

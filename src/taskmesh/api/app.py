@@ -23,13 +23,13 @@ from starlette.responses import Response
 
 from taskmesh import __version__
 from taskmesh.api.limits import BodyLimit
+from taskmesh.api.observe import ObserveRequests
 from taskmesh.api.problems import invalid, problem
 from taskmesh.clock import Waker
 from taskmesh.errors import InvalidTaskError, TaskNotFoundError
 from taskmesh.metrics import Metrics
 from taskmesh.schedules import ScheduleNotFoundError, Schedules
 from taskmesh.services.outage import STORE_ERRORS
-from taskmesh.store import redis as rstore
 from taskmesh.tasks import TaskFinishedError, Tasks
 from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, check_json, field_errors, parse_task_spec
 
@@ -122,6 +122,7 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
         description="Distributed task platform: durable state in PostgreSQL, dispatch through Redis.",
     )
     app.add_middleware(BodyLimit)
+    app.add_middleware(ObserveRequests, metrics=state.metrics)  # outermost: sees 413s too
 
     def tasks() -> Tasks:
         if state.tasks is None:
@@ -396,19 +397,8 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
             body["draining"] = True
         return _json(body, 200 if ready else 503)
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    @app.get("/metrics", summary="Prometheus metrics (gauges of stores sampled by the sampler, not per scrape)")
     async def metrics() -> Response:
-        t = state.tasks
-        if t is not None:
-            try:
-                with anyio.fail_after(1):
-                    for queue in state.queues:
-                        ready, delayed, dlq = await rstore.depths(t.redis, t.keys, queue)
-                        state.metrics.queue_depth.labels(queue, "ready").set(ready)
-                        state.metrics.queue_depth.labels(queue, "delayed").set(delayed)
-                        state.metrics.queue_depth.labels(queue, "dlq").set(dlq)
-            except STORE_ERRORS:
-                pass  # the last sampled depths stay; readiness reports the outage
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     if not api_enabled:

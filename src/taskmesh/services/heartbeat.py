@@ -49,6 +49,8 @@ async def run_once(
         "draining" if draining else "running",
         lease_seconds,
     )
+    if tasks.metrics is not None:
+        tasks.metrics.heartbeats.inc()
     if cancel is not None:
         for task_id in to_cancel:
             if cancel(task_id):

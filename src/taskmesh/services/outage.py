@@ -7,6 +7,8 @@ import asyncpg
 import redis.exceptions
 import structlog
 
+from taskmesh.metrics import current_metrics
+
 STORE_ERRORS: tuple[type[Exception], ...] = (
     OSError,
     asyncpg.PostgresError,
@@ -20,7 +22,9 @@ STORE_ERRORS: tuple[type[Exception], ...] = (
 class Outage:
     """Tracks one service's view of a store outage.
 
-    ``failed()`` logs ``store_unavailable`` on the first failure of an outage
+    ``failed()`` counts the failure in ``taskmesh_store_errors_total`` (of the
+    instance running this task, see ``metrics.current_metrics``), logs
+    ``store_unavailable`` on the first failure of an outage
     and sleeps with exponential backoff (0.1 s doubling to ``max_delay``);
     ``recovered()`` logs ``store_recovered`` once when a call succeeds again.
     """
@@ -32,6 +36,9 @@ class Outage:
         self.log = structlog.get_logger(f"taskmesh.{service}")
 
     async def failed(self, exc: BaseException) -> None:
+        metrics = current_metrics.get()
+        if metrics is not None:
+            metrics.store_failed(exc)
         if self.failures == 0:
             self.log.warning("store_unavailable", service=self.service, error=f"{type(exc).__name__}: {exc}")
         self.failures += 1

@@ -41,6 +41,8 @@ async def run_once(tasks: Tasks, *, lease_seconds: float, batch: int = 500) -> d
     lost = await tasks.mark_lost_workers(3 * lease_seconds, FORGET_WORKERS_AFTER_SECONDS)
     if lost:
         log.warning("workers_lost", count=lost)
+        if tasks.metrics is not None:
+            tasks.metrics.workers_lost.inc(lost)
     if total:
         log.warning("runs_reclaimed", **total)
     return total

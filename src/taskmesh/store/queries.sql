@@ -207,7 +207,7 @@ SET status = CASE d.outcome WHEN 'retry' THEN 'queued' WHEN 'cancelled' THEN 'ca
     updated_at = now()
 FROM decided d JOIN runs ON runs.id = d.run_id
 WHERE t.id = d.task_id
-RETURNING t.id, t.queue, t.priority, t.status, t.run_at;
+RETURNING t.id, t.name, t.queue, t.priority, t.status, t.run_at;
 
 -- name: task_lock_for_cancel
 SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
@@ -336,3 +336,21 @@ UPDATE schedules SET last_task_id = $2, updated_at = now() WHERE name = $1
 
 -- name: task_status
 SELECT status FROM tasks WHERE id = $1
+
+-- name: sample_running_by_queue
+-- Metrics sampler (issue 6): running runs by queue, through the partial index on running runs.
+SELECT t.queue, count(*) AS n
+  FROM task_runs r JOIN tasks t ON t.id = r.task_id
+ WHERE r.status = 'running' AND t.queue = ANY($1::text[])
+ GROUP BY t.queue
+
+-- name: sample_failed_by_queue
+SELECT queue, count(*) AS n FROM tasks WHERE status = 'failed' AND queue = ANY($1::text[]) GROUP BY queue
+
+-- name: sample_oldest_ready_age
+-- Seconds since the oldest queued task of a queue became runnable; 0 when none is due.
+SELECT COALESCE(GREATEST(0, extract(epoch FROM now() - (
+           SELECT run_at FROM tasks WHERE status = 'queued' AND queue = $1 ORDER BY run_at LIMIT 1))), 0)::float8
+
+-- name: sample_workers_by_state
+SELECT state, count(*) AS n FROM workers GROUP BY state

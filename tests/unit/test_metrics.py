@@ -1,0 +1,68 @@
+"""The metric catalog: docs/metrics.md cannot drift, names follow the conventions, store errors are counted."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis.exceptions
+
+from taskmesh.metrics import Metrics, current_metrics
+from taskmesh.services.outage import Outage
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_docs_metrics_md_is_generated_from_the_registry() -> None:
+    expected = Metrics().markdown()
+    actual = (ROOT / "docs" / "metrics.md").read_text()
+    assert actual == expected, "regenerate with: python -m taskmesh.metrics_doc > docs/metrics.md"
+
+
+def test_every_exposed_family_is_in_the_catalog_and_follows_the_naming_rules() -> None:
+    m = Metrics()
+    documented = {info.name for info in m.catalog}
+    exposed = set()
+    for family in m.registry.collect():
+        if family.name.startswith("taskmesh_"):
+            exposed.add(family.name + "_total" if family.type == "counter" else family.name)
+    assert exposed == documented
+    for info in m.catalog:
+        assert re.fullmatch(r"taskmesh_[a-z_]+", info.name)
+        assert info.name.endswith("_total") == (info.type == "counter")
+        assert not {"task_id", "id", "payload", "run_id"} & set(info.labels)
+        if info.type == "histogram":
+            assert info.name.endswith("_seconds")
+
+
+def test_retry_is_exposed_as_retrying_and_durations_span_a_millisecond_to_an_hour() -> None:
+    m = Metrics()
+    m.run_finished("default", "t", "retry", 0.0005)
+    m.run_finished("default", "t", "lease_expired", None)
+    text = m.render().decode()
+    assert 'taskmesh_runs_finished_total{outcome="retrying",queue="default",task_name="t"} 1.0' in text
+    assert 'taskmesh_runs_finished_total{outcome="lease_expired",queue="default",task_name="t"} 1.0' in text
+    assert 'taskmesh_run_duration_seconds_bucket{le="0.001",queue="default",task_name="t"} 1.0' in text
+    assert 'le="3600.0"' in text
+    assert not re.search(r"^taskmesh_\w+_created", text, re.M)
+    assert "process_resident_memory_bytes" in text
+    assert re.search(r'taskmesh_build_info\{python_version="[\d.]+",version="[^"]+"\} 1\.0', text)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("error", "store"),
+    [(redis.exceptions.ConnectionError("down"), "redis"), (asyncpg.PostgresConnectionError("down"), "postgres")],
+)
+async def test_store_errors_are_counted_for_the_instance_of_the_running_task(error: Exception, store: str) -> None:
+    m = Metrics()
+    token = current_metrics.set(m)
+    try:
+        outage = Outage("test", max_delay=0.001)
+        await outage.failed(error)
+        await outage.failed(error)
+    finally:
+        current_metrics.reset(token)
+    assert m.registry.get_sample_value("taskmesh_store_errors_total", {"store": store}) == 2
