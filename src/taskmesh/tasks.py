@@ -26,6 +26,7 @@ from taskmesh.registry import Registry
 from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import queries
+from taskmesh.tracing import new_trace_id
 from taskmesh.validation import TaskSpec
 
 log = structlog.get_logger("taskmesh.tasks")
@@ -67,6 +68,7 @@ class Enqueued:
     task_id: uuid.UUID
     status: str
     created: bool
+    trace_id: str | None = None
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -192,6 +194,7 @@ class Tasks:
             return []
         now = datetime.now().astimezone()
         ids = [uuid.uuid4() for _ in specs]
+        traces = [s.trace_id or new_trace_id() for s in specs]  # every task can be followed in the logs
         prepared = [self._prepare(s) for s in specs]
         payloads = [dump_json(s.payload, field_prefix.format(i=i) + "payload") for i, s in enumerate(specs)]
         rows = await self.pool.fetch(
@@ -206,19 +209,19 @@ class Tasks:
             [p[1] for p in prepared],
             [p[3] or now for p in prepared],
             [s.tenant_id for s in specs],
-            [s.trace_id for s in specs],
+            traces,
         )
         created = {r["id"] for r in rows}
-        existing: dict[str, tuple[uuid.UUID, str]] = {}
+        existing: dict[str, tuple[uuid.UUID, str, str | None]] = {}
         missing_keys = [s.dedup_key for s, i in zip(specs, ids, strict=True) if i not in created and s.dedup_key]
         if missing_keys:
             for r in await self.pool.fetch(self._q["task_find_by_idempotency_keys"], missing_keys):
-                existing[r["idempotency_key"]] = (r["id"], r["status"])
+                existing[r["idempotency_key"]] = (r["id"], r["status"], r["trace_id"])
         out: list[Enqueued] = []
         targets: list[PushTarget] = []
-        for spec, task_id, (queue, _, _, due_at) in zip(specs, ids, prepared, strict=True):
+        for spec, task_id, trace, (queue, _, _, due_at) in zip(specs, ids, traces, prepared, strict=True):
             if task_id in created:
-                out.append(Enqueued(task_id, "queued", created=True))
+                out.append(Enqueued(task_id, "queued", created=True, trace_id=trace))
                 targets.append(PushTarget(task_id, queue, spec.priority, due_at))
                 if self.metrics:
                     self.metrics.tasks_created.labels(queue).inc()
@@ -226,8 +229,8 @@ class Tasks:
                 found = existing.get(spec.dedup_key or "")  # only a key conflict inserts nothing
                 if found is None:  # deleted between the two statements: vanishingly rare, say so
                     raise TaskNotFoundError(f"task with dedup_key {spec.dedup_key!r} vanished")
-                found_id, status = found
-                out.append(Enqueued(found_id, status, created=False))
+                found_id, status, found_trace = found
+                out.append(Enqueued(found_id, status, created=False, trace_id=found_trace))
                 if self.metrics:
                     self.metrics.tasks_deduplicated.labels(queue).inc()
         await self._push(targets)

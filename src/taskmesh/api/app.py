@@ -31,6 +31,7 @@ from taskmesh.metrics import Metrics
 from taskmesh.schedules import ScheduleNotFoundError, Schedules
 from taskmesh.services.outage import STORE_ERRORS
 from taskmesh.tasks import TaskFinishedError, Tasks
+from taskmesh.tracing import trace_id_from_headers
 from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, check_json, field_errors, parse_task_spec
 
 _NAME = re.compile(NAME_REGEX)
@@ -83,6 +84,7 @@ class TriggerRequest(BaseModel):
 class Created(BaseModel):
     task_id: uuid.UUID
     status: str
+    trace_id: str | None = None
     deduplicated: bool = False
 
 
@@ -128,6 +130,13 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
         if state.tasks is None:
             raise _NotReady()
         return state.tasks
+
+    def with_trace(spec: TaskSpec, request: Request) -> TaskSpec:
+        """The body's ``trace_id`` wins; else the request's ``traceparent``/``X-Request-ID``."""
+        if spec.trace_id is not None:
+            return spec
+        found = trace_id_from_headers(request.headers)
+        return spec if found is None else spec.model_copy(update={"trace_id": found})
 
     def parse_id(raw: str) -> uuid.UUID:
         try:
@@ -187,9 +196,9 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
         summary="Create a task (200 with the existing task_id when dedup_key repeats)",
     )
     async def create_task(request: Request) -> Response:
-        spec = parse_task_spec(await _read_json(request, "payload"))
+        spec = with_trace(parse_task_spec(await _read_json(request, "payload")), request)
         result = await tasks().enqueue(spec)
-        body = {"task_id": str(result.task_id), "status": result.status}
+        body = {"task_id": str(result.task_id), "status": result.status, "trace_id": result.trace_id}
         if not result.created:
             return _json({**body, "deduplicated": True}, 200)
         return _json(body, 201, headers={"Location": f"/api/v1/tasks/{result.task_id}"})
@@ -236,12 +245,13 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
                 errors=[(e["field"], e["message"]) for r in results if r for e in r["errors"]],
                 results=[r or {"index": i, "status": "not stored"} for i, r in enumerate(results)],
             )
-        outcomes = await tasks().enqueue_many(specs)
+        outcomes = await tasks().enqueue_many([with_trace(s, request) for s in specs])
         for i, outcome in zip(positions, outcomes, strict=True):
             results[i] = {
                 "index": i,
                 "status": "created" if outcome.created else "deduplicated",
                 "task_id": str(outcome.task_id),
+                "trace_id": outcome.trace_id,
             }
         created = sum(1 for o in outcomes if o.created)
         return _json(

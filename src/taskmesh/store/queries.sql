@@ -265,7 +265,7 @@ WITH input AS (
 SELECT id FROM t;
 
 -- name: task_find_by_idempotency_keys
-SELECT idempotency_key, id, status FROM tasks WHERE idempotency_key = ANY($1::text[]);
+SELECT idempotency_key, id, status, trace_id FROM tasks WHERE idempotency_key = ANY($1::text[]);
 
 -- name: task_count_queued
 -- Queued tasks per queue (through the partial index): the reconciler's cheap drift check.
