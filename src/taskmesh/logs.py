@@ -19,9 +19,10 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     """Configure structlog for the process.
 
     :param level: debug, info, warning or error.
-    :param fmt: ``json``, ``console`` or ``auto`` (console when stderr is a terminal).
+    :param fmt: ``json``, ``console`` or ``auto``: colored console lines when stdout and
+        stderr are terminals, JSON lines otherwise (under a process manager, in a container).
     """
-    use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    use_console = fmt == "console" or (fmt == "auto" and sys.stdout.isatty() and sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
