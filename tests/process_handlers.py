@@ -65,3 +65,12 @@ async def ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
 async def noop(payload: Any) -> None:
     """Does nothing: cron fires in the two-instance schedule test."""
     return None
+
+
+@taskmesh.task("chatty", max_retries=0)
+async def chatty(payload: Any) -> None:
+    """Logs a line of its own, then fails: log-context and log_payloads tests."""
+    import structlog
+
+    structlog.get_logger("tests.chatty").warning("handler_said")
+    raise RuntimeError("chatty always fails")

@@ -245,6 +245,8 @@ class Settings(BaseSettings):
     log_level: str = Field(default="info", validation_alias=_aliases("log_level"))
     log_format: str = Field(default="auto", validation_alias=_aliases("log_format"))
     """``json``, ``console``, or ``auto`` (console on a terminal, JSON elsewhere)."""
+    log_payloads: bool = Field(default=False, validation_alias=_aliases("log_payloads"))
+    """Add task payloads to failure log lines (off by default: payloads may hold personal data)."""
     migrate_on_start: bool = Field(default=True, validation_alias=_aliases("migrate_on_start"))
     metrics_sample_seconds: float = Field(
         default=5.0, gt=0, le=3600, validation_alias=_aliases("metrics_sample_seconds")

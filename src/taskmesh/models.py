@@ -29,6 +29,8 @@ class ClaimedTask:
     idempotency_key: str | None
     trace_id: str | None
     tenant_id: str | None
+    ready_at: float | None = None
+    """When the task became runnable (created, due, or its retry's backoff ended), epoch seconds."""
 
 
 class Outcome(StrEnum):

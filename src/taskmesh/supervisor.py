@@ -416,6 +416,7 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                                 cancels,
                                 worker_id=inst.worker_id,
                                 metrics=tasks.metrics,
+                                log_payloads=settings.log_payloads,
                             )
                         )
                     buffers.append(recv)

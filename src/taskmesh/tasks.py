@@ -318,6 +318,7 @@ class Tasks:
                 idempotency_key=r["idempotency_key"],
                 trace_id=r["trace_id"],
                 tenant_id=r["tenant_id"],
+                ready_at=r["run_at"].timestamp(),
             )
             for r in rows
         ]

@@ -81,3 +81,22 @@ async def test_log_lines_about_a_task_carry_its_trace_id_on_the_worker_instance(
     assert lines and all(e.get("trace_id") == TRACE for e in lines), lines
     for key in ("task_name", "queue", "attempt", "worker_id"):
         assert all(key in e for e in lines), (key, lines)
+
+
+@pytest.mark.usefixtures("redis_client", "pool")
+@pytest.mark.parametrize("log_payloads", ["false", "true"])
+async def test_handler_lines_carry_the_task_keys_and_payloads_are_logged_only_when_asked(
+    spawn: Any, database_url: str, redis_url: str, prefix: str, log_payloads: str
+) -> None:
+    proc = spawn(**stores_env(database_url, redis_url, prefix, TASKMESH_LOG_PAYLOADS=log_payloads))
+    wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200, proc=proc)
+    status, body = call(proc.port, "POST", "/api/v1/tasks", {"name": "chatty", "payload": {"card": "4111-SECRET"}})
+    assert status == 201
+    task_id = body["task_id"]
+    wait_until(lambda: any(e.get("event") == "run_finished" for e in proc.events()), proc=proc)
+    assert stop(proc, 20)[0] == 0
+    [said] = [e for e in proc.events() if e.get("event") == "handler_said"]
+    assert said["task_id"] == task_id and said["trace_id"] == body["trace_id"] and said["attempt"] == 1
+    [finished] = [e for e in proc.events() if e.get("event") == "run_finished"]
+    assert finished["outcome"] == "failed" and finished["duration_ms"] >= 0
+    assert ("4111-SECRET" in proc.output()) is (log_payloads == "true")

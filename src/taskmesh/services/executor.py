@@ -13,9 +13,11 @@ section 3):
   :class:`~taskmesh.errors.NonRetryableError`: ``failed`` at once;
 - cancelled by an operator (through the heartbeat): ``cancelled``.
 
-Emits ``run_started`` / ``run_finished`` log events with task_id, task_name,
-queue, attempt, trace_id and worker_id, and the runs_finished and
-run_duration metrics.
+Emits ``run_finished`` log events (failures at warning, successes at debug)
+with task_id, task_name, queue, attempt, trace_id, worker_id and duration_ms
+(the handler's own structlog lines carry the same keys), and the runs_started,
+queue_wait, runs_finished and run_duration metrics. Payloads are logged only
+with ``log_payloads``.
 """
 
 from __future__ import annotations
@@ -148,18 +150,26 @@ async def run(
     *,
     worker_id: str,
     metrics: Metrics | None = None,
+    log_payloads: bool = False,
 ) -> None:
     """Execute tasks until the fetcher closes the channel.
 
     :param inflight: shared map run_id -> task of runs started and not yet
         reported; what is left in it when the executor is cancelled is handed
         back by the supervisor.
+    :param log_payloads: add the payload to failure lines (off: payloads may hold personal data).
     """
     debug_enabled = log.is_enabled_for(logging.DEBUG)
     async with receive, results:
         async for task in receive:
             inflight[task.run_id] = task
-            result = await execute(task, registry, cancels)
+            if metrics is not None:
+                wait = time.time() - task.ready_at if task.ready_at is not None else None
+                metrics.run_started(task.queue, task.name, wait)
+            keys = _keys(task, worker_id)
+            # The handler's own structlog lines carry the task's keys (and its trace id) too.
+            with structlog.contextvars.bound_contextvars(**keys):
+                result = await execute(task, registry, cancels)
             if metrics is not None:
                 metrics.run_finished(task.queue, task.name, result.outcome.value, result.duration_seconds)
             # Successes log at debug: at thousands of runs a second a line each costs more
@@ -168,17 +178,20 @@ async def run(
                 if debug_enabled:
                     log.debug(
                         "run_finished",
-                        **_keys(task, worker_id),
+                        **keys,
                         outcome="succeeded",
-                        duration_s=round(result.duration_seconds, 6),
+                        duration_ms=round(result.duration_seconds * 1000, 3),
                     )
             else:
+                extra = {"payload": task.payload} if log_payloads else {}
                 log.warning(
                     "run_finished",
-                    **_keys(task, worker_id),
+                    **keys,
                     outcome=result.outcome.value,
+                    duration_ms=round(result.duration_seconds * 1000, 3),
                     error=result.error,
                     retry_in_s=result.delay_seconds if result.outcome is Outcome.RETRY else None,
+                    **extra,
                 )
             await results.send(result)
             del inflight[task.run_id]

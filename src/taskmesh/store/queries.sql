@@ -30,7 +30,7 @@ WITH claimed AS (
     SET status = 'running', attempts = attempts + 1, updated_at = now()
     WHERE id = ANY($1::uuid[]) AND queue = $2 AND status || '' = 'queued' AND run_at <= now()
     RETURNING id, name, queue, priority, payload::text AS payload, attempts, retries,
-              max_retries, idempotency_key, trace_id, tenant_id
+              max_retries, idempotency_key, trace_id, tenant_id, run_at
 ), runs AS (
     INSERT INTO task_runs (task_id, attempt, status, worker_id, claimed_at, started_at, lease_expires_at)
     SELECT id, attempts, 'running', $3, now(), now(), now() + make_interval(secs => $4)
