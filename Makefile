@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint clean
+.PHONY: install run test lint clean deploy-tools
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "taskmesh needs Python 3.11 or newer on PATH"; exit 1; }
@@ -20,8 +20,25 @@ install: $(STAMP)
 run: install
 	$(BIN)/python -m taskmesh dev
 
-test: install
+test: install deploy-tools
 	$(BIN)/python -m pytest
+
+# Tools of the deployment tests (tests/deploy) that PyPI does not have: Debian's nginx (nginx -t
+# and requests through it) and systemd-analyze (verify the unit). Installed only when missing,
+# as root with apt-get; elsewhere those tests skip and say why. supervisord, PyYAML and hadolint
+# come from PyPI with the dev extra.
+DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd
+deploy-tools:
+	@missing=""; for pair in $(DEPLOY_TOOLS); do tool=$${pair%%:*}; pkg=$${pair#*:}; \
+		PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "not installing$$missing (needs root and apt-get): the deployment tests that use it will skip"; exit 0; fi; \
+	echo "installing$$missing for the deployment tests (apt-get)"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1 \
+		|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1; } \
+		|| echo "could not install$$missing: the deployment tests that use it will skip"
 
 lint: install
 	$(BIN)/ruff check src tests examples

