@@ -46,3 +46,17 @@ lint: install
 
 clean:
 	rm -rf $(VENV) .taskmesh build dist src/*.egg-info
+
+# promtool for the Prometheus tests (tests/deploy): when it is missing, the binary alone is
+# unpacked from Debian's prometheus package (no Prometheus server is installed or started) into
+# /usr/local/bin as root, else into .venv/bin; where that fails, those tests skip and say why.
+test: promtool
+promtool: | $(STAMP)
+	@command -v promtool >/dev/null 2>&1 || test -x $(BIN)/promtool && exit 0; \
+	command -v apt-get >/dev/null 2>&1 || { echo "no promtool and no apt-get: its tests will skip"; exit 0; }; \
+	dest=$(CURDIR)/$(BIN); [ "$$(id -u)" = 0 ] && dest=/usr/local/bin; tmp=$$(mktemp -d); \
+	( cd $$tmp && { apt-get download prometheus || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+		&& apt-get download prometheus; }; } && dpkg-deb -x prometheus_*.deb root \
+		&& install -m 0755 root/usr/bin/promtool $$dest/promtool ) >/dev/null 2>&1; rm -rf $$tmp; \
+	test -x $$dest/promtool && echo "promtool installed into $$dest" || echo "could not get promtool: its tests will skip"
+.PHONY: promtool
