@@ -36,8 +36,8 @@ def _table(items: list[dict[str, Any]]) -> str:
     header = ("NAME", "CRON", "TIMEZONE", "STATE", "LAST FIRE (local)", "NEXT FIRE (local)")
     rows = [header]
     for s in items:
-        state = "disabled" if not s["enabled"] else ("paused" if s["paused"] else "active")
-        last = s["last_fire"]["local"] if s["last_fire"] else "-"
+        state = s["state"] if not s["error"] else f"error: {s['error']}"
+        last = (s["last_fire"]["local"] or s["last_fire"]["utc"]) if s["last_fire"] else "-"
         nxt = s["next_fires"][0]["local"] if s["next_fires"] else "-"
         rows.append((s["name"], s["cron"], s["timezone"], state, last, nxt))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

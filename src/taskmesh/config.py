@@ -59,6 +59,7 @@ class QueueSettings(BaseModel):
 
 StrictInt = Annotated[int, Strict()]
 StrictBool = Annotated[bool, Strict()]
+StrictFloat = Annotated[float, Strict()]  # ints are accepted, booleans and strings are not
 MISFIRE_ALL_CAP = 1000
 """Most missed fires the ``all`` policy makes after one outage (the most recent ones)."""
 
@@ -90,7 +91,7 @@ class ScheduleSettings(BaseModel):
     misfire: Literal["skip", "once", "all"] = "once"
     """What to do with fire times missed while no scheduler ran: none, the most recent, every one
     (at most 1,000)."""
-    misfire_grace_seconds: float = Field(default=60.0, ge=0, le=7 * 86400, allow_inf_nan=False)
+    misfire_grace_seconds: StrictFloat = Field(default=60.0, ge=0, le=7 * 86400, allow_inf_nan=False)
     """A fire made later than this after its time is a misfire, seconds."""
     overlap: Literal["allow", "skip"] = "allow"
     """``skip``: no fire while the previous fire's task is still queued or running."""
@@ -99,6 +100,8 @@ class ScheduleSettings(BaseModel):
     @field_validator("cron")
     @classmethod
     def _check_cron(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty (5 fields, 6 with seconds first, or an alias like @daily)")
         try:
             CronSpec(value, "UTC")
         except CronSpecError as exc:
@@ -154,6 +157,9 @@ def _check_schedules(value: Any) -> list[ScheduleSettings]:
         where = f"schedules[{label}]" if isinstance(label, str) and label else f"schedules[{i}]"
         if isinstance(entry, ScheduleSettings):
             parsed = entry
+        elif not isinstance(entry, dict):
+            problems.append(f"{where}: must be a table with at least name, cron and task")
+            continue
         else:
             try:
                 parsed = ScheduleSettings.model_validate(entry)

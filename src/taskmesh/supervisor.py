@@ -299,7 +299,15 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                 tg.cancel_scope.cancel()
 
             tg.start_soon(stop_on_drain)
-            tg.start_soon(scheduler.run, schedules, SystemClock(), state.schedule_waker)
+            tg.start_soon(
+                partial(
+                    scheduler.run,
+                    schedules,
+                    SystemClock(),
+                    state.schedule_waker,
+                    listen=partial(asyncpg.connect, settings.database_url, timeout=5),
+                )
+            )
 
     def in_flight_by_queue() -> dict[str, int]:
         held: dict[str, int] = {}

@@ -18,6 +18,7 @@ import asyncpg
 import orjson
 import redis.exceptions
 import structlog
+from asyncpg.pool import PoolConnectionProxy
 
 from taskmesh.errors import InvalidTaskError, TaskNotFoundError
 from taskmesh.metrics import Metrics
@@ -30,6 +31,8 @@ from taskmesh.tracing import new_trace_id
 from taskmesh.validation import TaskSpec
 
 log = structlog.get_logger("taskmesh.tasks")
+
+Connection = asyncpg.Connection | PoolConnectionProxy
 
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 
@@ -190,14 +193,32 @@ class Tasks:
             earlier in the same batch), with the existing task's id.
         :raises InvalidTaskError: a payload is not JSON-serialisable (nothing written).
         """
+        async with self.pool.acquire() as conn:
+            out, targets = await self.insert_many(conn, specs, field_prefix=field_prefix, task_type=task_type)
+        await self.push(targets)
+        return out
+
+    async def insert_many(
+        self,
+        conn: Connection,
+        specs: Sequence[TaskSpec],
+        *,
+        field_prefix: str = "tasks[{i}].",
+        task_type: str | None = None,
+    ) -> tuple[list[Enqueued], list[PushTarget]]:
+        """The PostgreSQL half of :meth:`enqueue_many`, on ``conn`` (and in its transaction, if any).
+
+        The caller pushes the returned targets with :meth:`push` once the
+        transaction committed (design.md principle 1: PostgreSQL first).
+        """
         if not specs:
-            return []
+            return [], []
         now = datetime.now().astimezone()
         ids = [uuid.uuid4() for _ in specs]
         traces = [s.trace_id or new_trace_id() for s in specs]  # every task can be followed in the logs
         prepared = [self._prepare(s) for s in specs]
         payloads = [dump_json(s.payload, field_prefix.format(i=i) + "payload") for i, s in enumerate(specs)]
-        rows = await self.pool.fetch(
+        rows = await conn.fetch(
             self._q["task_insert_many"],
             ids,
             [s.name for s in specs],
@@ -215,7 +236,7 @@ class Tasks:
         existing: dict[str, tuple[uuid.UUID, str, str | None]] = {}
         missing_keys = [s.dedup_key for s, i in zip(specs, ids, strict=True) if i not in created and s.dedup_key]
         if missing_keys:
-            for r in await self.pool.fetch(self._q["task_find_by_idempotency_keys"], missing_keys):
+            for r in await conn.fetch(self._q["task_find_by_idempotency_keys"], missing_keys):
                 existing[r["idempotency_key"]] = (r["id"], r["status"], r["trace_id"])
         out: list[Enqueued] = []
         targets: list[PushTarget] = []
@@ -233,8 +254,12 @@ class Tasks:
                 out.append(Enqueued(found_id, status, created=False, trace_id=found_trace))
                 if self.metrics:
                     self.metrics.tasks_deduplicated.labels(queue).inc()
-        await self._push(targets)
-        return out
+        return out, targets
+
+    async def push(self, targets: Sequence[PushTarget]) -> None:
+        """Push committed tasks' ids to Redis; a failure is logged and left to the reconciler."""
+        if targets:
+            await self._push(targets)
 
     async def _push(self, targets: Sequence[PushTarget]) -> None:
         try:

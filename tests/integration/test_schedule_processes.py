@@ -89,7 +89,7 @@ async def test_the_cli_lists_pauses_resumes_and_triggers(
     triggered = cli("trigger", "nightly-report", "--json", "--idempotency-key", "cli-1")
     assert triggered.returncode == 0, triggered.stderr
     answer = json.loads(triggered.stdout)
-    assert (answer["created"], answer["idempotency_key"]) == (True, "cli-1")
+    assert (answer["created"], answer["idempotency_key"]) == (True, "cron:nightly-report:trigger:cli-1")
     assert await pool.fetchval("SELECT type FROM tasks WHERE id = $1", answer["task_id"]) == "cron"
     missing = cli("trigger", "nope")
     assert (missing.returncode, missing.stderr.strip()) == (1, "taskmesh: error: schedule 'nope' not found")

@@ -215,7 +215,8 @@ async def test_trigger_makes_exactly_one_task_per_call(make: Callable[..., Sched
     assert key1.startswith("cron:every-minute:trigger:")
     again, key3, created3 = await s.trigger("every-minute", "deploy-1234")
     same, _, created4 = await s.trigger("every-minute", "deploy-1234")
-    assert (created3, created4, again == same, key3) == (True, False, True, "deploy-1234")
+    assert (created3, created4, again == same) == (True, False, True)
+    assert key3 == "cron:every-minute:trigger:deploy-1234"  # scoped: another schedule's key cannot collide
     assert await s.tasks.pool.fetchval("SELECT count(*) FROM tasks WHERE type = 'cron'") == 3
     assert fires_of(s, "every-minute", "triggered") == 3
     with pytest.raises(ScheduleNotFoundError, match="schedule 'nope' not found"):
@@ -326,6 +327,8 @@ async def _listed(client: Any) -> list[dict[str, Any]] | None:
         ("POST", "/api/v1/schedules/nope/trigger", None, 404, "no schedule is named 'nope'"),
         ("POST", "/api/v1/schedules/nope/pause", None, 404, "no schedule is named 'nope'"),
         ("POST", "/api/v1/schedules/nope/resume", None, 404, "no schedule is named 'nope'"),
+        ("GET", "/api/v1/schedules/a%00b", None, 404, "no schedule is named 'a\\x00b'"),
+        ("POST", "/api/v1/schedules/a%20b/pause", None, 404, "no schedule is named 'a b'"),
         ("POST", "/api/v1/schedules/tick/trigger", b"{", 400, None),
         ("POST", "/api/v1/schedules/tick/trigger", b"[]", 422, "body: must be a JSON object"),
         ("POST", "/api/v1/schedules/tick/trigger", b'{"key": 1}', 422, "key: unknown field"),
@@ -388,3 +391,93 @@ async def test_an_instance_refuses_a_schedule_whose_task_has_no_handler(
         "(import its module through the handlers setting)"
     )
     assert await clean.fetchval("SELECT count(*) FROM schedules") == 0
+
+
+async def test_resuming_an_active_schedule_keeps_its_due_fire(make: Callable[..., Schedules]) -> None:
+    s = make(sched())
+    await s.sync(T0)
+    view = await s.set_paused("every-minute", False, T0 + timedelta(minutes=5))
+    assert view["next_fires"][0]["utc"] == "2026-06-01T12:01:00Z"
+
+
+async def test_the_list_flags_overdue_rows_and_survives_an_unreadable_one(
+    make: Callable[..., Schedules], clean: asyncpg.Pool
+) -> None:
+    s = make(sched())
+    await s.sync(T0 - timedelta(hours=1))  # next fire 11:01, long past at T0
+    await clean.execute(
+        """INSERT INTO schedules (name, cron, timezone, task, priority, payload, misfire, misfire_grace_seconds,
+                                  overlap, enabled, config_hash, next_fire_at)
+           VALUES ('martian', '0 2 * * *', 'Mars/Olympus', 't', 0, '{}', 'once', 60, 'allow', true, 'h', now())"""
+    )
+    listed = {item["name"]: item for item in await s.list()}
+    assert listed["every-minute"]["state"] == "overdue"
+    assert listed["martian"]["error"] == "unknown time zone 'Mars/Olympus'" and listed["martian"]["next_fires"] == []
+    assert await s.fire_due(T0) != []  # the readable one still fires
+
+
+async def test_fires_need_one_pool_connection_only(
+    start_instance: Callable[..., Any], registry: Registry, clean: asyncpg.Pool
+) -> None:
+    @registry.task("report.build")
+    async def build(payload: Any) -> None:
+        return None
+
+    tick = {"name": "tick", "cron": "* * * * * *", "task": "report.build"}
+    async with start_instance(schedules=[tick], pg_pool_size=2):
+        await wait_for(lambda: _at_least(clean, 2), timeout=15)
+
+
+async def _at_least(pool: asyncpg.Pool, n: int) -> bool:
+    return bool(await pool.fetchval("SELECT count(*) FROM tasks WHERE type = 'cron'") >= n)
+
+
+async def test_losing_the_listen_connection_does_not_stop_the_instance_or_the_schedules(
+    start_instance: Callable[..., Any], registry: Registry, clean: asyncpg.Pool
+) -> None:
+    @registry.task("report.build")
+    async def build(payload: Any) -> None:
+        return None
+
+    tick = {"name": "tick", "cron": "* * * * * *", "task": "report.build"}
+    listeners = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+        " AND pid <> pg_backend_pid()"
+    )
+    async with start_instance(schedules=[tick]) as inst, http(inst) as client:
+        [first] = await wait_for(lambda: clean.fetch(listeners))
+        await clean.execute("SELECT pg_terminate_backend($1)", first["pid"])
+        made = await clean.fetchval("SELECT count(*) FROM tasks WHERE type = 'cron'")
+        await wait_for(lambda: _at_least(clean, made + 2), timeout=15)
+        again = await wait_for(lambda: clean.fetch(listeners))
+        assert again[0]["pid"] != first["pid"]
+        # The new listener works: a pause made elsewhere is seen at once (no fire after it).
+        await Schedules(Tasks(clean, inst.state.tasks.redis, inst.state.tasks.keys), []).set_paused("tick", True)
+        paused_at = await clean.fetchval("SELECT count(*) FROM tasks WHERE type = 'cron'")
+        await anyio.sleep(1.5)
+        assert await clean.fetchval("SELECT count(*) FROM tasks WHERE type = 'cron'") <= paused_at + 1
+        assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_a_row_held_by_another_instance_is_not_polled_in_a_busy_loop(
+    make: Callable[..., Schedules], clean: asyncpg.Pool
+) -> None:
+    from taskmesh.clock import SystemClock
+
+    class Counting(Schedules):
+        calls = 0
+
+        async def fire_due(self, now: datetime) -> list[Any]:
+            Counting.calls += 1
+            return await super().fire_due(now)
+
+    base = make(sched("held", "* * * * * *"))
+    s = Counting(base.tasks, list(base.declared.values()))
+    await s.sync(datetime.now(UTC))
+    async with clean.acquire() as holder, holder.transaction():
+        await holder.execute("SELECT 1 FROM schedules WHERE name = 'held' FOR UPDATE")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(scheduler.run, s, SystemClock(), Waker()))
+            await anyio.sleep(2.5)
+            tg.cancel_scope.cancel()
+    assert Counting.calls <= 6, Counting.calls  # about one look a second, not hundreds

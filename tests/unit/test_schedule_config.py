@@ -109,6 +109,17 @@ BASE = {"name": "nightly", "cron": "0 2 * * *", "task": "reports.nightly"}
         ({"payload": {"a": "x\u0000"}}, "schedules[nightly].payload: contains a NUL character"),
         ({"cronn": "* * * * *"}, "schedules[nightly].cronn: unknown key"),
         ({"name": None}, "schedules[0].name: Input should be a valid string"),
+        ({"misfire_grace_seconds": True}, "schedules[nightly].misfire_grace_seconds: Input should be a valid number"),
+        ({"misfire_grace_seconds": "5"}, "schedules[nightly].misfire_grace_seconds: Input should be a valid number"),
+        (
+            {"cron": " "},
+            "schedules[nightly].cron: must not be empty (5 fields, 6 with seconds first, or an alias like @daily)",
+        ),
+        (
+            {"timezone": "asia/shanghai"},
+            "schedules[nightly].timezone: unknown time zone 'asia/shanghai' "
+            "(zone names are case-sensitive: 'Asia/Shanghai')",
+        ),
     ],
 )
 def test_each_bad_key_is_named_with_its_schedule(change: dict[str, object], message: str) -> None:
@@ -181,3 +192,10 @@ def test_the_instance_exits_with_status_2_on_a_schedule_without_a_handler(tmp_pa
     )
     assert proc.returncode == 2
     assert "schedules[nightly].task: no handler named 'reports.nightly' is registered" in proc.stderr
+
+
+def test_an_entry_that_is_not_a_table_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKMESH_SCHEDULES", '["nightly"]')
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == "invalid configuration: schedules[0]: must be a table with at least name, cron and task"

@@ -317,7 +317,9 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
         ids = await tasks().replay(queue, req.count, req.override_priority)
         return _json({"queue": queue, "count": len(ids), "replayed": ids})
 
-    def schedules() -> Schedules:
+    def schedules(name: str | None = None) -> Schedules:
+        if name is not None and not _NAME.fullmatch(name):
+            raise ScheduleNotFoundError(name)  # no schedule can have this name (NUL, spaces, too long)
         if state.schedules is None:
             raise _NotReady()
         return state.schedules
@@ -328,7 +330,7 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
 
     @app.get("/api/v1/schedules/{name}", summary="One cron schedule")
     async def get_schedule(name: str) -> Response:
-        return _json(await schedules().get(name))
+        return _json(await schedules(name).get(name))
 
     @app.post(
         "/api/v1/schedules/{name}/trigger",
@@ -353,7 +355,7 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
         except ValidationError as exc:
             errors = field_errors(exc)
             return invalid(errors[0][0], errors[0][1], errors)
-        task_id, key, created = await schedules().trigger(name, req.idempotency_key)
+        task_id, key, created = await schedules(name).trigger(name, req.idempotency_key)
         state.schedule_waker.wake()
         answer = {"schedule": name, "task_id": str(task_id), "idempotency_key": key, "created": created}
         if not created:
@@ -362,13 +364,13 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
 
     @app.post("/api/v1/schedules/{name}/pause", summary="Pause a schedule until resumed or its config changes")
     async def pause_schedule(name: str) -> Response:
-        answer = await schedules().set_paused(name, True)
+        answer = await schedules(name).set_paused(name, True)
         state.schedule_waker.wake()
         return _json(answer)
 
     @app.post("/api/v1/schedules/{name}/resume", summary="Resume a schedule; fires missed while paused are not made")
     async def resume_schedule(name: str) -> Response:
-        answer = await schedules().set_paused(name, False)
+        answer = await schedules(name).set_paused(name, False)
         state.schedule_waker.wake()
         return _json(answer)
 
