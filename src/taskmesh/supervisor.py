@@ -278,6 +278,9 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
         if scope is None:
             return False
         scope.cancel()
+        held = next((t for t in list(inflight.values()) if t.task_id == task_id), None)
+        if held is not None:
+            log.info("run_cancel_requested", **executor.log_keys(held, inst.worker_id))
         return True
 
     # Register before the first claim, so that no run of ours looks orphaned to a reclaimer.
@@ -452,6 +455,8 @@ async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Inst
                 await results_send.send(RunResult(task, Outcome.INTERRUPTED, error=INTERRUPTED_ERROR))
             if handed_back:
                 log.warning("runs_handed_back", count=len(handed_back))
+                for task in handed_back:
+                    log.info("run_handed_back", **executor.log_keys(task, inst.worker_id))
             results_send.close()
             # The committer writes what it holds; bounded, so a dead store cannot hold the exit.
             committer_scope.deadline = anyio.current_time() + (1 if inst.force.is_set() else 5)

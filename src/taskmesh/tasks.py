@@ -391,8 +391,11 @@ class Tasks:
                     log.warning(
                         "late_result_dropped",
                         task_id=str(r.task.task_id),
+                        task_name=r.task.name,
+                        queue=r.task.queue,
                         run_id=str(r.task.run_id),
                         attempt=r.task.attempt,
+                        trace_id=r.task.trace_id,
                         outcome=r.outcome.value,
                         worker_id=worker_id,
                     )

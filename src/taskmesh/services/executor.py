@@ -129,7 +129,8 @@ async def execute(
     )
 
 
-def _keys(task: ClaimedTask, worker_id: str) -> dict[str, Any]:
+def log_keys(task: ClaimedTask, worker_id: str) -> dict[str, Any]:
+    """The keys every log line about a run carries (issue 6): task, name, queue, attempt, trace, worker."""
     return {
         "task_id": str(task.task_id),
         "task_name": task.name,
@@ -166,7 +167,7 @@ async def run(
             if metrics is not None:
                 wait = time.time() - task.ready_at if task.ready_at is not None else None
                 metrics.run_started(task.queue, task.name, wait)
-            keys = _keys(task, worker_id)
+            keys = log_keys(task, worker_id)
             # The handler's own structlog lines carry the task's keys (and its trace id) too.
             with structlog.contextvars.bound_contextvars(**keys):
                 result = await execute(task, registry, cancels)

@@ -53,8 +53,7 @@ async def run_once(
         tasks.metrics.heartbeats.inc()
     if cancel is not None:
         for task_id in to_cancel:
-            if cancel(task_id):
-                log.info("run_cancel_requested", task_id=str(task_id), worker_id=worker_id)
+            cancel(task_id)  # logs run_cancel_requested with the run's keys when it holds the run
     return to_cancel
 
 
