@@ -89,18 +89,26 @@ async def push_ready_or_delayed(client: Redis, keys: Keys, targets: Iterable[Pus
 async def push_missing(client: Redis, keys: Keys, targets: Sequence[PushTarget]) -> list[PushTarget]:
     """Push only the targets whose id is in neither the ready nor the delayed set.
 
-    Two pipelined round trips: membership first, then the pushes (still
-    ``ZADD NX``, so a race with a concurrent push is harmless).
+    Two pipelined round trips: membership first (one ``ZMSCORE`` per queue and
+    set, not one command per id: a resync checks whole backlogs), then the
+    pushes (still ``ZADD NX``, so a race with a concurrent push is harmless).
     :returns: the targets pushed, i.e. repaired.
     """
     if not targets:
         return []
+    by_queue: dict[str, list[PushTarget]] = {}
+    for t in targets:
+        by_queue.setdefault(t.queue, []).append(t)
     async with client.pipeline(transaction=False) as pipe:
-        for t in targets:
-            pipe.zscore(keys.ready(t.queue), str(t.task_id))
-            pipe.zscore(keys.delayed(t.queue), str(t.task_id))
+        for queue, group in by_queue.items():
+            ids = [str(t.task_id) for t in group]
+            pipe.zmscore(keys.ready(queue), ids)
+            pipe.zmscore(keys.delayed(queue), ids)
         scores = await pipe.execute()
-    missing = [t for i, t in enumerate(targets) if scores[2 * i] is None and scores[2 * i + 1] is None]
+    missing: list[PushTarget] = []
+    for i, group in enumerate(by_queue.values()):
+        in_ready, in_delayed = scores[2 * i], scores[2 * i + 1]
+        missing.extend(t for t, r, d in zip(group, in_ready, in_delayed, strict=True) if r is None and d is None)
     await push_ready_or_delayed(client, keys, missing)
     return missing
 
