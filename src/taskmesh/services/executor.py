@@ -26,6 +26,7 @@ import functools
 import logging
 import time
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import anyio
@@ -91,8 +92,12 @@ async def execute(
     operator = anyio.CancelScope()
     if cancels is not None:
         cancels[task.task_id] = operator
+    # No deadline scope without a timeout: a cancel scope is entered and left once per run.
+    limit: AbstractContextManager[anyio.CancelScope | None] = (
+        anyio.fail_after(handler.timeout) if handler.timeout is not None else nullcontext()
+    )
     try:
-        with operator, anyio.fail_after(handler.timeout) as deadline:
+        with operator, limit as deadline:
             if handler.is_async:
                 value = await handler.func(payload, **kwargs)
             else:
@@ -162,7 +167,18 @@ async def run(
     """
     debug_enabled = log.is_enabled_for(logging.DEBUG)
     async with receive, results:
-        async for task in receive:
+        while True:
+            # Take a buffered task without a checkpoint (a round through the event loop per
+            # task); wait only when the buffer is empty. The handler's own awaits yield.
+            try:
+                task = receive.receive_nowait()
+            except anyio.WouldBlock:
+                try:
+                    task = await receive.receive()
+                except anyio.EndOfStream:
+                    return
+            except anyio.EndOfStream:
+                return
             inflight[task.run_id] = task
             if metrics is not None:
                 wait = time.time() - task.ready_at if task.ready_at is not None else None
@@ -194,6 +210,9 @@ async def run(
                     retry_in_s=result.delay_seconds if result.outcome is Outcome.RETRY else None,
                     **extra,
                 )
-            await results.send(result)
+            try:
+                results.send_nowait(result)
+            except anyio.WouldBlock:  # the committer is behind: wait for room (back-pressure)
+                await results.send(result)
             del inflight[task.run_id]
             slots.release()
