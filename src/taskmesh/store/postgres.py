@@ -67,15 +67,40 @@ async def migrate(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -
             applied.append(version)
         return applied
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
+        try:
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
+        except BaseException:
+            # Pooled connections are not reset on release (see create_pool): a connection
+            # whose unlock did not happen is closed, which releases the lock, never reused.
+            conn.terminate()
+            raise
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset hook: nothing to reset (see :func:`create_pool`)."""
 
 
 async def create_pool(database_url: str, size: int = 10) -> asyncpg.Pool:
     """Open an asyncpg pool.
 
+    taskmesh keeps no session state on pooled connections (as PgBouncer in
+    transaction mode requires, design.md section 7), so a released connection
+    skips asyncpg's reset query (advisory unlock, ``CLOSE ALL``, ``UNLISTEN *``,
+    ``RESET ALL``): that is a round trip per statement on the hot path. asyncpg
+    still rolls back a transaction left open. Code that takes session state
+    (an advisory lock, ``LISTEN``, ``SET``) undoes it before the release
+    (``await conn.reset()``).
+
     :param size: most connections (the least is 2).
     :raises OSError, asyncpg.PostgresError: the server does not answer or refuses.
     """
-    pool = await asyncpg.create_pool(database_url, min_size=min(2, size), max_size=size, command_timeout=60, timeout=5)
+    pool = await asyncpg.create_pool(
+        database_url,
+        min_size=min(2, size),
+        max_size=size,
+        command_timeout=60,
+        timeout=5,
+        reset=_keep_session,
+    )
     assert pool is not None
     return pool
