@@ -9,10 +9,42 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextvars import ContextVar
+from typing import Any
 
 import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+current_run: ContextVar[tuple[Any, str] | None] = ContextVar("taskmesh_run", default=None)
+"""``(ClaimedTask, worker_id)`` of the run whose handler this task (or thread) executes, if any.
+
+Set by the executor around a handler, one ``set``/``reset`` per run; the keys
+are built only when a line is logged, so a run that logs nothing pays nothing."""
+
+
+def run_keys(task: Any, worker_id: str) -> dict[str, Any]:
+    """The keys every log line about a run carries (issue 6): task, name, queue, attempt, trace, worker.
+
+    :param task: a :class:`~taskmesh.models.ClaimedTask`.
+    """
+    return {
+        "task_id": str(task.task_id),
+        "task_name": task.name,
+        "queue": task.queue,
+        "attempt": task.attempt,
+        "trace_id": task.trace_id,
+        "worker_id": worker_id,
+    }
+
+
+def _add_run_keys(logger: Any, method: str, event: Any) -> Any:
+    run = current_run.get()
+    if run is not None:
+        for key, value in run_keys(*run).items():
+            event.setdefault(key, value)
+    return event
 
 
 def configure(level: str = "info", fmt: str = "auto") -> None:
@@ -29,6 +61,7 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _add_run_keys,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

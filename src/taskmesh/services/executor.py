@@ -35,6 +35,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from taskmesh.errors import NonRetryableError, Retry
+from taskmesh.logs import current_run, run_keys
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, Outcome, RunResult, TaskContext
 from taskmesh.registry import PayloadDecodeError, Registry
@@ -135,15 +136,8 @@ async def execute(
 
 
 def log_keys(task: ClaimedTask, worker_id: str) -> dict[str, Any]:
-    """The keys every log line about a run carries (issue 6): task, name, queue, attempt, trace, worker."""
-    return {
-        "task_id": str(task.task_id),
-        "task_name": task.name,
-        "queue": task.queue,
-        "attempt": task.attempt,
-        "trace_id": task.trace_id,
-        "worker_id": worker_id,
-    }
+    """The keys every log line about a run carries (see :func:`taskmesh.logs.run_keys`)."""
+    return run_keys(task, worker_id)
 
 
 async def run(
@@ -183,10 +177,13 @@ async def run(
             if metrics is not None:
                 wait = time.time() - task.ready_at if task.ready_at is not None else None
                 metrics.run_started(task.queue, task.name, wait)
-            keys = log_keys(task, worker_id)
-            # The handler's own structlog lines carry the task's keys (and its trace id) too.
-            with structlog.contextvars.bound_contextvars(**keys):
+            # The handler's own structlog lines carry the run's keys (and its trace id) too:
+            # logs.py adds them from this context variable (threads of sync handlers inherit it).
+            token = current_run.set((task, worker_id))
+            try:
                 result = await execute(task, registry, cancels)
+            finally:
+                current_run.reset(token)
             if metrics is not None:
                 metrics.run_finished(task.queue, task.name, result.outcome.value, result.duration_seconds)
             # Successes log at debug: at thousands of runs a second a line each costs more
@@ -195,7 +192,7 @@ async def run(
                 if debug_enabled:
                     log.debug(
                         "run_finished",
-                        **keys,
+                        **log_keys(task, worker_id),
                         outcome="succeeded",
                         duration_ms=round(result.duration_seconds * 1000, 3),
                     )
@@ -203,7 +200,7 @@ async def run(
                 extra = {"payload": task.payload} if log_payloads else {}
                 log.warning(
                     "run_finished",
-                    **keys,
+                    **log_keys(task, worker_id),
                     outcome=result.outcome.value,
                     duration_ms=round(result.duration_seconds * 1000, 3),
                     error=result.error,
