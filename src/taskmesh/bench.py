@@ -381,7 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m taskmesh bench", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--prefetch", type=int, default=32, help="tasks claimed ahead (the prefetch setting)")
+    parser.add_argument(
+        "--prefetch", type=int, default=128, help="tasks claimed ahead (the prefetch setting; default 128)"
+    )
     parser.add_argument("--http", type=int, default=2000, help="single HTTP creates to time")
     parser.add_argument("--rate", type=int, default=50, help="tasks/s of the pickup-latency run")
     parser.add_argument("--latency-count", type=int, default=300)
