@@ -52,6 +52,14 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.action != "list" and not args.name:
         print(f"taskmesh: error: schedules {args.action} needs a schedule name", file=sys.stderr)
         return 2
+    if not settings.database_url or not settings.redis_url:
+        print(
+            "taskmesh: error: schedules needs DATABASE_URL and REDIS_URL (the deployment's stores, as the "
+            "instances have them); against the dev profile use its HTTP API: "
+            "curl localhost:8080/api/v1/schedules",
+            file=sys.stderr,
+        )
+        return 2
     database_url, redis_url = require_stores(settings)
 
     async def go() -> int:

@@ -52,15 +52,19 @@ async def test_an_every_second_schedule_on_two_instances_fires_each_second_once(
     assert sum(made) == len(keys), made
 
 
+@pytest.mark.usefixtures("redis_client")  # deletes the prefix's keys (the trigger pushes one)
 async def test_the_cli_lists_pauses_resumes_and_triggers(
     database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     await pool.execute("TRUNCATE schedules")
+    # The next fire: 02:00 in Shanghai (18:00 UTC) a few days ahead, so the row is never overdue.
+    next_fire = (datetime.now(UTC) + timedelta(days=3)).replace(hour=18, minute=0, second=0, microsecond=0)
     await pool.execute(
         """INSERT INTO schedules (name, cron, timezone, task, priority, payload, misfire, misfire_grace_seconds,
                                   overlap, enabled, config_hash, next_fire_at)
            VALUES ('nightly-report', '0 2 * * *', 'Asia/Shanghai', 'noop', 0, '{}', 'once', 60, 'allow', true,
-                   'h', '2026-12-01T18:00:00Z')"""
+                   'h', $1)""",
+        next_fire,
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_")}
     env.update(stores_env(database_url, redis_url, prefix), PYTHONPATH=str(ROOT))
@@ -80,7 +84,7 @@ async def test_the_cli_lists_pauses_resumes_and_triggers(
     header, row = listed.stdout.strip().splitlines()
     assert header.split() == ["NAME", "CRON", "TIMEZONE", "STATE", "LAST", "FIRE", "(local)", "NEXT", "FIRE", "(local)"]
     assert row.split() == ["nightly-report", "0", "2", "*", "*", "*", "Asia/Shanghai", "active", "-",
-                           "2026-12-02T02:00:00+08:00"]  # fmt: skip
+                           (next_fire + timedelta(hours=8)).strftime("%Y-%m-%dT02:00:00+08:00")]  # fmt: skip
     paused = cli("pause", "nightly-report", "--json")
     assert paused.returncode == 0 and json.loads(paused.stdout)["paused"] is True
     assert await pool.fetchval("SELECT paused FROM schedules") is True

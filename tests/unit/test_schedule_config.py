@@ -199,3 +199,22 @@ def test_an_entry_that_is_not_a_table_is_named(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(ConfigError) as info:
         load_settings()
     assert str(info.value) == "invalid configuration: schedules[0]: must be a table with at least name, cron and task"
+
+
+def test_the_schedules_cli_without_store_urls_says_what_to_set(tmp_path: Path) -> None:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_") and k not in {"DATABASE_URL", "REDIS_URL"}
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "taskmesh", "schedules"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "taskmesh: error: schedules needs DATABASE_URL and REDIS_URL (the deployment's stores, as the instances "
+        "have them); against the dev profile use its HTTP API: curl localhost:8080/api/v1/schedules"
+    )
