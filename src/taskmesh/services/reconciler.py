@@ -141,7 +141,8 @@ async def check(tasks: Tasks, queues: Sequence[str], watch: Watch, *, instance: 
         watch.run_id = run_id
         if tasks.metrics is not None:
             tasks.metrics.redis_resyncs.inc()
-        reason = "restart" if marker else "data lost"
+        # No marker: Redis lost its data, or this is the deployment's first start (nothing pushed).
+        reason = "restart" if marker else ("data lost" if pushed else "no marker yet")
         if pushed:
             log.warning("redis_resynced", pushed=pushed, reason=reason)
         else:
