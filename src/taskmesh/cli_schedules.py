@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import orjson
 
-from taskmesh.config import Settings, require_stores
+from taskmesh.config import Settings
 from taskmesh.schedules import ScheduleNotFoundError, Schedules
 from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
@@ -60,7 +60,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    database_url, redis_url = require_stores(settings)
+    database_url, redis_url = settings.database_url, settings.redis_url
 
     async def go() -> int:
         pool = await create_pool(database_url, 2)

@@ -216,6 +216,7 @@ class Schedules:
         :returns: names whose row was created or changed (their next fire recomputed, pause cleared).
         """
         changed: list[str] = []
+        next_fires: dict[str, datetime | None] = {}
         async with self.tasks.pool.acquire() as conn, conn.transaction():
             for s in self.declared.values():
                 nxt = s.spec.next_fire(now) if s.enabled else None
@@ -239,16 +240,13 @@ class Schedules:
                 )
                 if row is not None:
                     changed.append(s.name)
+                    next_fires[s.name] = nxt
             await conn.execute(self._q["schedule_touch"], list(self.declared), now)
             if changed:
                 await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, "sync")
         for name in changed:
-            log.info("schedule_synced", schedule=name, next_fire_at=_iso(await self._next_of(name)))
+            log.info("schedule_synced", schedule=name, next_fire_at=_iso(next_fires[name]))
         return changed
-
-    async def _next_of(self, name: str) -> datetime | None:
-        row = await self.tasks.pool.fetchrow(self._q["schedule_get"], name)
-        return row["next_fire_at"] if row else None
 
     async def next_due(self) -> datetime | None:
         """The earliest ``next_fire_at`` of this instance's active schedules (``None``: nothing to fire)."""

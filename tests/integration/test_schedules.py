@@ -41,6 +41,15 @@ async def clean(pool: asyncpg.Pool) -> asyncpg.Pool:
 
 
 @pytest.fixture
+def report_handler(registry: Registry) -> None:
+    """Registers the ``report.build`` handler the instance-level tests' schedules name."""
+
+    @registry.task("report.build")
+    async def build(payload: Any) -> None:
+        return None
+
+
+@pytest.fixture
 def make(clean: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys) -> Callable[..., Schedules]:
     def build(*declared: ScheduleSettings, pool: asyncpg.Pool | None = None) -> Schedules:
         tasks = Tasks(pool or clean, redis_client, keys, metrics=Metrics())
@@ -283,12 +292,8 @@ async def _caught_up(s: Schedules, now: datetime) -> bool:
 
 
 async def test_the_api_lists_triggers_pauses_and_resumes(
-    start_instance: Callable[..., Any], registry: Registry, clean: asyncpg.Pool
+    start_instance: Callable[..., Any], report_handler: None, clean: asyncpg.Pool
 ) -> None:
-    @registry.task("report.build")
-    async def build(payload: Any) -> None:
-        return None
-
     nightly = {"name": "nightly-report", "cron": "0 2 * * *", "timezone": "Asia/Shanghai", "task": "report.build"}
     async with start_instance(schedules=[nightly]) as inst, http(inst) as client:
         listed = await wait_for(lambda: _listed(client))
@@ -357,7 +362,7 @@ async def _listed(client: Any) -> list[dict[str, Any]] | None:
 )
 async def test_bad_schedule_requests_get_problem_details(
     start_instance: Callable[..., Any],
-    registry: Registry,
+    report_handler: None,
     clean: asyncpg.Pool,
     method: str,
     path: str,
@@ -365,10 +370,6 @@ async def test_bad_schedule_requests_get_problem_details(
     status: int,
     detail: str | None,
 ) -> None:
-    @registry.task("report.build")
-    async def build(payload: Any) -> None:
-        return None
-
     tick = {"name": "tick", "cron": "0 0 1 1 *", "task": "report.build"}
     async with start_instance(schedules=[tick]) as inst, http(inst) as client:
         await wait_for(lambda: _listed(client))
@@ -417,12 +418,8 @@ async def test_the_list_flags_overdue_rows_and_survives_an_unreadable_one(
 
 
 async def test_fires_need_one_pool_connection_only(
-    start_instance: Callable[..., Any], registry: Registry, clean: asyncpg.Pool
+    start_instance: Callable[..., Any], report_handler: None, clean: asyncpg.Pool
 ) -> None:
-    @registry.task("report.build")
-    async def build(payload: Any) -> None:
-        return None
-
     tick = {"name": "tick", "cron": "* * * * * *", "task": "report.build"}
     async with start_instance(schedules=[tick], pg_pool_size=2):
         await wait_for(lambda: _at_least(clean, 2), timeout=15)
@@ -433,12 +430,8 @@ async def _at_least(pool: asyncpg.Pool, n: int) -> bool:
 
 
 async def test_losing_the_listen_connection_does_not_stop_the_instance_or_the_schedules(
-    start_instance: Callable[..., Any], registry: Registry, clean: asyncpg.Pool
+    start_instance: Callable[..., Any], report_handler: None, clean: asyncpg.Pool
 ) -> None:
-    @registry.task("report.build")
-    async def build(payload: Any) -> None:
-        return None
-
     tick = {"name": "tick", "cron": "* * * * * *", "task": "report.build"}
     listeners = (
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'"
