@@ -26,9 +26,9 @@ from taskmesh import supervisor
 from taskmesh.config import Settings, load_settings
 from taskmesh.logs import configure
 from taskmesh.registry import Registry
-from taskmesh.store import redis as rstore
+from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
-from taskmesh.store.postgres import create_pool, migrate
+from taskmesh.store.postgres import migrate_url
 from taskmesh.tasks import Tasks
 
 
@@ -74,9 +74,7 @@ async def scratch_database(admin: str, prefix: str) -> AsyncIterator[str]:
 @pytest.fixture(scope="session")
 async def database_url(store_urls: tuple[str, str]) -> AsyncIterator[str]:
     async with scratch_database(store_urls[0], "tm_test") as url:
-        conn = await asyncpg.connect(url)
-        await migrate(conn)
-        await conn.close()
+        await migrate_url(url)
         yield url
 
 
@@ -87,7 +85,9 @@ def redis_url(store_urls: tuple[str, str]) -> str:
 
 @pytest.fixture
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await create_pool(database_url, 10)
+    """A pool on the session's database, for tests that look at rows directly; the tables start empty."""
+    p = await asyncpg.create_pool(database_url, min_size=1, max_size=10)
+    assert p is not None
     await p.execute("TRUNCATE tasks, workers CASCADE")
     yield p
     await p.close()
@@ -99,8 +99,9 @@ def prefix() -> str:
 
 
 @pytest.fixture
-async def redis_client(redis_url: str, prefix: str) -> AsyncIterator[rstore.Redis]:
-    client = rstore.create_client(redis_url)
+async def redis_client(redis_url: str, prefix: str) -> AsyncIterator[aioredis.Redis]:
+    """A decoding client for tests that look at keys directly; the prefix's keys are deleted after."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     yield client
     keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
     if keys:
@@ -119,8 +120,16 @@ def keys(prefix: str) -> Keys:
 
 
 @pytest.fixture
-async def tasks(pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys, registry: Registry) -> Tasks:
-    return Tasks(pool, redis_client, keys, registry=registry)
+async def stores(pool: asyncpg.Pool, redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> AsyncIterator[Stores]:
+    """The stores as an instance has them (the PostgreSQL side on ``pool``)."""
+    redis = RedisStore.connect(redis_url, keys)
+    yield Stores(PgStore(pool), redis)
+    await redis.close()
+
+
+@pytest.fixture
+async def tasks(stores: Stores, registry: Registry) -> Tasks:
+    return Tasks(stores.pg, stores.redis, registry=registry)
 
 
 @pytest.fixture
@@ -155,7 +164,7 @@ async def running(settings: Settings, registry: Registry) -> AsyncIterator[super
         # The reconciler's first look at a fresh prefix resyncs Redis; let it finish, so
         # that a test's own pushes and deletes do not race it.
         assert settings.redis_url is not None
-        client = rstore.create_client(settings.redis_url)
+        client = aioredis.Redis.from_url(settings.redis_url)
         try:
             with anyio.fail_after(10):
                 while not await client.exists(Keys(settings.redis_prefix).marker()):
@@ -170,7 +179,7 @@ async def running(settings: Settings, registry: Registry) -> AsyncIterator[super
 
 @pytest.fixture
 def start_instance(
-    make_settings: Callable[..., Settings], registry: Registry, pool: asyncpg.Pool, redis_client: rstore.Redis
+    make_settings: Callable[..., Settings], registry: Registry, pool: asyncpg.Pool, redis_client: aioredis.Redis
 ) -> Callable[..., contextlib.AbstractAsyncContextManager[supervisor.Instance]]:
     # ``pool`` empties the tables first: an instance's first resync must not carry an
     # earlier test's queued tasks into this test's Redis prefix. ``redis_client`` is torn

@@ -21,7 +21,7 @@ from taskmesh.errors import (
     InvalidTaskError,
     NonRetryableError,
     Retry,
-    StoreUnavailableError,
+    StoreError,
     TaskmeshError,
     TaskNotFoundError,
 )
@@ -35,7 +35,7 @@ __all__ = [
     "NonRetryableError",
     "Registry",
     "Retry",
-    "StoreUnavailableError",
+    "StoreError",
     "TaskContext",
     "TaskNotFoundError",
     "TaskmeshError",

@@ -47,7 +47,7 @@ import redis
 
 from taskmesh.bench_handler import RAN, START
 from taskmesh.client import Client
-from taskmesh.store.postgres import migrate
+from taskmesh.store.postgres import migrate_url
 
 CLK = os.sysconf("SC_CLK_TCK")
 PEERS = ("pgqueuer", "arq", "celery")
@@ -113,11 +113,7 @@ class Bench:
             await admin.execute(f"CREATE DATABASE {BENCH_DB}")
         finally:
             await admin.close()
-        conn = await asyncpg.connect(self.db_url)
-        try:
-            await migrate(conn)
-        finally:
-            await conn.close()
+        await migrate_url(self.db_url)
         client = redis.Redis.from_url(self.redis_url)
         keys = list(client.scan_iter(match=f"{PREFIX}:*", count=1000))
         if keys:

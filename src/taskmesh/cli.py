@@ -53,19 +53,14 @@ def _run(settings: Settings) -> None:
 
 
 def _migrate(settings: Settings) -> None:
-    from taskmesh.store.postgres import create_pool, migrate
+    from taskmesh.store.postgres import migrate_url
 
     if not settings.database_url:
         raise ConfigError("DATABASE_URL not set: set it in the environment or in taskmesh.toml (database_url)")
     database_url = settings.database_url
 
     async def go() -> None:
-        pool = await create_pool(database_url, 2)
-        try:
-            async with pool.acquire() as conn:
-                applied = await migrate(conn)
-        finally:
-            await pool.close()
+        applied = await migrate_url(database_url)
         print(f"migrations applied: {applied or 'none, schema is up to date'}")
 
     anyio.run(go)

@@ -16,10 +16,9 @@ import anyio
 import orjson
 
 from taskmesh.config import Settings
-from taskmesh.schedules import ScheduleNotFoundError, Schedules
-from taskmesh.store import redis as rstore
-from taskmesh.store.keys import Keys
-from taskmesh.store.postgres import create_pool
+from taskmesh.errors import ScheduleNotFoundError
+from taskmesh.schedules import Schedules
+from taskmesh.store import Stores
 from taskmesh.tasks import Tasks
 
 
@@ -63,10 +62,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     database_url, redis_url = settings.database_url, settings.redis_url
 
     async def go() -> int:
-        pool = await create_pool(database_url, 2)
-        client = rstore.create_client(redis_url)
+        stores = await Stores.open(database_url, redis_url, redis_prefix=settings.redis_prefix, pool_size=2)
         try:
-            tasks = Tasks(pool, client, Keys(settings.redis_prefix), default_max_retries=settings.default_max_retries)
+            tasks = Tasks(stores.pg, stores.redis, default_max_retries=settings.default_max_retries)
             schedules = Schedules(tasks, [])
             try:
                 if args.action == "list":
@@ -96,8 +94,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"taskmesh: error: {exc}", file=sys.stderr)
                 return 1
         finally:
-            await client.aclose()
-            await pool.close()
+            await stores.close()
         return 0
 
     return anyio.run(go)

@@ -8,13 +8,9 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-import asyncpg
-
 from taskmesh.errors import InvalidTaskError
 from taskmesh.registry import Registry, default_registry
-from taskmesh.store import redis as rstore
-from taskmesh.store.keys import Keys
-from taskmesh.store.postgres import create_pool
+from taskmesh.store import Stores
 from taskmesh.tasks import Enqueued, Tasks
 from taskmesh.validation import parse_task_spec
 
@@ -44,32 +40,41 @@ class Client:
     ) -> None:
         self._database_url = database_url
         self._redis_url = redis_url
-        self._keys = Keys(redis_prefix)
+        self._redis_prefix = redis_prefix
         self._registry = registry or default_registry
         self._default_max_retries = default_max_retries
         self._pool_size = pool_size
-        self._pool: asyncpg.Pool | None = None
-        self._redis: rstore.Redis | None = None
+        self._stores: Stores | None = None
         self._tasks: Tasks | None = None
 
     async def __aenter__(self) -> Client:
-        self._pool = await create_pool(self._database_url, self._pool_size)
-        self._redis = rstore.create_client(self._redis_url)
+        """Open the stores.
+
+        :raises StoreError: PostgreSQL did not answer or refused.
+        """
+        self._stores = await Stores.open(
+            self._database_url, self._redis_url, redis_prefix=self._redis_prefix, pool_size=self._pool_size
+        )
         self._tasks = Tasks(
-            self._pool, self._redis, self._keys, registry=self._registry, default_max_retries=self._default_max_retries
+            self._stores.pg,
+            self._stores.redis,
+            registry=self._registry,
+            default_max_retries=self._default_max_retries,
         )
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._redis is not None:
-            await self._redis.aclose()
-        if self._pool is not None:
-            await self._pool.close()
+        if self._stores is not None:
+            await self._stores.close()
 
     @property
     def tasks(self) -> Tasks:
+        """The task facade under the client.
+
+        :raises RuntimeError: used outside ``async with``.
+        """
         if self._tasks is None:
             raise RuntimeError("use the client as `async with Client(...) as client:`")
         return self._tasks

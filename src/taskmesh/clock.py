@@ -1,4 +1,11 @@
-"""Time sources of the scheduler: the system clock, and a manual one for tests and simulations.
+"""Time sources: PostgreSQL's clock as seen from this instance, the system clock, a manual one for tests.
+
+PostgreSQL's clock is the one clock of record for due times, leases and cron
+fires (issue 10): the claim checks ``run_at <= now()`` there, so an instance
+whose own clock runs ahead must not move a delayed task early or fire a
+schedule early. :class:`StoreClock` is the host's clock plus an offset measured
+against PostgreSQL (``clock_sync`` refreshes it); services that need "now"
+outside SQL (the delayed mover's scores, the scheduler) read it.
 
 The scheduler never reads the time itself; it asks a :class:`Clock`, so that a
 test can run a simulated hour (or a DST night) in milliseconds, and it never
@@ -8,6 +15,8 @@ keeps it from drifting over days (issue 5).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -53,6 +62,15 @@ class Clock(Protocol):
         ...
 
 
+async def _sleep_until(now: datetime, when: datetime, waker: Waker) -> None:
+    """Sleep on anyio's monotonic clock from ``now`` to ``when``, or until ``waker`` is woken."""
+    delay = (when - now).total_seconds()
+    if delay <= 0:
+        return
+    with anyio.move_on_after(delay):
+        await waker.wait()
+
+
 class SystemClock:
     """The real clock: ``datetime.now(UTC)``; sleeps on anyio's monotonic clock.
 
@@ -63,11 +81,46 @@ class SystemClock:
         return datetime.now(UTC)
 
     async def sleep_until(self, when: datetime, waker: Waker) -> None:
-        delay = (when - self.now()).total_seconds()
-        if delay <= 0:
-            return
-        with anyio.move_on_after(delay):
-            await waker.wait()
+        """Return at ``when``, or earlier when ``waker`` is woken."""
+        await _sleep_until(self.now(), when, waker)
+
+
+class StoreClock:
+    """The host's clock corrected to PostgreSQL's: ``now = time.time() + offset`` (see module docs).
+
+    The offset is 0 until the first :meth:`sync`; each sync measures PostgreSQL's
+    ``clock_timestamp()`` against the midpoint of the round trip, so the error is
+    at most half the round trip (well under a millisecond on a LAN).
+    """
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        """Seconds to add to this host's clock to get PostgreSQL's."""
+
+    def now(self) -> datetime:
+        """PostgreSQL's time, aware, in UTC."""
+        return datetime.fromtimestamp(time.time() + self.offset, UTC)
+
+    def now_ms(self) -> int:
+        """PostgreSQL's time in milliseconds since the Unix epoch."""
+        return int((time.time() + self.offset) * 1000)
+
+    async def sleep_until(self, when: datetime, waker: Waker) -> None:
+        """Return at ``when`` by PostgreSQL's clock, or earlier when ``waker`` is woken."""
+        await _sleep_until(self.now(), when, waker)
+
+    async def sync(self, read_store_time: Callable[[], Awaitable[datetime]]) -> float:
+        """Measure the offset once.
+
+        :param read_store_time: reads PostgreSQL's clock (``PgStore.now``).
+        :returns: the new offset in seconds (positive: PostgreSQL is ahead of this host).
+        :raises StoreError: PostgreSQL did not answer (the old offset stays).
+        """
+        before = time.time()
+        remote = await read_store_time()
+        after = time.time()
+        self.offset = remote.timestamp() - (before + after) / 2
+        return self.offset
 
 
 class ManualClock:

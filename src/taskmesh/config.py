@@ -32,8 +32,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from taskmesh.cron import CronSpec, CronSpecError, load_zone
-from taskmesh.errors import ConfigError, InvalidTaskError
+from taskmesh.cron import CronSpec, load_zone
+from taskmesh.errors import ConfigError, CronSpecError, InvalidTaskError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Allowed task and queue names (issue 2): letters, digits, ``_ . : -``, 1-128 chars."""

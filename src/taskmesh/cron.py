@@ -37,6 +37,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
+from taskmesh.errors import CronSpecError
+
 ALIASES = {
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
@@ -54,10 +56,6 @@ _FAST_SPAN = timedelta(days=7)
 """How far :meth:`CronSpec.fires` walks with one croniter before looking for offset changes again."""
 _LOOKBACK = timedelta(hours=6)
 """How far back a repeated (fall-back) period can begin; the largest in tzdata is 2 hours."""
-
-
-class CronSpecError(ValueError):
-    """A cron expression or time zone is invalid; the message says what is wrong (no key)."""
 
 
 def load_zone(name: str) -> ZoneInfo:

@@ -1,7 +1,11 @@
-"""Exceptions of taskmesh: one root, one class per failure mode.
+"""Exceptions of taskmesh: one root, one class per failure mode (imports nothing of taskmesh).
 
 Handler outcomes (``Retry``, ``NonRetryableError``) are raised by task handlers
-to steer what happens to a run; the rest are raised by taskmesh itself.
+to steer what happens to a run; the rest are raised by taskmesh itself. Each
+class's docstring says what it means and who handles it: the API maps them to
+HTTP statuses in one table (``taskmesh.api.errors``), services decide per
+:class:`StoreError` whether to back off (transient) or to fail the one thing
+at hand (not transient).
 """
 
 from __future__ import annotations
@@ -21,26 +25,109 @@ class ConfigError(TaskmeshError):
 class InvalidTaskError(TaskmeshError, ValueError):
     """A task to enqueue failed validation; nothing was written.
 
-    :param field: the offending field (``priority``, ``payload``, ...).
+    :param field: the offending field (``priority``, ``payload.customer.id``, ...).
     :param message: what is wrong with it.
+    :param errors: every ``(field, message)`` found, the first one being ``field``'s.
     """
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, errors: list[tuple[str, str]] | None = None) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.errors = errors or [(field, message)]
 
 
 class TaskNotFoundError(TaskmeshError, LookupError):
-    """No task has the given id."""
+    """No task has the given id (the message is the id)."""
 
 
-class StoreUnavailableError(TaskmeshError):
-    """PostgreSQL or Redis did not answer; ``store`` says which."""
+class TaskFinishedError(TaskmeshError):
+    """The task already finished (completed, failed or cancelled): the operation does not apply.
 
-    def __init__(self, store: str, detail: str = "") -> None:
-        super().__init__(f"{store} is unavailable" + (f": {detail}" if detail else ""))
+    :param task_id: the task's id, as text.
+    :param status: the status it has.
+    :param action: what was asked (``cancel``), for the message.
+    """
+
+    def __init__(self, task_id: str, status: str, action: str = "cancel") -> None:
+        super().__init__(f"task {task_id} is {status}; there is nothing to {action}")
+        self.task_id = task_id
+        self.status = status
+        self.action = action
+
+
+class ScheduleNotFoundError(TaskmeshError, LookupError):
+    """No schedule has this name (in the ``schedules`` table)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"schedule {name!r} not found")
+        self.name = name
+
+
+class PayloadDecodeError(TaskmeshError):
+    """The payload does not fit the handler's declared type; the run is not retried."""
+
+
+class CronSpecError(TaskmeshError, ValueError):
+    """A cron expression or a time zone is invalid; the message says what is wrong."""
+
+
+class NotReadyError(TaskmeshError):
+    """The instance is still connecting to its stores (the API answers 503)."""
+
+
+class BadJsonError(TaskmeshError):
+    """A request body is not valid JSON (the API answers 400); the message is the parser's."""
+
+
+class StoreError(TaskmeshError):
+    """A call to PostgreSQL or Redis failed. Raised only by the store wrappers (``taskmesh.store``).
+
+    :param store: ``postgres`` or ``redis``.
+    :param operation: the named query or command that failed (``task_claim_many``).
+    :param transient: ``True`` for an outage (connection lost, timeout, server
+        shutting down, failover, serialization failure): back off and retry, and
+        ``/readyz`` names the store. ``False`` for an error that the same call
+        would meet again (a data, constraint or syntax error, a reply that is not
+        what taskmesh wrote): fail the one request, result or tick at hand with a
+        clear message, and carry on.
+    :param detail: the driver's message, one line.
+    """
+
+    def __init__(self, store: str, operation: str, *, transient: bool, detail: str) -> None:
+        kind = "unavailable" if transient else "error"
+        super().__init__(f"{store} {kind} in {operation}: {detail}")
         self.store = store
+        self.operation = operation
+        self.transient = transient
+        self.detail = detail
+
+
+class MigrationError(TaskmeshError):
+    """A migration failed with an error that retrying cannot fix; the instance does not start.
+
+    :param version: the migration's number.
+    :param name: its name (``0004_schedules.sql`` is version 4, name ``schedules``).
+    :param detail: PostgreSQL's message.
+    """
+
+    def __init__(self, version: int, name: str, detail: str) -> None:
+        super().__init__(f"migration {version:04d}_{name} failed: {detail}")
+        self.version = version
+        self.name = name
+        self.detail = detail
+
+
+class ServiceFailedError(TaskmeshError):
+    """A critical service crashed more often than its restart budget allows; the instance stopped.
+
+    The CLI turns it into exit status 1 after the graceful shutdown.
+    """
+
+    def __init__(self, service: str, restarts: int) -> None:
+        super().__init__(f"service {service!r} crashed {restarts} times within its restart budget")
+        self.service = service
+        self.restarts = restarts
 
 
 class NonRetryableError(TaskmeshError):

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-import redis.exceptions
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -158,6 +157,28 @@ class Metrics:
             "taskmesh_redis_push_failures", "Pushes to Redis that failed after the commit (re-pushed later)."
         )
         self.store_errors = c("taskmesh_store_errors", "Failed calls to a store, by store: postgres, redis.", "store")
+        self.clock_offset = g(
+            "taskmesh_clock_offset_seconds",
+            "PostgreSQL's clock minus this host's, as last measured; due times and fires use PostgreSQL's.",
+        )
+        # Services.
+        self.service_restarts = c(
+            "taskmesh_service_restarts",
+            "Times a service of this instance crashed with an unexpected error and was restarted.",
+            "service",
+        )
+        self.service_up = g(
+            "taskmesh_service_up",
+            "1 while a service of this instance runs, 0 while it waits to restart or has failed for good.",
+            "service",
+        )
+        self.service_ticks = c(
+            "taskmesh_service_ticks",
+            "Ticks of the periodic services, by outcome: ok, store_unavailable (a transient store error), "
+            "error (a store error retrying cannot fix; the tick was skipped).",
+            "service",
+            "outcome",
+        )
         # Schedules.
         self.schedule_fires = c(
             "taskmesh_schedule_fires",
@@ -244,9 +265,17 @@ class Metrics:
                 hist = self._durations[(queue, task_name)] = self.run_duration.labels(queue, task_name)
             hist.observe(duration_seconds)
 
-    def store_failed(self, exc: BaseException) -> None:
-        """Count one failed store call; Redis errors are ``redis``, everything else ``postgres``."""
-        self.store_errors.labels("redis" if isinstance(exc, redis.exceptions.RedisError) else "postgres").inc()
+    def task_created(self, queue: str) -> None:
+        """Count a created task."""
+        self.tasks_created.labels(queue).inc()
+
+    def task_deduplicated(self, queue: str) -> None:
+        """Count an enqueue answered by an existing task."""
+        self.tasks_deduplicated.labels(queue).inc()
+
+    def store_failed(self, store: str) -> None:
+        """Count one failed store call (``postgres`` or ``redis``)."""
+        self.store_errors.labels(store).inc()
 
     def render(self) -> bytes:
         """The exposition text of every family."""

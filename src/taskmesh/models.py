@@ -1,12 +1,15 @@
-"""Plain records passed between taskmesh's services: frozen dataclasses, no I/O."""
+"""Plain records passed between taskmesh's services: frozen dataclasses, no I/O (imports only ``states``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 from uuid import UUID
+
+from taskmesh.states import Outcome
+
+__all__ = ["ClaimedTask", "Outcome", "PushTarget", "RunResult", "TaskContext"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,16 +34,8 @@ class ClaimedTask:
     tenant_id: str | None
     ready_at: float | None = None
     """When the task became runnable (created, due, or its retry's backoff ended), epoch seconds."""
-
-
-class Outcome(StrEnum):
-    """How a run ended, as the executor reports it to the committer."""
-
-    SUCCEEDED = "succeeded"
-    RETRY = "retry"  # failed, retry allowed and budget left
-    FAILED = "failed"  # failed for good: dead-letter
-    INTERRUPTED = "interrupted"  # shutdown handed it back: requeue, no retry spent
-    CANCELLED = "cancelled"  # an operator cancelled the running task
+    defect: str | None = None
+    """Why this version cannot run the claimed row (its payload is unreadable): the run fails at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +43,10 @@ class RunResult:
     """The end of one run, on its way to the committer.
 
     :param delay_seconds: for ``RETRY``, seconds until the next attempt.
-    :param result: JSON text of a successful handler's return value (``None`` otherwise).
+    :param result: JSON text of a successful handler's return value (``None`` otherwise),
+        storable in PostgreSQL (see ``taskmesh.storable``).
     :param duration_seconds: wall time of the handler, seconds.
+    :param traceback: the handler's traceback when it raised (bounded), else ``None``.
     """
 
     task: ClaimedTask
@@ -58,6 +55,7 @@ class RunResult:
     result: str | None = None
     delay_seconds: float = 0.0
     duration_seconds: float = 0.0
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

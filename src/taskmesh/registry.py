@@ -20,14 +20,10 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, TypeAdapter
 
-from taskmesh.errors import ConfigError
+from taskmesh.errors import ConfigError, PayloadDecodeError
 from taskmesh.validation import MAX_RETRIES_LIMIT, NAME_REGEX
 
 _NAME = re.compile(NAME_REGEX)
-
-
-class PayloadDecodeError(Exception):
-    """The payload does not fit the handler's declared type (not retryable)."""
 
 
 @dataclass(frozen=True, slots=True)

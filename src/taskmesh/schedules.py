@@ -34,15 +34,15 @@ from itertools import chain
 from typing import Any
 
 import anyio
-import asyncpg
-import orjson
 import structlog
 
 from taskmesh.config import MISFIRE_ALL_CAP, ScheduleSettings
-from taskmesh.cron import CronSpec, CronSpecError
-from taskmesh.errors import TaskmeshError
+from taskmesh.cron import CronSpec
+from taskmesh.errors import CronSpecError, ScheduleNotFoundError
 from taskmesh.models import PushTarget
-from taskmesh.store.postgres import queries
+from taskmesh.records import json_value
+from taskmesh.states import TaskStatus, TaskType
+from taskmesh.store import PgStore
 from taskmesh.tasks import Tasks, dump_json
 from taskmesh.validation import TaskSpec
 
@@ -53,14 +53,14 @@ NOTIFY_CHANNEL = "taskmesh_schedules"
 ENUMERATION_LIMIT = 20_000
 """Due fire times walked one by one after an outage before the rest is estimated (see plan_fires)."""
 NEXT_FIRES_SHOWN = 5
+FIRE_LOCK_TIMEOUT_MS = 2000
+"""A fire waits at most this long for a row lock (SKIP LOCKED skips held rows; this bounds the rest)."""
+FIRE_IDLE_TIMEOUT_MS = 5000
+"""When the firing instance goes silent mid-transaction (cut off from PostgreSQL, frozen),
+PostgreSQL ends its session after this long and releases the rows, so another instance fires
+those slots on time (issue 10, break 8) instead of skipping them as locked."""
 
-
-class ScheduleNotFoundError(TaskmeshError, LookupError):
-    """No schedule has this name (in the ``schedules`` table)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"schedule {name!r} not found")
-        self.name = name
+__all__ = ["Fire", "ScheduleNotFoundError", "Schedules", "fire_key", "plan_fires", "schedule_to_dict"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +90,7 @@ def _moment(spec: CronSpec, instant: datetime) -> dict[str, str]:
     }
 
 
-def schedule_to_dict(row: asyncpg.Record | dict[str, Any], now: datetime | None = None) -> dict[str, Any]:
+def schedule_to_dict(row: Any, now: datetime | None = None) -> dict[str, Any]:
     """A ``schedules`` row in the API's shape, with its next five fires in UTC and local time.
 
     ``state`` is ``active``, ``paused``, ``disabled``, or ``overdue``: active but
@@ -122,7 +122,7 @@ def schedule_to_dict(row: asyncpg.Record | dict[str, Any], now: datetime | None 
         "task": row["task"],
         "queue": row["queue"],
         "priority": row["priority"],
-        "payload": orjson.loads(row["payload"]),
+        "payload": json_value(row["payload"]),
         "max_retries": row["max_retries"],
         "misfire": row["misfire"],
         "misfire_grace_seconds": row["misfire_grace_seconds"],
@@ -199,14 +199,14 @@ def plan_fires(
 class Schedules:
     """The schedules of one deployment, over the task facade's stores.
 
-    :param tasks: the task facade (its pool, Redis client and metrics are used).
+    :param tasks: the task facade (its stores and metrics are used).
     :param declared: this instance's ``[[schedules]]``; it fires only these (by name).
     """
 
     def __init__(self, tasks: Tasks, declared: Sequence[ScheduleSettings]) -> None:
         self.tasks = tasks
+        self.pg = tasks.pg
         self.declared = {s.name: s for s in declared}
-        self._q = queries()
 
     # -- the scheduler's side ---------------------------------------------
 
@@ -217,11 +217,10 @@ class Schedules:
         """
         changed: list[str] = []
         next_fires: dict[str, datetime | None] = {}
-        async with self.tasks.pool.acquire() as conn, conn.transaction():
+        async with self.pg.transaction() as tx:
             for s in self.declared.values():
                 nxt = s.spec.next_fire(now) if s.enabled else None
-                row = await conn.fetchrow(
-                    self._q["schedule_upsert"],
+                upserted = await tx.schedules.upsert(
                     s.name,
                     s.cron,
                     s.timezone,
@@ -238,12 +237,12 @@ class Schedules:
                     nxt,
                     now,
                 )
-                if row is not None:
+                if upserted:
                     changed.append(s.name)
                     next_fires[s.name] = nxt
-            await conn.execute(self._q["schedule_touch"], list(self.declared), now)
+            await tx.schedules.touch(list(self.declared), now)
             if changed:
-                await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, "sync")
+                await tx.notify(NOTIFY_CHANNEL, "sync")
         for name in changed:
             log.info("schedule_synced", schedule=name, next_fire_at=_iso(next_fires[name]))
         return changed
@@ -252,8 +251,7 @@ class Schedules:
         """The earliest ``next_fire_at`` of this instance's active schedules (``None``: nothing to fire)."""
         if not self.declared:
             return None
-        value: datetime | None = await self.tasks.pool.fetchval(self._q["schedule_next_due"], list(self.declared))
-        return value
+        return await self.pg.schedules.next_due(list(self.declared))
 
     async def fire_due(self, now: datetime) -> list[Fire]:
         """Fire every due schedule this instance declares (see module docs).
@@ -261,23 +259,27 @@ class Schedules:
         One connection, one transaction: the due rows are locked, their tasks
         inserted and the rows advanced together, then the tasks are pushed to
         Redis after the commit. Other schedulers are woken (``NOTIFY``) so that
-        they re-read the advanced rows instead of retrying the locked ones.
+        they re-read the advanced rows instead of retrying the locked ones. The
+        transaction is bounded (``FIRE_LOCK_TIMEOUT_MS``, ``FIRE_IDLE_TIMEOUT_MS``):
+        an instance cut off while holding rows cannot hold them for long.
 
-        :param now: the scheduler's clock (not PostgreSQL's), so tests control time.
+        :param now: the scheduler's clock (PostgreSQL's in production; a manual one in tests).
         :returns: one :class:`Fire` per fire time handled, made or skipped.
         """
         if not self.declared:
             return []
         fires: list[Fire] = []
         targets: list[PushTarget] = []
-        async with self.tasks.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(self._q["schedule_lock_due"], list(self.declared), now)
+        async with self.pg.transaction(
+            lock_timeout_ms=FIRE_LOCK_TIMEOUT_MS, idle_timeout_ms=FIRE_IDLE_TIMEOUT_MS
+        ) as tx:
+            rows = await tx.schedules.lock_due(list(self.declared), now)
             for row in rows:
-                made, pushes = await self._fire_row(conn, row, now)
+                made, pushes = await self._fire_row(tx, row, now)
                 fires.extend(made)
                 targets.extend(pushes)
             if rows:
-                await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, "fired")
+                await tx.notify(NOTIFY_CHANNEL, "fired")
         await self.tasks.push(targets)
         for f in fires:
             log.info(
@@ -289,7 +291,7 @@ class Schedules:
             )
         return fires
 
-    async def _fire_row(self, conn: Any, row: asyncpg.Record, now: datetime) -> tuple[list[Fire], list[PushTarget]]:
+    async def _fire_row(self, tx: PgStore, row: Any, now: datetime) -> tuple[list[Fire], list[PushTarget]]:
         name = row["name"]
         try:
             spec = _spec(row["cron"], row["timezone"])
@@ -311,22 +313,22 @@ class Schedules:
         if plan and row["overlap"] == "skip":
             running = False
             if row["last_task_id"] is not None:
-                status = await conn.fetchval(self._q["task_status"], row["last_task_id"])
-                running = status in ("queued", "running")
+                status = await tx.tasks.status(row["last_task_id"])
+                running = status in (TaskStatus.QUEUED, TaskStatus.RUNNING)
             keep = [] if running else plan[-1:]
             fires.extend(Fire(name, fire_at, "overlap_skipped") for fire_at, _ in plan[: len(plan) - len(keep)])
             plan = keep
         last_task: uuid.UUID | None = None
         if plan:
             made, targets = await self.tasks.insert_many(
-                conn, [self._spec_for(row, fire_key(name, f)) for f, _ in plan], field_prefix="", task_type="cron"
+                tx, [self._spec_for(row, fire_key(name, f)) for f, _ in plan], field_prefix="", task_type=TaskType.CRON
             )
             for (fire_at, late), result in zip(plan, made, strict=True):
                 outcome = "duplicate" if not result.created else ("misfire_fired" if late else "fired")
                 fires.append(Fire(name, fire_at, outcome, result.task_id))
                 last_task = result.task_id
         last_fire = max((f.fire_at for f in fires if f.task_id is not None), default=None)
-        await conn.execute(self._q["schedule_advance"], name, last_fire, spec.next_fire(now), last_task)
+        await tx.schedules.advance(name, last_fire, spec.next_fire(now), last_task)
         self._count(name, fires, skipped)
         if skipped:
             log.warning(
@@ -340,11 +342,11 @@ class Schedules:
             )
         return fires, targets
 
-    def _spec_for(self, row: asyncpg.Record | dict[str, Any], key: str) -> TaskSpec:
+    def _spec_for(self, row: Any, key: str) -> TaskSpec:
         fields: dict[str, Any] = {
             "name": row["task"],
             "priority": row["priority"],
-            "payload": orjson.loads(row["payload"]),
+            "payload": json_value(row["payload"]),
             "dedup_key": key,
             "max_retries": row["max_retries"],
         }
@@ -365,14 +367,14 @@ class Schedules:
 
     async def list(self) -> list[dict[str, Any]]:
         """Every schedule in the table, by name, in the API's shape."""
-        return [schedule_to_dict(r) for r in await self.tasks.pool.fetch(self._q["schedule_list"])]
+        return [schedule_to_dict(r) for r in await self.pg.schedules.list()]
 
     async def get(self, name: str) -> dict[str, Any]:
         """One schedule in the API's shape.
 
         :raises ScheduleNotFoundError: no row has this name.
         """
-        row = await self.tasks.pool.fetchrow(self._q["schedule_get"], name)
+        row = await self.pg.schedules.get(name)
         if row is None:
             raise ScheduleNotFoundError(name)
         return schedule_to_dict(row)
@@ -385,8 +387,8 @@ class Schedules:
 
         :raises ScheduleNotFoundError: no row has this name.
         """
-        async with self.tasks.pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(self._q["schedule_get"], name)
+        async with self.pg.transaction() as tx:
+            row = await tx.schedules.get_for_update(name)
             if row is None:
                 raise ScheduleNotFoundError(name)
             if row["paused"] == paused:  # resuming an active schedule must not drop its due fires
@@ -394,9 +396,9 @@ class Schedules:
             nxt = None
             if row["enabled"]:
                 nxt = _spec(row["cron"], row["timezone"]).next_fire(now or datetime.now(UTC))
-            updated = await conn.fetchrow(self._q["schedule_set_paused"], name, paused, nxt)
-            assert updated is not None  # the row is locked by nothing else that deletes it
-            await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, name)
+            updated = await tx.schedules.set_paused(name, paused, nxt)
+            assert updated is not None  # the row is locked: nothing deletes it meanwhile
+            await tx.notify(NOTIFY_CHANNEL, name)
         log.info("schedule_paused" if paused else "schedule_resumed", schedule=name)
         return schedule_to_dict(updated)
 
@@ -410,13 +412,13 @@ class Schedules:
             when the key already named a task.
         :raises ScheduleNotFoundError: no row has this name.
         """
-        row = await self.tasks.pool.fetchrow(self._q["schedule_get"], name)
+        row = await self.pg.schedules.get(name)
         if row is None:
             raise ScheduleNotFoundError(name)
         key = f"cron:{name}:trigger:{idempotency_key or uuid.uuid4()}"
-        [result] = await self.tasks.enqueue_many([self._spec_for(row, key)], field_prefix="", task_type="cron")
+        [result] = await self.tasks.enqueue_many([self._spec_for(row, key)], field_prefix="", task_type=TaskType.CRON)
         if result.created:
-            await self.tasks.pool.execute(self._q["schedule_set_last_task"], name, result.task_id)
+            await self.pg.schedules.set_last_task(name, result.task_id)
         self._count(name, [Fire(name, datetime.now(UTC), "triggered" if result.created else "duplicate")], 0)
         log.info("schedule_triggered", schedule=name, task_id=str(result.task_id), created=result.created)
         return result.task_id, key, result.created

@@ -1,6 +1,9 @@
-"""Task and run states, the allowed transitions and the terminal sets (design.md section 3).
+"""Task, run and worker states, run outcomes, the allowed transitions and the terminal sets (design.md §3).
 
-Pure: imports nothing of taskmesh.
+Pure: imports nothing of taskmesh. Every status string the Python code writes
+or compares comes from here; ``tests/unit/test_states.py`` checks that these
+sets equal the ``CHECK`` constraints of the migrations, so the database and
+the code cannot drift apart.
 """
 
 from __future__ import annotations
@@ -25,12 +28,39 @@ class RunStatus(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     RETRYING = "retrying"  # failed, will run again; next_retry_at is set
-    FAILED = "failed"  # failed with no retry left, or not retryable
+    FAILED = "failed"  # failed with no retry left, not retryable, or cancelled
+
+
+class TaskType(StrEnum):
+    """How a task was scheduled (``tasks.type``, the original API's ``type``)."""
+
+    IMMEDIATE = "immediate"
+    DELAYED = "delayed"
+    CRON = "cron"
+
+
+class WorkerState(StrEnum):
+    """State of an instance's row in ``workers``."""
+
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    LOST = "lost"  # silent for three leases
+
+
+class Outcome(StrEnum):
+    """How a run ended, as the executor reports it to the committer (``run_finish_many``'s outcome)."""
+
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"  # failed, retry allowed and budget left
+    FAILED = "failed"  # failed for good: dead-letter
+    INTERRUPTED = "interrupted"  # shutdown handed it back: requeue, no retry spent
+    CANCELLED = "cancelled"  # an operator cancelled the running task
 
 
 TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     TaskStatus.QUEUED: frozenset({TaskStatus.RUNNING, TaskStatus.CANCELLED}),
-    TaskStatus.RUNNING: frozenset({TaskStatus.COMPLETED, TaskStatus.QUEUED, TaskStatus.FAILED}),
+    TaskStatus.RUNNING: frozenset({TaskStatus.COMPLETED, TaskStatus.QUEUED, TaskStatus.FAILED, TaskStatus.CANCELLED}),
     TaskStatus.COMPLETED: frozenset(),
     TaskStatus.FAILED: frozenset({TaskStatus.QUEUED}),  # replay
     TaskStatus.CANCELLED: frozenset(),
@@ -46,6 +76,10 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
 
 TERMINAL_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.CANCELLED})
 """Statuses a task never leaves (``failed`` is left only by an operator's replay)."""
+FINISHED_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+"""Statuses of a task that will not run again unless an operator acts (cancel answers 409 for these)."""
+LIVE_WORKER_STATES = frozenset({WorkerState.RUNNING, WorkerState.DRAINING})
+"""Worker states of an instance that beats."""
 
 
 def can_transition_task(old: TaskStatus, new: TaskStatus) -> bool:

@@ -1,23 +1,26 @@
-"""The supervisor: one anyio task group running every service of an instance.
+"""The supervisor: signals, the HTTP lifecycle, connect and migrate, and the service table.
 
 Start order: bind the HTTP socket and serve (``/readyz`` says 503 until the
 stores answer); connect to PostgreSQL and Redis with backoff, logging
-``store_unavailable`` once per outage and naming the store; migrate under the
-advisory lock; register the instance (first heartbeat); then start the
-committer, the heartbeat, the delayed mover, the reclaimer, the reconciler,
-the scheduler (when schedules are declared and ``scheduler_enabled``) and,
-per queue, a fetcher and ``concurrency`` executors.
+``store_unavailable`` once per outage and naming the store; measure
+PostgreSQL's clock; migrate under the advisory lock (a migration that fails
+for good stops the start with exit status 1, it is not an outage); register
+the instance (its first heartbeat, through outages); then start the services
+of :func:`service_table` in its order, each under the crash policy
+(``services/supervision.py``), and per queue the executors and the fetcher.
 
-Shutdown (SIGTERM or SIGINT, or ``Instance.stop``): ``/readyz`` turns 503
-(draining) at once; fetchers stop; executors finish what they hold within
-``shutdown_grace_seconds`` while the heartbeat keeps their leases; runs still
-unfinished then, and claimed tasks never started, are handed back (requeued
-now, no retry spent, ``error`` says interrupted); the committer writes every
-result (bounded to 5 s, so a dead store cannot hold the exit); the instance
-deregisters; HTTP stops; the pools close. A second signal ends the grace
-period at once and still hands back what it can. Exit comes within grace + 5 s
-(plus the HTTP server's own stop, at most a few seconds more when clients
-hold connections open).
+Shutdown (SIGTERM or SIGINT, ``Instance.stop``, or a critical service past its
+restart budget), the table's order reversed: ``/readyz`` turns 503 (draining)
+at once; the scheduler stops firing; fetchers stop; executors finish what they
+hold within ``shutdown_grace_seconds`` while the heartbeat keeps their leases;
+runs still unfinished then, and claimed tasks never started, are handed back
+(requeued now, no retry spent, ``error`` says interrupted); the committer
+writes every result (bounded to 5 s, so a dead store cannot hold the exit;
+what it could not write is logged); the maintenance services stop; the
+instance deregisters; HTTP stops; the stores close. A second signal ends the
+grace period at once and still hands back what it can. Exit comes within
+grace + 15 s. After a critical service's failure the instance raises
+:class:`~taskmesh.errors.ServiceFailedError` once it has shut down (exit 1).
 """
 
 from __future__ import annotations
@@ -28,31 +31,29 @@ import secrets
 import signal
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import anyio
-import asyncpg
 import structlog
 import uvicorn
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from taskmesh import __version__, notify
-from taskmesh.api.app import AppState, create_app
-from taskmesh.clock import SystemClock
+from taskmesh.api.app import create_app
+from taskmesh.api.state import AppState
+from taskmesh.clock import StoreClock
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
-from taskmesh.errors import ConfigError
+from taskmesh.errors import ConfigError, MigrationError, ServiceFailedError, StoreError
+from taskmesh.logs import run_keys
 from taskmesh.metrics import Metrics, current_metrics
-from taskmesh.models import ClaimedTask, Outcome, RunResult
+from taskmesh.models import Outcome, RunResult
 from taskmesh.registry import Registry
-from taskmesh.schedules import Schedules
+from taskmesh.schedules import NOTIFY_CHANNEL, Schedules
 from taskmesh.services import (
-    committer,
+    clock_sync,
     delayed_mover,
-    executor,
-    fetcher,
     heartbeat,
     reclaimer,
     reconciler,
@@ -60,15 +61,18 @@ from taskmesh.services import (
     sampler,
     scheduler,
 )
-from taskmesh.services.outage import STORE_ERRORS, Outage
-from taskmesh.store import redis as rstore
-from taskmesh.store.keys import Keys
-from taskmesh.store.postgres import create_pool, migrate
+from taskmesh.services.base import Outage, call_until_done
+from taskmesh.services.committer import Committer
+from taskmesh.services.supervision import RestartBudget, ServiceSpec, supervise
+from taskmesh.services.worker_pool import QueueWorkers
+from taskmesh.store import Stores
+from taskmesh.store.postgres import Listener
 from taskmesh.tasks import Tasks
 
 log = structlog.get_logger("taskmesh.supervisor")
 
 INTERRUPTED_ERROR = "interrupted: instance shut down before the run finished"
+COMMIT_DEADLINE_SECONDS = 5.0
 
 
 @dataclass
@@ -78,7 +82,8 @@ class Instance:
     ``port`` is the bound HTTP port once ``serving`` is set; ``ready`` is set
     once the stores answered and every service runs; setting ``stop`` starts
     the graceful shutdown, as SIGTERM does; setting ``force`` as well ends the
-    grace period at once, as a second signal does.
+    grace period at once, as a second signal does. ``failed`` names the
+    critical service whose crashes stopped the instance, if any.
     """
 
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}")
@@ -88,6 +93,8 @@ class Instance:
     stop: anyio.Event = field(default_factory=anyio.Event)
     force: anyio.Event = field(default_factory=anyio.Event)
     state: AppState | None = None
+    failed: tuple[str, int] | None = None
+    budget: RestartBudget = field(default_factory=RestartBudget)
 
 
 class _Server(uvicorn.Server):
@@ -126,6 +133,9 @@ async def run(
     :param signals: install SIGTERM/SIGINT handlers (off for in-process tests).
     :raises ConfigError: ``DATABASE_URL``/``REDIS_URL`` missing, a schedule names a task
         no handler runs, or the HTTP port cannot be bound.
+    :raises MigrationError: a migration failed with an error retrying cannot fix.
+    :raises ServiceFailedError: a critical service exhausted its restart budget (after
+        the graceful shutdown it caused).
     """
     database_url, redis_url = require_stores(settings)
     check_schedule_tasks(settings, set(registry.names()), registry.fallback is not None)
@@ -154,6 +164,7 @@ async def run(
         fallback=registry.fallback.name if registry.fallback else None,
     )
     http_done = anyio.Event()
+    fatal: list[BaseException] = []
 
     async def serve_http() -> None:
         try:
@@ -173,36 +184,29 @@ async def run(
         root.start_soon(notify.watchdog, lambda: server.started and not http_done.is_set())
         inst.serving.set()
         notify.status(f"connecting to PostgreSQL and Redis; HTTP on {settings.http_host}:{inst.port}")
-        stores = await _connect_until_stopped(settings, database_url, redis_url, inst.stop)
+        clock = StoreClock()
+        try:
+            stores = await _connect_until_stopped(settings, database_url, redis_url, clock, inst.stop)
+        except (MigrationError, StoreError) as exc:
+            fatal.append(exc)
+            stores = None
         if stores is not None:
-            pool, client = stores
-            tasks = Tasks(
-                pool,
-                client,
-                Keys(settings.redis_prefix),
-                registry=registry,
-                default_max_retries=settings.default_max_retries,
-                metrics=metrics,
-            )
-            state.tasks = tasks
-            state.schedules = Schedules(tasks, settings.schedules)
             try:
-                await _work(settings, registry, tasks, inst, state)
+                await _serve(settings, registry, stores, clock, inst, state, metrics)
             finally:
                 with anyio.CancelScope(shield=True):
                     await stop_http()
-                    state.tasks = None
-                    state.schedules = None
-                    await client.aclose()
-                    with anyio.move_on_after(3) as closing:
-                        await pool.close()
-                    if closing.cancelled_caught:  # a dead server cannot hold the exit
-                        pool.terminate()
+                    state.tasks = state.schedules = state.stores = None
+                    await stores.close()
         else:
             notify.stopping("stopped before the stores answered")
         await stop_http()
         root.cancel_scope.cancel()
     log.info("instance_stopped", worker_id=inst.worker_id)
+    if fatal:
+        raise fatal[0]
+    if inst.failed is not None:
+        raise ServiceFailedError(*inst.failed)
 
 
 async def _watch_signals(inst: Instance) -> None:
@@ -217,10 +221,14 @@ async def _watch_signals(inst: Instance) -> None:
 
 
 async def _connect_until_stopped(
-    settings: Settings, database_url: str, redis_url: str, stop: anyio.Event
-) -> tuple[asyncpg.Pool, rstore.Redis] | None:
-    """Connect (and migrate) with backoff; ``None`` when stopped first."""
-    result: list[Any] = []
+    settings: Settings, database_url: str, redis_url: str, clock: StoreClock, stop: anyio.Event
+) -> Stores | None:
+    """Connect, measure PostgreSQL's clock and migrate, through outages; ``None`` when stopped first.
+
+    :raises MigrationError: a migration failed for good.
+    :raises StoreError: PostgreSQL refused in a way retrying cannot fix (a wrong database name).
+    """
+    result: list[Stores] = []
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
@@ -228,244 +236,312 @@ async def _connect_until_stopped(
             tg.cancel_scope.cancel()
 
         async def connect() -> None:
-            pg_outage = Outage("postgres")
-            pool = None
-            while pool is None:
-                try:
-                    pool = await create_pool(database_url, settings.pg_pool_size)
-                    if settings.migrate_on_start:
-                        async with pool.acquire() as conn:
-                            await migrate(conn)
-                except STORE_ERRORS as exc:
-                    if pool is not None:
-                        await pool.close()
-                        pool = None
-                    await pg_outage.failed(exc)
-            pg_outage.recovered()
-            client = rstore.create_client(redis_url)
-            redis_outage = Outage("redis")
+            outage = Outage("postgres")
             while True:
                 try:
-                    await client.ping()
+                    stores = await Stores.open(
+                        database_url,
+                        redis_url,
+                        redis_prefix=settings.redis_prefix,
+                        pool_size=settings.pg_pool_size,
+                        now_ms=clock.now_ms,
+                    )
                     break
-                except STORE_ERRORS as exc:
-                    await redis_outage.failed(exc)
-            redis_outage.recovered()
-            result.extend([pool, client])
+                except StoreError as exc:
+                    if not exc.transient:
+                        raise
+                    await outage.failed(exc)
+            outage.recovered()
+            try:
+                await call_until_done("postgres", lambda: clock.sync(stores.pg.now))
+                if settings.migrate_on_start:
+                    await call_until_done("postgres", stores.pg.migrate)
+                await call_until_done("redis", stores.redis.ping)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await stores.close()
+                raise
+            result.append(stores)
             tg.cancel_scope.cancel()
 
         tg.start_soon(watch)
         tg.start_soon(connect)
-    return (result[0], result[1]) if result else None
+    return result[0] if result else None
 
 
-async def _work(settings: Settings, registry: Registry, tasks: Tasks, inst: Instance, state: AppState) -> None:
+@dataclass
+class _Parts:
+    """What the service table is built from: one instance's live objects."""
+
+    settings: Settings
+    registry: Registry
+    stores: Stores
+    tasks: Tasks
+    clock: StoreClock
+    inst: Instance
+    state: AppState
+    metrics: Metrics
+    committer: Committer
+    pools: list[QueueWorkers]
+
+    def held(self) -> set[uuid.UUID]:
+        """Runs this instance holds: claimed and not submitted, or submitted and not written."""
+        held = set(self.committer.unwritten)
+        for pool in self.pools:
+            held.update(pool.claimed)
+        return held
+
+    def cancel_run(self, task_id: uuid.UUID) -> bool:
+        return any(pool.cancel(task_id) for pool in self.pools)
+
+    def in_flight_by_queue(self) -> dict[str, int]:
+        return {pool.queue: pool.in_flight() for pool in self.pools}
+
+
+def service_table(p: _Parts) -> list[ServiceSpec]:
+    """The instance's maintenance services, in start order (stopped in the reverse order).
+
+    | service | critical | when |
+    | --- | --- | --- |
+    | heartbeat | yes | workers enabled |
+    | clock_sync | no | always |
+    | delayed_mover, reclaimer, reconciler | yes | always |
+    | retention | no | a retention is set |
+    | sampler | no | always |
+
+    The committer (critical, first to start, last of the work to stop), the
+    scheduler (optional, stops first) and each queue's fetcher (critical) are
+    started around these by :func:`_serve`, in that order.
+    """
+    s, tasks, queues = p.settings, p.tasks, list(p.settings.queue_names)
+    concurrency = {q: s.concurrency_of(q) for q in queues}
+    table: list[ServiceSpec] = []
+    if s.workers_enabled:
+        beat = partial(
+            heartbeat.run,
+            p.stores.pg,
+            p.inst.worker_id,
+            concurrency,
+            lease_seconds=s.lease_seconds,
+            interval=s.lease_seconds / 3,
+            held=p.held,
+            is_draining=lambda: p.state.draining,
+            cancel=p.cancel_run,
+            metrics=p.metrics,
+        )
+        table.append(ServiceSpec("heartbeat", beat, critical=True))
+    table += [
+        ServiceSpec("clock_sync", partial(clock_sync.run, p.stores.pg, p.clock, p.metrics), critical=False),
+        ServiceSpec(
+            "delayed_mover",
+            partial(delayed_mover.run, p.stores.redis, queues, interval=s.delayed_poll_seconds),
+            critical=True,
+        ),
+        ServiceSpec(
+            "reclaimer",
+            partial(reclaimer.run, tasks, lease_seconds=s.lease_seconds, interval=s.reclaim_interval_seconds),
+            critical=True,
+        ),
+        ServiceSpec(
+            "reconciler",
+            partial(
+                reconciler.run,
+                tasks,
+                queues,
+                instance=p.inst.worker_id,
+                sweep_interval=s.reconcile_interval_seconds,
+            ),
+            critical=True,
+        ),
+    ]
+    if s.retention_seconds():
+        table.append(
+            ServiceSpec(
+                "retention", partial(retention.run, p.stores.pg, p.stores.redis, s.retention_seconds()), critical=False
+            )
+        )
+    table.append(
+        ServiceSpec(
+            "sampler",
+            partial(
+                sampler.run,
+                p.stores,
+                p.metrics,
+                queues,
+                interval=s.metrics_sample_seconds,
+                in_flight=p.in_flight_by_queue,
+            ),
+            critical=False,
+        )
+    )
+    return table
+
+
+def _scheduler_spec(p: _Parts) -> ServiceSpec | None:
+    s = p.settings
+    if not (s.scheduler_enabled and s.schedules and p.state.schedules is not None):
+        return None
+    database_url = s.database_url or ""
+    waker = p.state.schedule_waker
+    listener = Listener(database_url, NOTIFY_CHANNEL, lambda _payload: waker.wake())
+    return ServiceSpec(
+        "scheduler",
+        partial(scheduler.run, p.state.schedules, p.clock, waker, listener=listener),
+        critical=False,
+    )
+
+
+async def _serve(
+    settings: Settings,
+    registry: Registry,
+    stores: Stores,
+    clock: StoreClock,
+    inst: Instance,
+    state: AppState,
+    metrics: Metrics,
+) -> None:
+    tasks = Tasks(
+        stores.pg,
+        stores.redis,
+        registry=registry,
+        default_max_retries=settings.default_max_retries,
+        metrics=metrics,
+    )
+    state.stores, state.tasks = stores, tasks
+    state.schedules = Schedules(tasks, settings.schedules)
     queues = list(settings.queue_names)
     concurrency = {q: settings.concurrency_of(q) for q in queues}
-    if tasks.metrics is not None:
-        tasks.metrics.prepare(queues, concurrency if settings.workers_enabled else {})
+    metrics.prepare(queues, concurrency if settings.workers_enabled else {})
     total = sum(concurrency.values())
-    # Sync handlers run in anyio's worker threads: allow one per executor (anyio's default is 40).
+    # Sync handlers in thread mode run in anyio's worker threads: allow one per executor.
     limiter = anyio.to_thread.current_default_thread_limiter()
     limiter.total_tokens = max(limiter.total_tokens, total)
-    results_send, results_recv = anyio.create_memory_object_stream[RunResult](max(1024, 4 * total))
-    inflight: dict[Any, ClaimedTask] = {}
-    cancels: dict[uuid.UUID, anyio.CancelScope] = {}
-    buffers: list[MemoryObjectReceiveStream[ClaimedTask]] = []
-
-    def cancel_run(task_id: uuid.UUID) -> bool:
-        scope = cancels.get(task_id)
-        if scope is None:
-            return False
-        scope.cancel()
-        held = next((t for t in list(inflight.values()) if t.task_id == task_id), None)
-        if held is not None:
-            log.info("run_cancel_requested", **executor.log_keys(held, inst.worker_id))
-        return True
-
-    # Register before the first claim, so that no run of ours looks orphaned to a reclaimer.
+    committer = Committer(
+        tasks,
+        inst.worker_id,
+        batch_size=settings.commit_batch_size,
+        flush_ms=settings.commit_flush_ms,
+        capacity=max(1024, 4 * total),
+    )
+    pools = [
+        QueueWorkers(
+            queue,
+            tasks=tasks,
+            registry=registry,
+            committer=committer,
+            worker_id=inst.worker_id,
+            concurrency=concurrency[queue],
+            prefetch=settings.prefetch_of(queue),
+            lease_seconds=settings.lease_seconds,
+            stop=inst.stop,
+            metrics=metrics,
+            log_payloads=settings.log_payloads,
+        )
+        for queue in (queues if settings.workers_enabled else [])
+    ]
+    parts = _Parts(settings, registry, stores, tasks, clock, inst, state, metrics, committer, pools)
     if settings.workers_enabled:
-        await heartbeat.run_once(tasks, inst.worker_id, concurrency, lease_seconds=settings.lease_seconds)
-    maintenance = anyio.CancelScope()
+        # Register before the first claim, so that no run of ours looks orphaned to a reclaimer.
+        async def register() -> None:
+            await heartbeat.run_once(
+                stores.pg, inst.worker_id, concurrency, lease_seconds=settings.lease_seconds, metrics=metrics
+            )
+
+        await call_until_done("heartbeat", register)
+    try:
+        await _run_services(parts)
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            try:
+                if settings.workers_enabled:
+                    await stores.pg.workers.deregister(inst.worker_id)
+            except StoreError as exc:
+                log.warning("deregister_failed", error=str(exc))
+
+
+async def _run_services(p: _Parts) -> None:
+    """Start the table in order, wait for the stop, stop everything in the reverse order."""
+    inst, states, settings = p.inst, p.state.services, p.settings
+
+    def fatal(name: str, crashes: int) -> None:
+        if inst.failed is None:
+            inst.failed = (name, crashes)
+        inst.stop.set()
+
+    def supervised(
+        spec: ServiceSpec, scope: anyio.CancelScope | None = None
+    ) -> Callable[[], Coroutine[Any, Any, None]]:
+        async def go() -> None:
+            with scope or anyio.CancelScope():
+                await supervise(spec, states, budget=inst.budget, metrics=p.metrics, on_fatal=fatal)
+
+        return go
+
     grace = anyio.CancelScope()
+    committer_scope = anyio.CancelScope()
+    scheduler_scope = anyio.CancelScope()
+    committed = anyio.Event()
+
+    async def commit() -> None:
+        try:
+            await supervised(ServiceSpec("committer", p.committer.run, critical=True), committer_scope)()
+        finally:
+            committed.set()
 
     async def end_grace_on_force() -> None:
         await inst.force.wait()
         grace.cancel()
 
-    async def schedule(schedules: Schedules) -> None:
-        # A draining instance makes no new fires: the other instances carry on.
-        async with anyio.create_task_group() as tg:
-
-            async def stop_on_drain() -> None:
-                await inst.stop.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(stop_on_drain)
-            tg.start_soon(
-                partial(
-                    scheduler.run,
-                    schedules,
-                    SystemClock(),
-                    state.schedule_waker,
-                    listen=partial(asyncpg.connect, settings.database_url, timeout=5),
-                )
-            )
-
-    def in_flight_by_queue() -> dict[str, int]:
-        held: dict[str, int] = {}
-        for claimed in list(inflight.values()):
-            held[claimed.queue] = held.get(claimed.queue, 0) + 1
-        return held
-
-    async def maintain() -> None:
-        with maintenance:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(end_grace_on_force)
-                if settings.workers_enabled:
-                    tg.start_soon(
-                        partial(
-                            heartbeat.run,
-                            tasks,
-                            inst.worker_id,
-                            concurrency,
-                            lease_seconds=settings.lease_seconds,
-                            interval=settings.lease_seconds / 3,
-                            is_draining=lambda: state.draining,
-                            cancel=cancel_run,
-                        )
-                    )
-                tg.start_soon(
-                    partial(delayed_mover.run, tasks.redis, tasks.keys, queues, interval=settings.delayed_poll_seconds)
-                )
-                tg.start_soon(
-                    partial(
-                        reclaimer.run,
-                        tasks,
-                        lease_seconds=settings.lease_seconds,
-                        interval=settings.reclaim_interval_seconds,
-                    )
-                )
-                if settings.scheduler_enabled and settings.schedules and state.schedules is not None:
-                    tg.start_soon(schedule, state.schedules)
-                if tasks.metrics is not None:
-                    tg.start_soon(
-                        partial(
-                            sampler.run,
-                            tasks,
-                            tasks.metrics,
-                            queues,
-                            interval=settings.metrics_sample_seconds,
-                            in_flight=in_flight_by_queue,
-                        )
-                    )
-                if settings.retention_seconds():
-                    tg.start_soon(partial(retention.run, tasks, settings.retention_seconds()))
-                tg.start_soon(
-                    partial(
-                        reconciler.run,
-                        tasks,
-                        queues,
-                        instance=inst.worker_id,
-                        sweep_interval=settings.reconcile_interval_seconds,
-                    )
-                )
-
-    async with anyio.create_task_group() as services:
-        committer_scope = anyio.CancelScope()
-
-        committed = anyio.Event()
-
-        async def commit() -> None:
-            try:
-                with committer_scope:
-                    await committer.run(
-                        results_recv,
-                        tasks,
-                        worker_id=inst.worker_id,
-                        batch_size=settings.commit_batch_size,
-                        flush_ms=settings.commit_flush_ms,
-                    )
-            finally:
-                committed.set()
-
-        services.start_soon(commit)
-        services.start_soon(maintain)
+    async with anyio.create_task_group() as maintenance:
+        maintenance.start_soon(commit)
+        maintenance.start_soon(end_grace_on_force)
+        for spec in service_table(p):
+            maintenance.start_soon(supervised(spec))
+        scheduler_spec = _scheduler_spec(p)
+        if scheduler_spec is not None:
+            maintenance.start_soon(supervised(scheduler_spec, scheduler_scope))
         with grace:
-            async with anyio.create_task_group() as workers:
-                for queue in queues if settings.workers_enabled else []:
-                    n = concurrency[queue]
-                    # With prefetch, claimed tasks wait for an executor so that the next claim
-                    # overlaps the current runs instead of following them (settings.prefetch).
-                    prefetch = settings.prefetch_of(queue)
-                    batch = min(n + prefetch, 100)
-                    send, recv = anyio.create_memory_object_stream[ClaimedTask](n + prefetch)
-                    slots = anyio.Semaphore(n + prefetch)
-                    workers.start_soon(
-                        partial(
-                            fetcher.run,
-                            queue,
-                            tasks,
-                            send,
-                            slots,
-                            inst.stop,
-                            worker_id=inst.worker_id,
-                            lease_seconds=settings.lease_seconds,
-                            batch_max=batch,
-                            batch_min=max(1, batch // 2),
-                        )
-                    )
-                    for _ in range(n):
-                        workers.start_soon(
-                            partial(
-                                executor.run,
-                                recv.clone(),
-                                results_send.clone(),
-                                slots,
-                                registry,
-                                inflight,
-                                cancels,
-                                worker_id=inst.worker_id,
-                                metrics=tasks.metrics,
-                                log_payloads=settings.log_payloads,
-                            )
-                        )
-                    buffers.append(recv)
+            async with anyio.create_task_group() as work:
+                for pool in p.pools:
+                    work.start_soon(pool.execute)
+                    fetcher = ServiceSpec(f"fetcher:{pool.queue}", pool.fetch, critical=True)
+                    work.start_soon(_fetch, pool, supervised(fetcher))
                 inst.ready.set()
-                work = f"{total} executors on {', '.join(queues)}" if settings.workers_enabled else "no workers"
-                notify.ready(f"ready: {work}; HTTP on port {inst.port}")
+                n = sum(pool.concurrency for pool in p.pools)
+                serving = f"{n} executors on {', '.join(pool.queue for pool in p.pools)}" if p.pools else "no workers"
+                notify.ready(f"ready: {serving}; HTTP on port {inst.port}")
                 log.info("instance_ready", worker_id=inst.worker_id)
                 await inst.stop.wait()
-                state.draining = True
-                notify.stopping(f"draining {len(inflight)} runs, grace {settings.shutdown_grace_seconds:g} s")
-                log.info("draining", in_flight=len(inflight), grace_s=settings.shutdown_grace_seconds)
+                p.state.draining = True
+                scheduler_scope.cancel()  # a draining instance makes no new fires
+                in_flight = sum(pool.in_flight() for pool in p.pools)
+                notify.stopping(f"draining {in_flight} runs, grace {settings.shutdown_grace_seconds:g} s")
+                log.info("draining", in_flight=in_flight, grace_s=settings.shutdown_grace_seconds)
                 grace.deadline = anyio.current_time() + settings.shutdown_grace_seconds
                 # The group now waits for fetchers to stop and executors to finish what they hold.
-        # Runs unfinished after the grace period, and claimed tasks never started, go back.
-        handed_back = list(inflight.values())
-        for recv in buffers:
-            while True:
-                try:
-                    handed_back.append(recv.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                    break
-            recv.close()
         with anyio.CancelScope(shield=True):
-            for task in handed_back:
-                await results_send.send(RunResult(task, Outcome.INTERRUPTED, error=INTERRUPTED_ERROR))
-            if handed_back:
-                log.warning("runs_handed_back", count=len(handed_back))
-                for task in handed_back:
-                    log.info("run_handed_back", **executor.log_keys(task, inst.worker_id))
-            results_send.close()
+            await _hand_back(p)
+            p.committer.close()
             # The committer writes what it holds; bounded, so a dead store cannot hold the exit.
-            committer_scope.deadline = anyio.current_time() + (1 if inst.force.is_set() else 5)
-        with anyio.CancelScope(shield=True):
+            committer_scope.deadline = anyio.current_time() + (1 if inst.force.is_set() else COMMIT_DEADLINE_SECONDS)
             await committed.wait()
-        maintenance.cancel()
-    with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-        try:
-            if settings.workers_enabled:
-                await tasks.deregister(inst.worker_id)
-        except STORE_ERRORS as exc:
-            log.warning("deregister_failed", error=str(exc))
+        maintenance.cancel_scope.cancel()
+
+
+async def _fetch(pool: QueueWorkers, fetcher: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run a queue's supervised fetcher; once it stops, the executors drain the channel."""
+    try:
+        await fetcher()
+    finally:
+        pool.close_fetching()
+
+
+async def _hand_back(p: _Parts) -> None:
+    """Runs unfinished after the grace period, and claimed tasks never started, go back (requeued now)."""
+    handed_back = [task for pool in p.pools for task in pool.unfinished()]
+    for task in handed_back:
+        await p.committer.submit(RunResult(task, Outcome.INTERRUPTED, error=INTERRUPTED_ERROR))
+    if handed_back:
+        log.warning("runs_handed_back", count=len(handed_back))
+        for task in handed_back:
+            log.info("run_handed_back", **run_keys(task, p.inst.worker_id))

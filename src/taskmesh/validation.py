@@ -156,6 +156,4 @@ def parse_task_spec(data: Any) -> TaskSpec:
     except ValidationError as exc:
         errors = field_errors(exc)
         field, message = errors[0]
-        err = InvalidTaskError(field, message)
-        err.errors = errors  # type: ignore[attr-defined]  # extra detail for the API
-        raise err from None
+        raise InvalidTaskError(field, message, errors) from None

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from taskmesh.dev import EmbeddedPostgres, EmbeddedValkey
-from taskmesh.store.postgres import migrate
+from taskmesh.store.postgres import migrate_url
 from tests.conftest import with_database
 
 
@@ -22,11 +22,7 @@ async def fresh_database(pg: EmbeddedPostgres, prefix: str) -> str:
     finally:
         await admin.close()
     url = with_database(pg.url, name)
-    conn = await asyncpg.connect(url)
-    try:
-        await migrate(conn)
-    finally:
-        await conn.close()
+    await migrate_url(url)
     return url
 
 

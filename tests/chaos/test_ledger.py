@@ -155,6 +155,15 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
     try:
         statuses = dict(await conn.fetch("SELECT status, count(*) FROM tasks GROUP BY status"))
         rows = await conn.fetch("SELECT task_id, attempt, pid, started, ended FROM ledger ORDER BY task_id, started")
+        # What happened to a task that did not complete, run by run, for the failure message.
+        unfinished = [
+            dict(r)
+            for r in await conn.fetch(
+                "SELECT t.id, t.status, r.attempt, r.status AS run_status, r.worker_id, r.error, r.finished_at"
+                " FROM tasks t JOIN task_runs r ON r.task_id = t.id WHERE t.status <> 'completed'"
+                " ORDER BY t.id, r.attempt LIMIT 50"
+            )
+        ]
     finally:
         await conn.close()
 
@@ -187,7 +196,7 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
         f"enqueue_s={enqueued_in:.1f} run_s={run_seconds:.1f} instance_exits={exits}"
     )
     assert (done_flush, done_redis, done_pg) == (True, True, True), "every disruption happened during the run"
-    assert lost == 0, statuses
+    assert lost == 0, f"{statuses}: {unfinished}"
     assert overlaps == 0
     assert unexplained == []
     assert len(entries) == TASKS  # every task has at least one recorded run

@@ -59,6 +59,10 @@ CONTRACT: dict[str, Family] = {
     "taskmesh_http_requests_total": Family("counter", ("route", "method", "status")),
     "taskmesh_http_request_duration_seconds": Family("histogram", ("route", "method")),
     "taskmesh_store_errors_total": Family("counter", ("store",)),
+    "taskmesh_clock_offset_seconds": Family("gauge", ()),
+    "taskmesh_service_restarts_total": Family("counter", ("service",)),
+    "taskmesh_service_up": Family("gauge", ("service",)),
+    "taskmesh_service_ticks_total": Family("counter", ("service", "outcome")),
 }
 
 STANDARD: dict[str, Family] = {
@@ -85,6 +89,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
         {"fired", "misfire_fired", "misfire_skipped", "overlap_skipped", "triggered", "duplicate"}
     ),
     ("taskmesh_store_errors_total", "store"): frozenset({"postgres", "redis"}),
+    ("taskmesh_service_ticks_total", "outcome"): frozenset({"ok", "store_unavailable", "error"}),
 }
 """Closed label values: an equality or alternation matcher on these must name only these."""
 

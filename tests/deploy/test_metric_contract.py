@@ -23,6 +23,6 @@ def test_the_process_collectors_the_dashboard_charts_are_exposed() -> None:
 
 
 def test_the_worker_states_the_alerts_name_are_the_ones_the_sampler_sets() -> None:
-    from taskmesh.services.sampler import WORKER_STATES
+    from taskmesh.states import WorkerState
 
-    assert set(WORKER_STATES) == promql.LABEL_VALUES[("taskmesh_workers", "state")]
+    assert {s.value for s in WorkerState} == promql.LABEL_VALUES[("taskmesh_workers", "state")]

@@ -15,9 +15,9 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from taskmesh.registry import Registry
-from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
 from tests.conftest import http
 
@@ -299,11 +299,15 @@ BAD_ROUTES = [
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-async def assert_nothing_written(pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys, case: str) -> None:
+async def assert_nothing_written(pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys, case: str) -> None:
     tasks = await pool.fetchval("SELECT count(*) FROM tasks")
     runs = await pool.fetchval("SELECT count(*) FROM task_runs")
     assert (tasks, runs) == (0, 0), f"{case}: wrote {tasks} task(s) and {runs} run(s)"
-    depths = await rstore.depths(redis_client, keys, "default")
+    depths = (
+        await redis_client.zcard(keys.ready("default")),
+        await redis_client.zcard(keys.delayed("default")),
+        await redis_client.llen(keys.dlq("default")),
+    )
     assert depths == (0, 0, 0), f"{case}: Redis queue 'default' (ready, delayed, dlq) = {depths}"
 
 
@@ -331,7 +335,7 @@ async def client(start_instance: Any) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def check_all(
-    client: httpx.AsyncClient, cases: list[Bad], pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    client: httpx.AsyncClient, cases: list[Bad], pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     for bad in cases:
         r = await client.request(bad.method, bad.path, **bad.request)
@@ -353,13 +357,13 @@ async def check_all(
     ],
 )
 async def test_bad_requests_get_the_exact_problem_and_write_nothing(
-    client: httpx.AsyncClient, cases: list[Bad], pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    client: httpx.AsyncClient, cases: list[Bad], pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     await check_all(client, cases, pool, redis_client, keys)
 
 
 async def test_bodies_over_1_mib_are_refused_with_413_however_they_are_sent(
-    client: httpx.AsyncClient, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    client: httpx.AsyncClient, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     too_big = exact_size_body(LIMIT + 1)
 
@@ -387,7 +391,7 @@ async def test_bodies_over_1_mib_are_refused_with_413_however_they_are_sent(
 
 
 async def test_a_body_of_exactly_1_mib_passes_the_size_limit_and_reaches_validation(
-    client: httpx.AsyncClient, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    client: httpx.AsyncClient, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     body = exact_size_body(LIMIT)
     assert len(body) == LIMIT
@@ -470,6 +474,6 @@ EDGE_CASES = [
     ],
 )
 async def test_pathological_input_gets_a_422_never_a_500(
-    client: httpx.AsyncClient, cases: list[Bad], pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    client: httpx.AsyncClient, cases: list[Bad], pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     await check_all(client, cases, pool, redis_client, keys)

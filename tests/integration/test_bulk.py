@@ -6,10 +6,10 @@ from typing import Any
 
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
 import taskmesh
 from taskmesh.registry import Registry
-from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
 from tests.conftest import http, wait_for
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_a_batch_stores_the_valid_items_and_reports_each_outcome(
-    start_instance: Any, registry: Registry, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     @registry.task("bulk.job")
     async def job(payload: Any) -> None:
@@ -82,7 +82,7 @@ async def test_an_atomic_batch_with_one_bad_item_stores_nothing(start_instance: 
 
 
 async def test_enqueue_many_writes_a_thousand_tasks_in_one_call(
-    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, registry=Registry()) as client:
         out = await client.enqueue_many([{"name": "n", "payload": {"i": i}, "priority": i % 7} for i in range(1000)])

@@ -8,9 +8,9 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
 from taskmesh.registry import Registry
-from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
 from tests.conftest import http, wait_for
 
@@ -23,7 +23,7 @@ async def status_of(client: Any, task_id: str) -> dict[str, Any]:
 
 
 async def test_cancelling_a_queued_task_means_it_never_runs(
-    start_instance: Any, registry: Registry, redis_client: rstore.Redis, keys: Keys
+    start_instance: Any, registry: Registry, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     ran: list[str] = []
 
@@ -123,7 +123,7 @@ async def test_a_task_running_three_leases_long_keeps_its_lease_and_runs_once(
 
 
 async def test_after_redis_loses_its_data_queued_tasks_are_pushed_again_and_run(
-    start_instance: Any, registry: Registry, redis_client: rstore.Redis, keys: Keys, prefix: str, pool: asyncpg.Pool
+    start_instance: Any, registry: Registry, redis_client: aioredis.Redis, keys: Keys, prefix: str, pool: asyncpg.Pool
 ) -> None:
     gate = anyio.Event()
     done: list[str] = []

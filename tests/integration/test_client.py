@@ -6,17 +6,17 @@ import uuid
 
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
 import taskmesh
 from taskmesh.registry import Registry
-from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_the_client_enqueues_reads_and_deduplicates(
-    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, registry=Registry()) as client:
         tid = await client.enqueue("reports.export", {"report": 7}, priority=5, idempotency_key="report-7")

@@ -8,8 +8,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
-from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
 from tests.proc import Proc, call, spawn, stores_env, task_status, wait_until
 
@@ -61,7 +61,7 @@ async def test_a_task_that_kills_its_worker_every_time_ends_in_the_dlq(
     redis_url: str,
     prefix: str,
     pool: asyncpg.Pool,
-    redis_client: rstore.Redis,
+    redis_client: aioredis.Redis,
     keys: Keys,
 ) -> None:
     procs = [start(spawn, database_url, redis_url, prefix)]

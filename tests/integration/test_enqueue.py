@@ -9,10 +9,11 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
 from taskmesh.services import delayed_mover, reconciler
-from taskmesh.store import redis as rstore
-from taskmesh.store.keys import Keys
+from taskmesh.store import RedisStore, Stores
+from taskmesh.store.keys import DELAYED_PRIORITY_SLOTS, Keys
 from taskmesh.tasks import Tasks
 from taskmesh.validation import parse_task_spec
 
@@ -49,7 +50,7 @@ async def test_fifty_concurrent_creates_with_one_key_make_exactly_one_task(tasks
 
 
 async def test_a_new_task_has_a_queued_first_run_and_sits_in_the_ready_set(
-    tasks: Tasks, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    tasks: Tasks, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     created = await tasks.enqueue(spec(priority=7))
     task, run = await tasks.get(created.task_id)
@@ -59,69 +60,71 @@ async def test_a_new_task_has_a_queued_first_run_and_sits_in_the_ready_set(
 
 
 async def test_higher_priority_pops_first_and_fifo_holds_within_a_priority(
-    tasks: Tasks, redis_client: rstore.Redis, keys: Keys
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     order = [(1, "a"), (5, "b"), (1, "c"), (9, "d"), (5, "e"), (0, "f")]
     names = {}
     for priority, label in order:
         names[str((await tasks.enqueue(spec(priority=priority))).task_id)] = label
         await anyio.sleep(0.002)  # distinct milliseconds, so FIFO is observable
-    popped = await rstore.pop_ready(redis_client, keys, "default", 10, 1)
+    popped = await tasks.redis.pop_ready("default", 10, 1)
     assert [names[i] for i in popped] == ["d", "b", "e", "a", "c", "f"]
 
 
 async def test_a_delayed_task_waits_in_the_delayed_set_until_due(
-    tasks: Tasks, redis_client: rstore.Redis, keys: Keys
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     created = await tasks.enqueue(spec(delay_seconds=0.6, priority=3))
     tid = str(created.task_id)
     task, _ = await tasks.get(created.task_id)
     assert task["type"] == "delayed"
     assert await redis_client.zscore(keys.delayed("default"), tid) is not None
-    assert await delayed_mover.run_once(redis_client, keys, ["default"]) == 0
+    assert await delayed_mover.run_once(tasks.redis, ["default"]) == {"moved": 0}
     assert await redis_client.zscore(keys.ready("default"), tid) is None
     await anyio.sleep(0.7)
-    assert await delayed_mover.run_once(redis_client, keys, ["default"]) == 1
+    assert await delayed_mover.run_once(tasks.redis, ["default"]) == {"moved": 1}
     assert await redis_client.zscore(keys.ready("default"), tid) is not None
     assert await redis_client.zscore(keys.delayed("default"), tid) is None
 
 
-async def test_run_at_in_rfc3339_sets_the_due_time(tasks: Tasks, redis_client: rstore.Redis, keys: Keys) -> None:
+async def test_run_at_in_rfc3339_sets_the_due_time(tasks: Tasks, redis_client: aioredis.Redis, keys: Keys) -> None:
     due = datetime.now(UTC) + timedelta(hours=2)
     created = await tasks.enqueue(spec(run_at=due.isoformat().replace("+00:00", "Z")))
     score = await redis_client.zscore(keys.delayed("default"), str(created.task_id))
-    assert score is not None and abs(score / 1000 - due.timestamp()) < 0.002
+    assert score is not None and abs(score // DELAYED_PRIORITY_SLOTS / 1000 - due.timestamp()) < 0.002
 
 
 async def test_a_delayed_mover_lock_held_elsewhere_skips_the_tick(
-    tasks: Tasks, redis_client: rstore.Redis, keys: Keys
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
-    await tasks.enqueue(spec(delay_seconds=0))
-    await tasks.enqueue(spec(run_at=(datetime.now(UTC) - timedelta(seconds=1)).isoformat()))
-    token = await rstore.try_lock(redis_client, keys.lock("delayed_mover"), 5000)
+    await tasks.enqueue(spec(delay_seconds=0.2))
+    await tasks.enqueue(spec(run_at=(datetime.now(UTC) + timedelta(seconds=0.2)).isoformat()))
+    await anyio.sleep(0.3)
+    lock = keys.lock("delayed_mover", "default")
+    token = await tasks.redis.try_lock(lock, 5000)
     assert token is not None
-    assert await delayed_mover.run_once(redis_client, keys, ["default"]) == 0
-    await rstore.release_lock(redis_client, keys.lock("delayed_mover"), token)
-    assert await delayed_mover.run_once(redis_client, keys, ["default"]) >= 1
+    assert await delayed_mover.run_once(tasks.redis, ["default"]) == {"moved": 0}
+    await tasks.redis.release_lock(lock, token)
+    assert await delayed_mover.run_once(tasks.redis, ["default"]) == {"moved": 2}
 
 
 async def test_a_create_succeeds_with_redis_down_and_the_task_is_pushed_once_redis_answers(
-    pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    stores: Stores, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
-    dead_redis = rstore.create_client("redis://127.0.0.1:1/0")  # nothing listens on port 1
-    offline = Tasks(pool, dead_redis, keys)
+    dead_redis = RedisStore.connect("redis://127.0.0.1:1/0", keys)  # nothing listens on port 1
+    offline = Tasks(stores.pg, dead_redis)
     created = await offline.enqueue(spec(priority=4))
-    await dead_redis.aclose()
+    await dead_redis.close()
     task, _ = await offline.get(created.task_id)
     assert task["status"] == "queued"
     assert await redis_client.zcard(keys.ready("default")) == 0
 
-    online = Tasks(pool, redis_client, keys)
+    online = Tasks(stores.pg, stores.redis)
+    state = reconciler.State()
     # Young tasks are left alone: their own push may still be on its way.
-    assert await reconciler.sweep(online, ["default"], min_age=60) == 0
+    assert (await reconciler.sweep(online, ["default"], state, min_age=60, full=True))["repushed"] == 0
     await anyio.sleep(0.3)
-    await redis_client.delete(keys.lock("reconciler"))
-    assert await reconciler.sweep(online, ["default"], min_age=0.2) == 1
+    assert (await reconciler.sweep(online, ["default"], state, min_age=0.2, full=True))["repushed"] == 1
     assert await redis_client.zscore(keys.ready("default"), str(created.task_id)) is not None
 
 

@@ -8,11 +8,11 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
 from taskmesh.metrics import Metrics
 from taskmesh.models import Outcome, RunResult
 from taskmesh.services import heartbeat, reclaimer
-from taskmesh.store import redis as rstore
 from taskmesh.store.keys import Keys
 from taskmesh.tasks import Tasks
 from taskmesh.validation import parse_task_spec
@@ -41,12 +41,19 @@ async def expire(pool: asyncpg.Pool, task_id: uuid.UUID) -> None:
     )
 
 
-async def beat(tasks: Tasks, worker: str, lease: float = 30) -> list[uuid.UUID]:
-    return await heartbeat.run_once(tasks, worker, {"default": 1}, lease_seconds=lease)
+async def beat(tasks: Tasks, worker: str, lease: float = 30, held: tuple[Any, ...] = ()) -> list[uuid.UUID]:
+    """One heartbeat of ``worker`` holding the runs of ``held`` (claimed tasks)."""
+    return await heartbeat.run_once(
+        tasks.pg, worker, {"default": 1}, lease_seconds=lease, held=[t.run_id for t in held]
+    )
+
+
+async def workers(tasks: Tasks) -> list[Any]:
+    return list(await tasks.pg.workers.list(100))
 
 
 async def test_an_expired_run_of_a_dead_worker_is_retried_with_backoff(
-    tasks: Tasks, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    tasks: Tasks, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     task = await claimed(tasks, "dead-worker", max_retries=2)
     await expire(pool, task.task_id)
@@ -55,13 +62,14 @@ async def test_an_expired_run_of_a_dead_worker_is_retried_with_backoff(
     run = await pool.fetchrow("SELECT * FROM task_runs WHERE id = $1", task.run_id)
     assert row["status"] == "queued" and row["retries"] == 1
     assert run["status"] == "retrying" and run["error"] == "lease expired"
-    assert abs((run["next_retry_at"] - run["finished_at"]).total_seconds() - 1) < 0.01
+    wait = (run["next_retry_at"] - run["finished_at"]).total_seconds()
+    assert 0.5 <= wait <= 1.5  # the first backoff, 1 s, with jitter x0.5-1.5
     assert await redis_client.zscore(keys.delayed("default"), str(task.task_id)) is not None
     assert await reclaimer.run_once(tasks, lease_seconds=1) == {}
 
 
 async def test_a_run_that_keeps_killing_its_worker_ends_in_the_dlq(
-    tasks: Tasks, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    tasks: Tasks, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     task = await claimed(tasks, "dead-worker", max_retries=0)
     await expire(pool, task.task_id)
@@ -70,14 +78,18 @@ async def test_a_run_that_keeps_killing_its_worker_ends_in_the_dlq(
     assert await redis_client.lrange(keys.dlq("default"), 0, -1) == [str(task.task_id)]
 
 
-async def test_a_live_worker_keeps_its_runs_even_past_their_lease(tasks: Tasks, pool: asyncpg.Pool) -> None:
-    task = await claimed(tasks, "live-worker", lease=1)
-    await beat(tasks, "live-worker")
-    await expire(pool, task.task_id)  # as if the lease ran out between two beats
-    assert await reclaimer.run_once(tasks, lease_seconds=1) == {}
-    await beat(tasks, "live-worker", lease=30)
-    lease = await pool.fetchval("SELECT lease_expires_at - now() FROM task_runs WHERE id = $1", task.run_id)
+async def test_a_live_worker_keeps_the_runs_it_holds_and_loses_those_it_does_not(
+    tasks: Tasks, pool: asyncpg.Pool
+) -> None:
+    held = await claimed(tasks, "live-worker", lease=1)
+    lost = await claimed(tasks, "live-worker", lease=1)  # claimed, then dropped by a bug
+    await beat(tasks, "live-worker", lease=30, held=(held,))
+    lease = await pool.fetchval("SELECT lease_expires_at - now() FROM task_runs WHERE id = $1", held.run_id)
     assert lease.total_seconds() > 29
+    await expire(pool, lost.task_id)
+    assert await reclaimer.run_once(tasks, lease_seconds=1) == {"queued": 1}
+    assert await pool.fetchval("SELECT status FROM task_runs WHERE id = $1", held.run_id) == "running"
+    assert await pool.fetchval("SELECT error FROM task_runs WHERE id = $1", lost.run_id) == "lease expired"
 
 
 async def test_the_heartbeat_registers_the_worker_and_extends_only_its_own_leases(
@@ -85,24 +97,23 @@ async def test_the_heartbeat_registers_the_worker_and_extends_only_its_own_lease
 ) -> None:
     mine = await claimed(tasks, "w-1", lease=1)
     other = await claimed(tasks, "w-2", lease=1)
-    await beat(tasks, "w-1", lease=60)
+    await beat(tasks, "w-1", lease=60, held=(mine, other))  # another worker's run is never extended
     leases = {
         r["task_id"]: r["left"].total_seconds()
         for r in await pool.fetch("SELECT task_id, lease_expires_at - now() AS left FROM task_runs")
     }
     assert leases[mine.task_id] > 59 and leases[other.task_id] < 2
-    workers = await tasks.workers()
-    assert [(w["id"], w["state"], w["in_flight"], w["queues"]) for w in workers] == [
-        ("w-1", "running", 1, {"default": 1})
+    assert [(w["id"], w["state"], w["in_flight"], w["queues"]) for w in await workers(tasks)] == [
+        ("w-1", "running", 1, '{"default": 1}')
     ]
 
 
 async def test_a_cancel_request_reaches_the_worker_through_its_heartbeat(tasks: Tasks) -> None:
     task = await claimed(tasks, "w-1")
-    assert await beat(tasks, "w-1") == []
+    assert await beat(tasks, "w-1", held=(task,)) == []
     done = await tasks.cancel(task.task_id)
     assert (done.status, done.previous) == ("running", "running")
-    assert await beat(tasks, "w-1") == [task.task_id]
+    assert await beat(tasks, "w-1", held=(task,)) == [task.task_id]
 
 
 async def test_concurrent_reclaimers_end_each_expired_run_exactly_once(tasks: Tasks, pool: asyncpg.Pool) -> None:
@@ -144,14 +155,14 @@ async def test_a_worker_silent_for_three_leases_is_shown_lost(tasks: Tasks, pool
     await beat(tasks, "here")
     await pool.execute("UPDATE workers SET heartbeat_at = now() - interval '100 seconds' WHERE id = 'gone'")
     await reclaimer.run_once(tasks, lease_seconds=1)
-    states = {w["id"]: w["state"] for w in await tasks.workers()}
+    states = {w["id"]: w["state"] for w in await workers(tasks)}
     assert states == {"gone": "lost", "here": "running"}
-    await tasks.deregister("here")
-    assert {w["id"]: w["state"] for w in await tasks.workers()}["here"] == "stopped"
+    await tasks.pg.workers.deregister("here")
+    assert {w["id"]: w["state"] for w in await workers(tasks)}["here"] == "stopped"
 
 
 async def test_the_reconciler_rewrites_a_dlq_mirror_that_drifted_from_postgres(
-    tasks: Tasks, pool: asyncpg.Pool, redis_client: rstore.Redis, keys: Keys
+    tasks: Tasks, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     from taskmesh.services import reconciler
 
@@ -164,6 +175,6 @@ async def test_the_reconciler_rewrites_a_dlq_mirror_that_drifted_from_postgres(
     ]
     await redis_client.delete(keys.dlq("default"))
     await redis_client.rpush(keys.dlq("default"), "not-a-failed-task", expected[0])
-    assert await reconciler.repair_dlq(tasks, ["default"]) == 1
+    assert await reconciler.repair_dlq(tasks, "default") is True
     assert await redis_client.lrange(keys.dlq("default"), 0, -1) == expected
-    assert await reconciler.repair_dlq(tasks, ["default"]) == 0
+    assert await reconciler.repair_dlq(tasks, "default") is False

@@ -9,8 +9,10 @@ import asyncpg
 import pytest
 import redis.exceptions
 
+from taskmesh.errors import StoreError
 from taskmesh.metrics import Metrics, current_metrics
-from taskmesh.services.outage import Outage
+from taskmesh.services.base import Outage
+from taskmesh.store.classify import postgres_error, redis_error
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,9 +56,13 @@ def test_retry_is_exposed_as_retrying_and_durations_span_a_millisecond_to_an_hou
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("error", "store"),
-    [(redis.exceptions.ConnectionError("down"), "redis"), (asyncpg.PostgresConnectionError("down"), "postgres")],
+    [
+        (redis_error("ping", redis.exceptions.ConnectionError("down")), "redis"),
+        (postgres_error("ping", asyncpg.PostgresConnectionError("down")), "postgres"),
+    ],
 )
-async def test_store_errors_are_counted_for_the_instance_of_the_running_task(error: Exception, store: str) -> None:
+async def test_store_errors_are_counted_for_the_instance_of_the_running_task(error: StoreError, store: str) -> None:
+    assert error.transient
     m = Metrics()
     token = current_metrics.set(m)
     try:

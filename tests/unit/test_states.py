@@ -1,12 +1,50 @@
 from __future__ import annotations
 
+import re
+from enum import StrEnum
+from importlib import resources
+
 from taskmesh.states import (
     TERMINAL_TASK_STATUSES,
+    Outcome,
     RunStatus,
     TaskStatus,
+    TaskType,
+    WorkerState,
     can_transition_run,
     can_transition_task,
 )
+from taskmesh.store.postgres import migrations
+
+
+def _checked_values() -> dict[tuple[str, str], set[str]]:
+    """``{(table, column): values}`` of every ``CHECK (column IN (...))`` the migrations create."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for _, _, sql in migrations():
+        for table, body in re.findall(r"CREATE TABLE (\w+) \((.*?)\n\);", sql, re.S):
+            for column, values in re.findall(r"^\s*(\w+)\s+text NOT NULL CHECK \(\w+ IN \(([^)]*)\)\)", body, re.M):
+                found[(table, column)] = set(re.findall(r"'([^']*)'", values))
+    return found
+
+
+def test_the_state_enums_are_exactly_what_the_migrations_allow() -> None:
+    checked = _checked_values()
+    expected: dict[tuple[str, str], type[StrEnum]] = {
+        ("tasks", "status"): TaskStatus,
+        ("tasks", "type"): TaskType,
+        ("task_runs", "status"): RunStatus,
+        ("workers", "state"): WorkerState,
+    }
+    for where, enum in expected.items():
+        assert checked[where] == {m.value for m in enum}, where
+
+
+def test_every_state_word_in_the_queries_is_a_known_state_or_outcome() -> None:
+    sql = resources.files("taskmesh.store").joinpath("queries.sql").read_text()
+    sql = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())  # comments may say anything
+    words = set(re.findall(r"'([a-z_]+)'", sql))
+    known = {m.value for enum in (TaskStatus, RunStatus, Outcome, WorkerState, TaskType) for m in enum}
+    assert words - known == set(), "a status literal in queries.sql that states.py does not know"
 
 
 def test_a_task_moves_only_along_the_design_state_machine() -> None:
@@ -16,6 +54,7 @@ def test_a_task_moves_only_along_the_design_state_machine() -> None:
         ("running", "completed"),
         ("running", "queued"),
         ("running", "failed"),
+        ("running", "cancelled"),  # an operator cancelled it while it ran
         ("failed", "queued"),
     }
     for old in TaskStatus:

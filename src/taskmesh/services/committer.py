@@ -1,75 +1,178 @@
 """Committer: writes run results to PostgreSQL in batches, then updates Redis.
 
-Receives :class:`~taskmesh.models.RunResult` from every executor of the
-instance and writes up to ``batch_size`` of them with one statement
-(``run_finish_many``: run rows and task rows together; retries and
-dead-letters go through the same batch), flushing when the batch is full or
-``flush_ms`` milliseconds after its first result, whichever comes first.
+Executors hand results over with :meth:`Committer.submit` (a bounded channel:
+when the committer is behind, executors wait, and fetching pauses). The
+committer writes up to ``batch_size`` of them with one statement
+(``run_finish_many``: run rows and task rows together), flushing when the batch
+is full or ``flush_ms`` milliseconds after its first result.
 
-When PostgreSQL fails the batch is kept and written again with backoff;
-executors feel back-pressure through the bounded channel meanwhile. Ends when
-every sender has closed its stream and the last batch is written.
+Failure model (issue 10):
+
+- a **transient** store error (an outage) keeps the batch and writes it again
+  with backoff (``store_unavailable`` once per outage);
+- a **non-transient** error (PostgreSQL refuses a value) splits the batch in
+  halves until the offending result is alone; that run is then written with
+  its result dropped and its error replaced by one that says why
+  (``result_refused``, at error), and if even that is refused it is dropped
+  (``result_dropped``): its lease then expires and the reclaimer retries it.
+  Every other result of the batch is written. One bad value never stops the
+  results of an instance again.
+
+Until a result is written its run counts as *held*: the heartbeat keeps its
+lease (``unwritten``). A restart after a crash goes on with the batch in hand.
+At shutdown :meth:`close` ends the input; :meth:`run` returns once everything
+submitted is written, or when the supervisor's deadline cancels it, in which
+case every unwritten result is logged (``results_unwritten``, then one
+``result_unwritten`` line per run with its keys).
 """
 
 from __future__ import annotations
 
+import uuid
+
 import anyio
 import structlog
-from anyio.streams.memory import MemoryObjectReceiveStream
 
-from taskmesh.models import RunResult
-from taskmesh.services.outage import STORE_ERRORS, Outage
+from taskmesh.errors import StoreError
+from taskmesh.logs import run_keys
+from taskmesh.models import ClaimedTask, Outcome, RunResult
+from taskmesh.services.base import Outage
+from taskmesh.storable import storable_text
 from taskmesh.tasks import Tasks
 
 log = structlog.get_logger("taskmesh.committer")
 
 
-async def run(
-    receive: MemoryObjectReceiveStream[RunResult],
-    tasks: Tasks,
-    *,
-    worker_id: str,
-    batch_size: int = 500,
-    flush_ms: float = 5.0,
-) -> None:
-    """Commit results until the channel closes."""
-    outage = Outage("committer")
-    async with receive:
+class Committer:
+    """The instance's one writer of run results (see module docs).
+
+    :param tasks: the task facade.
+    :param worker_id: this instance (the fence: only its own running runs are written).
+    :param batch_size: most results per statement.
+    :param flush_ms: longest a result waits for companions, milliseconds.
+    :param capacity: results the channel buffers before executors wait.
+    """
+
+    def __init__(
+        self, tasks: Tasks, worker_id: str, *, batch_size: int = 500, flush_ms: float = 5.0, capacity: int = 1024
+    ) -> None:
+        self.tasks = tasks
+        self.worker_id = worker_id
+        self.batch_size = batch_size
+        self.flush_seconds = flush_ms / 1000
+        self._send, self._receive = anyio.create_memory_object_stream[RunResult](capacity)
+        self.unwritten: dict[uuid.UUID, ClaimedTask] = {}
+        """Runs whose result was submitted and is not written yet, by run id."""
+        self._batch: list[RunResult] = []
+        self._outage = Outage("committer")
+        self._closed = False
+
+    async def submit(self, result: RunResult) -> None:
+        """Hand a result over; waits while the channel is full (back-pressure)."""
+        self.unwritten[result.task.run_id] = result.task
+        try:
+            self._send.send_nowait(result)
+        except anyio.WouldBlock:
+            await self._send.send(result)
+
+    def close(self) -> None:
+        """No more results will come: :meth:`run` returns once the last one is written."""
+        self._closed = True
+        self._send.close()
+
+    async def run(self) -> None:
+        """Write results until :meth:`close` was called and everything is written."""
+        try:
+            while True:
+                if not self._batch:
+                    try:
+                        self._batch.append(await self._receive.receive())
+                    except anyio.EndOfStream:
+                        return
+                ended = await self._gather()
+                await self._write(self._batch)
+                self._batch = []
+                if ended:
+                    return
+        except anyio.get_cancelled_exc_class():
+            self._report_unwritten()
+            raise
+
+    async def _gather(self) -> bool:
+        """Fill the batch up to its size, waiting at most the flush time; True when the input ended."""
+        batch = self._batch
+        while len(batch) < self.batch_size:
+            try:
+                batch.append(self._receive.receive_nowait())
+            except anyio.WouldBlock:
+                break
+            except anyio.EndOfStream:
+                return True
+        if len(batch) < self.batch_size and self.flush_seconds > 0:
+            with anyio.move_on_after(self.flush_seconds):
+                while len(batch) < self.batch_size:
+                    try:
+                        batch.append(await self._receive.receive())
+                    except anyio.EndOfStream:
+                        return True
+        return False
+
+    async def _write(self, batch: list[RunResult]) -> None:
+        """Write ``batch``, through outages, isolating any result PostgreSQL refuses."""
         while True:
             try:
-                first = await receive.receive()
-            except anyio.EndOfStream:
-                return
-            batch = [first]
-            closed = await _gather(receive, batch, batch_size, flush_ms / 1000)
-            while True:
-                try:
-                    await tasks.finish(batch, worker_id)
-                except STORE_ERRORS as exc:
-                    await outage.failed(exc)
+                await self.tasks.finish(batch, self.worker_id)
+            except StoreError as exc:
+                if exc.transient:
+                    await self._outage.failed(exc)
                     continue
-                outage.recovered()
-                break
-            if closed:
+                self._outage.recovered()
+                if len(batch) > 1:
+                    half = len(batch) // 2
+                    await self._write(batch[:half])
+                    await self._write(batch[half:])
+                else:
+                    await self._refused(batch[0], exc)
                 return
+            self._outage.recovered()
+            for r in batch:
+                self.unwritten.pop(r.task.run_id, None)
+            return
 
-
-async def _gather(
-    receive: MemoryObjectReceiveStream[RunResult], batch: list[RunResult], size: int, wait: float
-) -> bool:
-    """Fill ``batch`` up to ``size``, waiting at most ``wait`` seconds; True when the stream ended."""
-    while len(batch) < size:
-        try:
-            batch.append(receive.receive_nowait())
-        except anyio.WouldBlock:
+    async def _refused(self, result: RunResult, exc: StoreError) -> None:
+        """PostgreSQL refused this one result: write what can be written, or drop it."""
+        log.error(
+            "result_refused", **run_keys(result.task, self.worker_id), outcome=result.outcome.value, error=exc.detail
+        )
+        if result.outcome is Outcome.SUCCEEDED:
+            fallback = RunResult(
+                result.task,
+                Outcome.FAILED,
+                error=storable_text(f"the handler's result could not be stored: {exc.detail}", 2000),
+                duration_seconds=result.duration_seconds,
+            )
+        else:
+            fallback = RunResult(
+                result.task,
+                result.outcome,
+                error=storable_text(f"the run's error could not be stored: {exc.detail}", 2000),
+                delay_seconds=result.delay_seconds,
+                duration_seconds=result.duration_seconds,
+            )
+        while True:
+            try:
+                await self.tasks.finish([fallback], self.worker_id)
+            except StoreError as again:
+                if again.transient:
+                    await self._outage.failed(again)
+                    continue
+                log.error("result_dropped", **run_keys(result.task, self.worker_id), error=again.detail)
             break
-        except anyio.EndOfStream:
-            return True
-    if len(batch) < size and wait > 0:
-        with anyio.move_on_after(wait):
-            while len(batch) < size:
-                try:
-                    batch.append(await receive.receive())
-                except anyio.EndOfStream:
-                    return True
-    return False
+        self.unwritten.pop(result.task.run_id, None)
+
+    def _report_unwritten(self) -> None:
+        if not self.unwritten:
+            return
+        log.warning("results_unwritten", count=len(self.unwritten), worker_id=self.worker_id)
+        for task in self.unwritten.values():
+            log.warning("result_unwritten", **run_keys(task, self.worker_id))

@@ -1,51 +1,43 @@
 """Delayed mover: due task ids go from each queue's delayed set to its ready set.
 
-Every ``interval`` seconds (default 0.1) it takes the short singleton lock
-``{prefix}:lock:delayed_mover`` (``SET NX PX``; it only saves work, the Lua
-script is safe to run anywhere at once) and runs ``delayed_move.lua`` per
-queue. Logs ``tasks_moved`` with counts; on a Redis failure it logs once per
-outage and backs off.
+Every ``interval`` seconds (``delayed_poll_seconds``, default 0.1) it runs
+``delayed_move.lua`` once per queue of this instance, under that queue's short
+lock ``{prefix}:lock:delayed_mover:{q}`` (``SET NX PX``, released after the
+move; it only saves work, the script is safe to run anywhere at once). A queue
+no other instance serves is therefore never left waiting for a lock holder
+that does not serve it. "Due" is by PostgreSQL's clock (``clock.StoreClock``),
+the clock the claim checks. Tick counts: ``moved``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import anyio
-import structlog
+from taskmesh.services.base import Counts, run_periodic
+from taskmesh.store import RedisStore
 
-from taskmesh.services.outage import STORE_ERRORS, Outage
-from taskmesh.store import redis as rstore
-from taskmesh.store.keys import Keys
-
-log = structlog.get_logger("taskmesh.delayed_mover")
+LOCK_MS = 1000
 
 
-async def run_once(client: rstore.Redis, keys: Keys, queues: Sequence[str], lock_ms: int = 1000) -> int:
-    """One tick: returns ids moved (0 when another instance holds the lock)."""
-    lock_key = keys.lock("delayed_mover")
-    token = await rstore.try_lock(client, lock_key, lock_ms)
-    if token is None:
-        return 0
-    try:
-        moved = 0
-        for queue in queues:
-            moved += await rstore.move_due(client, keys, queue)
-        return moved
-    finally:
-        await rstore.release_lock(client, lock_key, token)
+async def run_once(redis: RedisStore, queues: Sequence[str], lock_ms: int = LOCK_MS) -> Counts:
+    """One tick over ``queues``; a queue whose lock another instance holds is skipped this tick.
 
-
-async def run(client: rstore.Redis, keys: Keys, queues: Sequence[str], *, interval: float = 0.1) -> None:
-    """Tick forever (cancelled by the supervisor)."""
-    outage = Outage("delayed_mover")
-    while True:
-        try:
-            moved = await run_once(client, keys, queues)
-        except STORE_ERRORS as exc:
-            await outage.failed(exc)
+    :returns: ``{"moved": n}``.
+    :raises StoreError: Redis failed.
+    """
+    moved = 0
+    for queue in queues:
+        key = redis.keys.lock("delayed_mover", queue)
+        token = await redis.try_lock(key, lock_ms)
+        if token is None:
             continue
-        outage.recovered()
-        if moved:
-            log.debug("tasks_moved", count=moved)
-        await anyio.sleep(interval)
+        try:
+            moved += await redis.move_due(queue)
+        finally:
+            await redis.release_lock(key, token)
+    return {"moved": moved}
+
+
+async def run(redis: RedisStore, queues: Sequence[str], *, interval: float = 0.1) -> None:
+    """Tick for ever (cancelled by the supervisor)."""
+    await run_periodic("delayed_mover", lambda: run_once(redis, queues), interval=interval)

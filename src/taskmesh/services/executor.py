@@ -1,23 +1,30 @@
-"""Executor of one queue: runs claimed tasks' handlers and reports each run's end.
+"""Executor: runs one claimed task's handler and decides how its run ended.
 
-Receives :class:`~taskmesh.models.ClaimedTask` from the queue's fetcher, runs
-the handler (``async`` on the event loop, sync in a worker thread) under the
-handler's ``timeout``, decides the outcome, and sends a
-:class:`~taskmesh.models.RunResult` to the committer. Outcomes (design.md
-section 3):
+:func:`execute` runs the handler (``async`` on the event loop; ``def`` through
+the instance's sync runner: a worker process, or a thread in thread mode)
+under the handler's ``timeout``, and returns a
+:class:`~taskmesh.models.RunResult` whose texts PostgreSQL can store
+(``taskmesh.storable``). It never raises but for cancellation from outside (an
+operator's cancel arrives through ``cancels``; a shutdown past its grace
+cancels the caller). Outcomes (design.md section 3):
 
-- handler returned: ``succeeded``;
-- handler raised, or overran its ``timeout``: ``retry`` after
-  ``min(2**n, 3600)`` seconds while retries are left, else ``failed``;
-- no handler and no fallback, a payload the handler's type cannot decode, or
-  :class:`~taskmesh.errors.NonRetryableError`: ``failed`` at once;
+- handler returned: ``succeeded`` (a result PostgreSQL cannot store fails the
+  run, not retried, naming where the bad character is);
+- handler raised, or overran its ``timeout``: ``retry`` after the backoff
+  (``min(2**n, 3600)`` s with jitter) while retries are left, else ``failed``;
+  the traceback is kept (16 KiB, the innermost frames);
+- no handler and no fallback, a payload the handler's type cannot decode, a
+  row this version cannot read, or :class:`~taskmesh.errors.NonRetryableError`:
+  ``failed`` at once;
 - cancelled by an operator (through the heartbeat): ``cancelled``.
 
-Emits ``run_finished`` log events (failures at warning, successes at debug)
-with task_id, task_name, queue, attempt, trace_id, worker_id and duration_ms
-(the handler's own structlog lines carry the same keys), and the runs_started,
-queue_wait, runs_finished and run_duration metrics. Payloads are logged only
-with ``log_payloads``.
+:func:`run_loop` is one executor slot of a queue (see ``worker_pool``): it
+takes claimed tasks from the queue's channel, executes them and hands each
+result to the committer, logging ``run_finished`` (failures at warning with
+the error and traceback, successes at debug) with the run's keys and counting
+``runs_started``, ``queue_wait``, ``runs_finished`` and ``run_duration``. A bug
+in that bookkeeping fails the one run (retried, ``internal error``), never the
+slot.
 """
 
 from __future__ import annotations
@@ -25,71 +32,111 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import traceback
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
-import orjson
 import structlog
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from taskmesh.errors import NonRetryableError, Retry
+from taskmesh.errors import NonRetryableError, PayloadDecodeError, Retry
 from taskmesh.logs import current_run, run_keys
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, Outcome, RunResult, TaskContext
-from taskmesh.registry import PayloadDecodeError, Registry
+from taskmesh.registry import Handler, Registry
 from taskmesh.retry import backoff_seconds
+from taskmesh.storable import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, describe, storable_result, storable_text
 
 log = structlog.get_logger("taskmesh.executor")
 
-MAX_ERROR_CHARS = 2000
+
+class SyncRunner(Protocol):
+    """Runs a sync handler off the event loop and stops it when the caller is cancelled."""
+
+    async def __call__(self, handler: Handler, payload: Any, kwargs: dict[str, Any], task: ClaimedTask) -> Any:
+        """Call ``handler.func(payload, **kwargs)``; its exception propagates.
+
+        Cancellation of the caller must stop the call (or, in thread mode, wait for it)
+        before it propagates: when this returns or raises, the handler no longer runs.
+        """
+        ...
 
 
-def _failure(task: ClaimedTask, error: str, *, retryable: bool, delay: float | None = None) -> tuple[Outcome, float]:
+async def run_in_thread(handler: Handler, payload: Any, kwargs: dict[str, Any], task: ClaimedTask) -> Any:
+    """Thread mode: a worker thread, which cannot be stopped.
+
+    A cancelled or timed-out run therefore waits for its thread to return before
+    its end is recorded (its lease is kept meanwhile), so its retry never
+    overlaps it.
+    """
+    return await anyio.to_thread.run_sync(functools.partial(handler.func, payload, **kwargs), abandon_on_cancel=False)
+
+
+def _context(task: ClaimedTask) -> TaskContext:
+    return TaskContext(
+        task_id=task.task_id,
+        run_id=task.run_id,
+        name=task.name,
+        queue=task.queue,
+        priority=task.priority,
+        attempt=task.attempt,
+        retries=task.retries,
+        max_retries=task.max_retries,
+        idempotency_key=task.idempotency_key,
+        trace_id=task.trace_id,
+        tenant_id=task.tenant_id,
+    )
+
+
+def failure(
+    task: ClaimedTask,
+    error: str,
+    *,
+    retryable: bool,
+    delay: float | None = None,
+    duration: float = 0.0,
+    trace: str | None = None,
+) -> RunResult:
+    """The result of a failed run: ``retry`` while retries are left and it may retry, else ``failed``.
+
+    :param delay: the handler's own wait (``Retry(delay_seconds=...)``); default the jittered backoff.
+    """
+    text = storable_text(error, MAX_ERROR_CHARS)
+    tb = storable_text(trace, MAX_TRACEBACK_CHARS, keep_end=True) if trace else None
     if retryable and task.retries < task.max_retries:
-        return Outcome.RETRY, delay if delay is not None else float(backoff_seconds(task.retries))
-    return Outcome.FAILED, 0.0
+        wait = delay if delay is not None else backoff_seconds(task.retries, jitter=True)
+        return RunResult(task, Outcome.RETRY, error=text, delay_seconds=wait, duration_seconds=duration, traceback=tb)
+    return RunResult(task, Outcome.FAILED, error=text, duration_seconds=duration, traceback=tb)
 
 
 async def execute(
-    task: ClaimedTask, registry: Registry, cancels: dict[uuid.UUID, anyio.CancelScope] | None = None
+    task: ClaimedTask,
+    registry: Registry,
+    cancels: dict[uuid.UUID, anyio.CancelScope] | None = None,
+    run_sync: SyncRunner = run_in_thread,
 ) -> RunResult:
-    """Run one claimed task's handler and decide its outcome (never raises).
+    """Run one claimed task's handler and decide its outcome (see module docs; never raises).
 
     :param cancels: shared map task id -> the run's cancel scope, through which
-        the heartbeat cancels a run whose task an operator cancelled (outcome
-        ``cancelled``).
-
-    Cancellation from outside (shutdown past its grace) propagates to the caller.
+        the heartbeat cancels a run whose task an operator cancelled (outcome ``cancelled``).
+    :param run_sync: how ``def`` handlers run (a process pool, or threads).
     """
+    # Named so that the event-loop monitor can tell which run blocks the loop (loop_monitor.py).
+    _taskmesh_run = task
+    if task.defect is not None:
+        return RunResult(task, Outcome.FAILED, error=storable_text(task.defect, MAX_ERROR_CHARS))
     handler = registry.get(task.name)
-    started = time.perf_counter()
     if handler is None:
         return RunResult(task, Outcome.FAILED, error=f"no handler registered for task name {task.name!r}")
     try:
         payload = handler.decode(task.payload)
     except PayloadDecodeError as exc:
-        return RunResult(task, Outcome.FAILED, error=f"payload does not fit the handler: {exc}")
-    kwargs: dict[str, Any] = {}
-    if handler.wants_ctx:
-        kwargs["ctx"] = TaskContext(
-            task_id=task.task_id,
-            run_id=task.run_id,
-            name=task.name,
-            queue=task.queue,
-            priority=task.priority,
-            attempt=task.attempt,
-            retries=task.retries,
-            max_retries=task.max_retries,
-            idempotency_key=task.idempotency_key,
-            trace_id=task.trace_id,
-            tenant_id=task.tenant_id,
+        return RunResult(
+            task, Outcome.FAILED, error=storable_text(f"payload does not fit the handler: {exc}", MAX_ERROR_CHARS)
         )
-    error: str
-    retryable = True
-    delay: float | None = None
-    deadline: anyio.CancelScope | None = None
+    kwargs: dict[str, Any] = {"ctx": _context(task)} if handler.wants_ctx else {}
     operator = anyio.CancelScope()
     if cancels is not None:
         cancels[task.task_id] = operator
@@ -97,119 +144,124 @@ async def execute(
     limit: AbstractContextManager[anyio.CancelScope | None] = (
         anyio.fail_after(handler.timeout) if handler.timeout is not None else nullcontext()
     )
+    started = time.perf_counter()
+    deadline: anyio.CancelScope | None = None
     try:
         with operator, limit as deadline:
             if handler.is_async:
                 value = await handler.func(payload, **kwargs)
             else:
-                value = await anyio.to_thread.run_sync(
-                    functools.partial(handler.func, payload, **kwargs), abandon_on_cancel=True
-                )
+                value = await run_sync(handler, payload, kwargs, task)
         duration = time.perf_counter() - started
-        if operator.cancelled_caught:
+        # A thread cannot be stopped: it returns when it is done, and the cancel that came
+        # meanwhile is not "caught". It still counts as what it was.
+        if operator.cancel_called:
             return RunResult(task, Outcome.CANCELLED, error="cancelled", duration_seconds=duration)
-        try:
-            result = orjson.dumps(value).decode()
-        except TypeError as exc:
+        if deadline is not None and deadline.cancel_called:
+            return failure(task, f"timed out after {handler.timeout:g} s", retryable=True, duration=duration)
+        result, refused = storable_result(value)
+        if refused is not None:
             return RunResult(
-                task, Outcome.FAILED, error=f"handler result is not JSON-serialisable: {exc}", duration_seconds=duration
+                task, Outcome.FAILED, error=storable_text(refused, MAX_ERROR_CHARS), duration_seconds=duration
             )
         return RunResult(task, Outcome.SUCCEEDED, result=result, duration_seconds=duration)
     except TimeoutError as exc:
+        duration = time.perf_counter() - started
         if handler.timeout is not None and deadline is not None and deadline.cancel_called:
-            error = f"timed out after {handler.timeout:g} s"
-        else:  # the handler's own TimeoutError (a socket, a wait_for): an ordinary failure
-            error = f"{type(exc).__name__}: {exc}"
+            return failure(task, f"timed out after {handler.timeout:g} s", retryable=True, duration=duration)
+        # the handler's own TimeoutError (a socket, a wait_for): an ordinary failure
+        return failure(task, describe(exc), retryable=True, duration=duration, trace=_trace(exc))
     except NonRetryableError as exc:
-        error, retryable = f"NonRetryableError: {exc}", False
+        duration = time.perf_counter() - started
+        return failure(task, describe(exc), retryable=False, duration=duration, trace=_trace(exc))
     except Retry as exc:
-        error, delay = f"Retry: {exc}", exc.delay_seconds
+        duration = time.perf_counter() - started
+        return failure(
+            task, describe(exc), retryable=True, delay=exc.delay_seconds, duration=duration, trace=_trace(exc)
+        )
     except Exception as exc:  # a handler's own failure, whatever it is, is a failed run
-        error = f"{type(exc).__name__}: {exc}"
+        duration = time.perf_counter() - started
+        return failure(task, describe(exc), retryable=True, duration=duration, trace=_trace(exc))
     finally:
         if cancels is not None:
             cancels.pop(task.task_id, None)
-    outcome, wait = _failure(task, error[:MAX_ERROR_CHARS], retryable=retryable, delay=delay)
-    return RunResult(
-        task, outcome, error=error[:MAX_ERROR_CHARS], delay_seconds=wait, duration_seconds=time.perf_counter() - started
+
+
+def _trace(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(exc))
+    except Exception:  # a broken __str__ inside the chain
+        return describe(exc)
+
+
+def log_finished(task: ClaimedTask, result: RunResult, worker_id: str, *, debug: bool, log_payloads: bool) -> None:
+    """Log a run's end: failures at warning with error and traceback, successes at debug only.
+
+    At thousands of runs a second a line per success costs more than the run; the
+    metrics count every run.
+    """
+    if result.outcome is Outcome.SUCCEEDED:
+        if debug:
+            log.debug(
+                "run_finished",
+                **run_keys(task, worker_id),
+                outcome="succeeded",
+                duration_ms=round(result.duration_seconds * 1000, 3),
+            )
+        return
+    extra: dict[str, Any] = {"payload": task.payload} if log_payloads else {}
+    if result.traceback:
+        extra["traceback"] = result.traceback
+    log.warning(
+        "run_finished",
+        **run_keys(task, worker_id),
+        outcome=result.outcome.value,
+        duration_ms=round(result.duration_seconds * 1000, 3),
+        error=result.error,
+        retry_in_s=round(result.delay_seconds, 3) if result.outcome is Outcome.RETRY else None,
+        **extra,
     )
 
 
-def log_keys(task: ClaimedTask, worker_id: str) -> dict[str, Any]:
-    """The keys every log line about a run carries (see :func:`taskmesh.logs.run_keys`)."""
-    return run_keys(task, worker_id)
-
-
-async def run(
-    receive: MemoryObjectReceiveStream[ClaimedTask],
-    results: MemoryObjectSendStream[RunResult],
-    slots: anyio.Semaphore,
-    registry: Registry,
-    inflight: dict[Any, ClaimedTask],
-    cancels: dict[uuid.UUID, anyio.CancelScope] | None = None,
+async def run_one(
+    task: ClaimedTask,
     *,
+    registry: Registry,
+    cancels: dict[uuid.UUID, anyio.CancelScope],
+    run_sync: SyncRunner,
     worker_id: str,
-    metrics: Metrics | None = None,
-    log_payloads: bool = False,
-) -> None:
-    """Execute tasks until the fetcher closes the channel.
+    metrics: Metrics | None,
+    debug: bool,
+    log_payloads: bool,
+) -> RunResult:
+    """Execute ``task`` with its bookkeeping (metrics, the log context, the end line).
 
-    :param inflight: shared map run_id -> task of runs started and not yet
-        reported; what is left in it when the executor is cancelled is handed
-        back by the supervisor.
-    :param log_payloads: add the payload to failure lines (off: payloads may hold personal data).
+    A bug in the bookkeeping fails the run with ``internal error`` (retried with
+    backoff, so it ends in the DLQ if it always happens), never the executor.
     """
-    debug_enabled = log.is_enabled_for(logging.DEBUG)
-    async with receive, results:
-        while True:
-            # Take a buffered task without a checkpoint (a round through the event loop per
-            # task); wait only when the buffer is empty. The handler's own awaits yield.
-            try:
-                task = receive.receive_nowait()
-            except anyio.WouldBlock:
-                try:
-                    task = await receive.receive()
-                except anyio.EndOfStream:
-                    return
-            except anyio.EndOfStream:
-                return
-            inflight[task.run_id] = task
-            if metrics is not None:
-                wait = time.time() - task.ready_at if task.ready_at is not None else None
-                metrics.run_started(task.queue, task.name, wait)
-            # The handler's own structlog lines carry the run's keys (and its trace id) too:
-            # logs.py adds them from this context variable (threads of sync handlers inherit it).
-            token = current_run.set((task, worker_id))
-            try:
-                result = await execute(task, registry, cancels)
-            finally:
-                current_run.reset(token)
-            if metrics is not None:
-                metrics.run_finished(task.queue, task.name, result.outcome.value, result.duration_seconds)
-            # Successes log at debug: at thousands of runs a second a line each costs more
-            # than the run. Failures always log, with every key an operator searches by.
-            if result.outcome is Outcome.SUCCEEDED:
-                if debug_enabled:
-                    log.debug(
-                        "run_finished",
-                        **log_keys(task, worker_id),
-                        outcome="succeeded",
-                        duration_ms=round(result.duration_seconds * 1000, 3),
-                    )
-            else:
-                extra = {"payload": task.payload} if log_payloads else {}
-                log.warning(
-                    "run_finished",
-                    **log_keys(task, worker_id),
-                    outcome=result.outcome.value,
-                    duration_ms=round(result.duration_seconds * 1000, 3),
-                    error=result.error,
-                    retry_in_s=result.delay_seconds if result.outcome is Outcome.RETRY else None,
-                    **extra,
-                )
-            try:
-                results.send_nowait(result)
-            except anyio.WouldBlock:  # the committer is behind: wait for room (back-pressure)
-                await results.send(result)
-            del inflight[task.run_id]
-            slots.release()
+    try:
+        if metrics is not None:
+            wait = time.time() - task.ready_at if task.ready_at is not None else None
+            metrics.run_started(task.queue, task.name, wait)
+        # The handler's own structlog lines carry the run's keys (and its trace id) too:
+        # logs.py adds them from this context variable (threads of sync handlers inherit it).
+        token = current_run.set((task, worker_id))
+        try:
+            result = await execute(task, registry, cancels, run_sync)
+        finally:
+            current_run.reset(token)
+        if metrics is not None:
+            metrics.run_finished(task.queue, task.name, result.outcome.value, result.duration_seconds)
+        log_finished(task, result, worker_id, debug=debug, log_payloads=log_payloads)
+        return result
+    except Exception as exc:  # taskmesh's own bug: fail this run, keep the executor
+        log.error("executor_error", **run_keys(task, worker_id), error=describe(exc), exc_info=True)
+        return failure(task, f"internal error in the executor: {describe(exc)}", retryable=True, trace=_trace(exc))
+
+
+def debug_enabled() -> bool:
+    """Whether ``run_finished`` lines of successes are logged (level debug)."""
+    return bool(log.is_enabled_for(logging.DEBUG))
+
+
+Submit = Callable[[RunResult], Awaitable[None]]

@@ -1,16 +1,21 @@
-"""Heartbeat: this instance's proof of life, and the leases of its running runs.
+"""Heartbeat: this instance's proof of life, and the leases of the runs it holds.
 
-Every ``interval`` seconds (``lease_seconds / 3`` by default) one statement
-upserts the instance's ``workers`` row (state ``running`` or ``draining``)
-and pushes ``lease_expires_at`` of all its running runs to ``now +
-lease_seconds``, so a live worker never loses a lease however long a task
-runs. The same statement returns the running tasks whose cancellation was
-requested; their handlers are cancelled through ``cancel``.
+Every ``interval`` seconds (``lease_seconds / 3``) one statement upserts the
+instance's ``workers`` row (state ``running`` or ``draining``) and pushes
+``lease_expires_at`` to ``now + lease_seconds`` for exactly the runs the
+instance holds (``held()``: those in its executors, claimed and waiting in
+its channels, and finished but not yet written by its committer). A live
+instance thus never loses a lease however long a task runs, and a run it no
+longer holds (lost to a bug) is not kept alive: its lease expires and the
+reclaimer retries it. The same statement returns held runs whose task's
+cancellation was requested; their handlers are cancelled through ``cancel``.
 
-When PostgreSQL does not answer it logs once per outage and keeps trying;
-leases then run out, and once the store is back the reclaimer may end runs
-of this instance whose lease expired meanwhile (their late results are
-dropped by the committer's fence).
+When PostgreSQL does not answer it logs once per outage and keeps trying
+(backoff capped at the interval, so the first beat after an outage comes
+soon); leases then run out, and once the store is back the reclaimer may end
+runs of this instance whose lease expired meanwhile (their late results are
+dropped by the committer's fence). Critical: if it keeps crashing, the
+instance shuts down rather than let its leases lapse.
 """
 
 from __future__ import annotations
@@ -18,39 +23,45 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
-import anyio
-import structlog
+import orjson
 
 from taskmesh import __version__
-from taskmesh.services.outage import STORE_ERRORS, Outage
-from taskmesh.tasks import Tasks
-
-log = structlog.get_logger("taskmesh.heartbeat")
+from taskmesh.metrics import Metrics
+from taskmesh.services.base import Counts, run_periodic
+from taskmesh.states import WorkerState
+from taskmesh.store import PgStore
 
 
 async def run_once(
-    tasks: Tasks,
+    pg: PgStore,
     worker_id: str,
     queues: dict[str, int],
     *,
     lease_seconds: float,
+    held: Collection[uuid.UUID] = (),
     draining: bool = False,
     cancel: Callable[[uuid.UUID], bool] | None = None,
+    metrics: Metrics | None = None,
 ) -> list[uuid.UUID]:
-    """One beat; returns the ids of running tasks to cancel (and cancels them via ``cancel``)."""
-    to_cancel = await tasks.heartbeat(
+    """One beat; returns the ids of held tasks to cancel (and cancels them via ``cancel``).
+
+    :param held: run ids whose leases to extend.
+    :raises StoreError: PostgreSQL failed.
+    """
+    to_cancel = await pg.workers.heartbeat(
         worker_id,
         socket.gethostname(),
         os.getpid(),
-        queues,
+        orjson.dumps(queues).decode(),
         __version__,
-        "draining" if draining else "running",
+        WorkerState.DRAINING if draining else WorkerState.RUNNING,
         lease_seconds,
+        list(held),
     )
-    if tasks.metrics is not None:
-        tasks.metrics.heartbeats.inc()
+    if metrics is not None:
+        metrics.heartbeats.inc()
     if cancel is not None:
         for task_id in to_cancel:
             cancel(task_id)  # logs run_cancel_requested with the run's keys when it holds the run
@@ -58,23 +69,30 @@ async def run_once(
 
 
 async def run(
-    tasks: Tasks,
+    pg: PgStore,
     worker_id: str,
     queues: dict[str, int],
     *,
     lease_seconds: float,
     interval: float,
+    held: Callable[[], Collection[uuid.UUID]],
     is_draining: Callable[[], bool],
     cancel: Callable[[uuid.UUID], bool],
+    metrics: Metrics | None = None,
 ) -> None:
-    """Beat forever (cancelled by the supervisor after deregistering)."""
-    # Beat again soon after a store comes back, before any lease runs out.
-    outage = Outage("heartbeat", max_delay=interval)
-    while True:
-        try:
-            await run_once(tasks, worker_id, queues, lease_seconds=lease_seconds, draining=is_draining(), cancel=cancel)
-        except STORE_ERRORS as exc:
-            await outage.failed(exc)
-            continue
-        outage.recovered()
-        await anyio.sleep(interval)
+    """Beat for ever (cancelled by the supervisor after deregistering)."""
+
+    async def beat() -> Counts:
+        await run_once(
+            pg,
+            worker_id,
+            queues,
+            lease_seconds=lease_seconds,
+            held=held(),
+            draining=is_draining(),
+            cancel=cancel,
+            metrics=metrics,
+        )
+        return {}
+
+    await run_periodic("heartbeat", beat, interval=interval, first_delay=interval, max_backoff=interval)

@@ -3,7 +3,7 @@
 Three jobs, each safe to run in every instance at once (``ZADD NX``; the DLQ
 mirror is rewritten in one MULTI):
 
-- **Resync after a flush or restart.** Every ``check_interval`` seconds it
+- **Resync after a flush or restart.** Every ``check_interval`` seconds (1) it
   reads Redis's ``run_id`` and the marker key ``{prefix}:marker``. A new
   run_id (restart) or a missing marker (flush, or a restart without
   persistence) triggers a full resync at once: every queued task of the
@@ -11,18 +11,19 @@ mirror is rewritten in one MULTI):
   delayed), and each queue's DLQ mirror is rewritten from the failed tasks;
   then the marker is written. One instance does it (lock
   ``{prefix}:lock:resync``); the others wait for the marker.
-- **Periodic sweep.** Every ``sweep_interval`` seconds (default 5) it
-  compares, per queue, the queued count in PostgreSQL with the ids in Redis;
-  where Redis holds fewer, the queued tasks unchanged for that long, oldest
-  first (up to ``limit``, through the partial index on queued tasks), are
-  checked and the missing ones pushed: a create whose Redis push failed, an
-  id popped whose claim failed. Every minute the check covers every queue
-  whatever the counts say. Lock ``{prefix}:lock:reconciler`` keeps it to one
-  instance per interval.
-- **DLQ mirror repair**, with each sweep.
+- **Sweep.** Every ``sweep_interval`` seconds (default 5), per queue, under that
+  queue's lock ``{prefix}:lock:reconciler:{q}`` (released when the queue is
+  done, so every instance repairs the queues it serves): when PostgreSQL holds
+  more queued tasks than Redis holds ids, or once a minute whatever the
+  counts say, it walks the queue's queued tasks unchanged for the interval, in
+  (run_at, id) order, ``page`` ids at a time, and pushes the missing ones; a
+  walk longer than ``max_pages`` pages goes on from its cursor at the next
+  sweep, so any backlog is covered, a little each tick.
+- **DLQ mirror repair**, with each queue's sweep.
 
 Emits ``redis_resynced`` and ``tasks_repushed`` logs and the
 ``taskmesh_redis_resyncs_total`` / ``taskmesh_tasks_repushed_total`` metrics.
+Tick counts: ``repushed``, ``dlq_repaired``.
 """
 
 from __future__ import annotations
@@ -30,126 +31,166 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
 
 import anyio
 import structlog
 
 from taskmesh.models import PushTarget
-from taskmesh.services.outage import STORE_ERRORS, Outage
-from taskmesh.store import redis as rstore
+from taskmesh.services.base import Counts, run_periodic
 from taskmesh.tasks import Tasks
 
 log = structlog.get_logger("taskmesh.reconciler")
 
 DLQ_MIRROR_MAX = 10_000
-"""Most ids kept in one queue's DLQ mirror (listing and replay read Postgres)."""
-RESYNC_PAGE = 1000
+"""Most ids kept in one queue's DLQ mirror (listing and replay read PostgreSQL)."""
+PAGE = 1000
+MAX_PAGES = 50
+"""Pages one queue's sweep walks per tick (50,000 ids); a longer walk resumes next tick."""
 FULL_SWEEP_EVERY = 60.0
-"""Seconds between sweeps that check every queue, drift or not (counts can hide a swap)."""
+"""Seconds between sweeps that walk every queue, drift or not (counts can hide a swap)."""
+LOCK_MS = 30_000
+
+
+@dataclass
+class Cursor:
+    """Where a queue's walk stopped: the last (run_at, id) seen; ``None`` at the start."""
+
+    run_at: datetime | None = None
+    task_id: uuid.UUID | None = None
+
+    @property
+    def at_start(self) -> bool:
+        return self.task_id is None
+
+
+@dataclass
+class State:
+    """What the reconciler remembers between ticks."""
+
+    run_id: str | None = None
+    """Redis's run_id once the marker was seen."""
+    cursors: dict[str, Cursor] = field(default_factory=dict)
+    next_full: float = 0.0
 
 
 async def _push(tasks: Tasks, targets: Sequence[PushTarget]) -> int:
-    pushed = await rstore.push_missing(tasks.redis, tasks.keys, targets)
+    pushed = await tasks.redis.push_missing(targets)
     if tasks.metrics is not None:
         for queue, n in Counter(t.queue for t in pushed).items():
             tasks.metrics.tasks_repushed.labels(queue).inc(n)
     return len(pushed)
 
 
-async def repair_dlq(tasks: Tasks, queues: Sequence[str]) -> int:
-    """Rewrite each queue's DLQ mirror that differs from Postgres; returns queues repaired."""
-    repaired = 0
-    for queue in queues:
-        ids = await tasks.failed_ids(queue, DLQ_MIRROR_MAX)
-        if await rstore.rewrite_dlq(tasks.redis, tasks.keys, queue, ids):
-            repaired += 1
-    return repaired
+async def walk(tasks: Tasks, queue: str, cursor: Cursor, *, min_age: float, max_pages: int | None) -> int:
+    """Push the missing ids of ``queue`` from ``cursor`` on; returns ids pushed.
 
-
-async def drifted(tasks: Tasks, queues: Sequence[str]) -> list[str]:
-    """Queues whose Redis sets hold fewer ids than Postgres has queued tasks.
-
-    Two counts per queue (an index-only count in Postgres, ``ZCARD`` in Redis)
-    instead of a membership check per task: a long backlog that Redis holds
-    in full costs nothing to confirm.
+    ``cursor`` moves as pages are read and goes back to the start when the walk
+    reaches the end (``max_pages=None``: walk to the end now).
     """
-    counts = await tasks.queued_counts(queues)
-    out = []
-    for queue in queues:
-        ready, delayed, _ = await rstore.depths(tasks.redis, tasks.keys, queue)
-        if ready + delayed < counts.get(queue, 0):
-            out.append(queue)
-    return out
-
-
-async def sweep(tasks: Tasks, queues: Sequence[str], *, min_age: float, limit: int = 5000, full: bool = True) -> int:
-    """Push queued tasks unchanged for ``min_age`` seconds that Redis lacks; returns ids pushed.
-
-    :param full: check every queue; otherwise only queues whose counts show drift.
-    Skipped (returns 0) when another instance swept within ``min_age``.
-    """
-    token = await rstore.try_lock(tasks.redis, tasks.keys.lock("reconciler"), max(1000, int(min_age * 1000)))
-    if token is None:
-        return 0
-    targets = list(queues) if full else await drifted(tasks, queues)
-    pushed = await _push(tasks, await tasks.stale_queued(targets, min_age, limit)) if targets else 0
-    await repair_dlq(tasks, queues)
+    pushed = 0
+    pages = 0
+    while max_pages is None or pages < max_pages:
+        rows = await tasks.pg.tasks.list_queued_after(queue, cursor.run_at, cursor.task_id, min_age, PAGE)
+        pages += 1
+        if rows:
+            pushed += await _push(tasks, [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows])
+            cursor.run_at, cursor.task_id = rows[-1]["run_at"], rows[-1]["id"]
+        if len(rows) < PAGE:
+            cursor.run_at = cursor.task_id = None
+            break
     return pushed
+
+
+async def repair_dlq(tasks: Tasks, queue: str) -> bool:
+    """Rewrite the queue's DLQ mirror when it differs from PostgreSQL; returns whether it did."""
+    ids = await tasks.pg.tasks.list_failed_ids(queue, DLQ_MIRROR_MAX)
+    return await tasks.redis.rewrite_dlq(queue, [str(i) for i in ids])
+
+
+async def drifted(tasks: Tasks, queue: str, queued: int) -> bool:
+    """Whether Redis holds fewer ids of ``queue`` than PostgreSQL has queued tasks (two counts)."""
+    ready, delayed, _ = await tasks.redis.depths(queue)
+    return ready + delayed < queued
+
+
+async def sweep(tasks: Tasks, queues: Sequence[str], state: State, *, min_age: float, full: bool) -> Counts:
+    """One sweep of every queue whose lock this instance gets (see module docs)."""
+    counts = await tasks.pg.tasks.count_queued(queues)
+    pushed = repaired = 0
+    for queue in queues:
+        key = tasks.redis.keys.lock("reconciler", queue)
+        token = await tasks.redis.try_lock(key, LOCK_MS)
+        if token is None:
+            continue
+        try:
+            cursor = state.cursors.setdefault(queue, Cursor())
+            if full or not cursor.at_start or await drifted(tasks, queue, counts.get(queue, 0)):
+                pushed += await walk(tasks, queue, cursor, min_age=min_age, max_pages=MAX_PAGES)
+            repaired += await repair_dlq(tasks, queue)
+        finally:
+            await tasks.redis.release_lock(key, token)
+    if pushed:
+        log.info("tasks_repushed", count=pushed)
+    return {"repushed": pushed, "dlq_repaired": repaired}
 
 
 async def resync(tasks: Tasks, queues: Sequence[str]) -> int:
     """Push every queued task Redis lacks and rewrite the DLQ mirrors; returns ids pushed."""
     pushed = 0
-    after = uuid.UUID(int=0)
-    while True:
-        page = await tasks.queued_page(queues, after, RESYNC_PAGE)
-        if not page:
-            break
-        pushed += await _push(tasks, page)
-        after = page[-1].task_id
-    await repair_dlq(tasks, queues)
+    for queue in queues:
+        pushed += await walk(tasks, queue, Cursor(), min_age=0, max_pages=None)
+        await repair_dlq(tasks, queue)
     return pushed
 
 
-@dataclass
-class Watch:
-    """What the reconciler last saw of Redis: its run_id once the marker was there."""
-
-    run_id: str | None = None
-
-
-async def check(tasks: Tasks, queues: Sequence[str], watch: Watch, *, instance: str) -> int | None:
+async def check(tasks: Tasks, queues: Sequence[str], state: State, *, instance: str) -> int | None:
     """Detect a Redis flush or restart and resync; returns ids pushed, or None when nothing happened."""
-    run_id, marker = await rstore.identity(tasks.redis, tasks.keys)
-    if marker and run_id == watch.run_id:
+    run_id, marker = await tasks.redis.identity()
+    if marker and run_id == state.run_id:
         return None
-    lock = tasks.keys.lock("resync")
-    token = await rstore.try_lock(tasks.redis, lock, 60_000)
+    lock = tasks.redis.keys.lock("resync")
+    token = await tasks.redis.try_lock(lock, 60_000)
     if token is None:
         return None  # another instance resyncs; the marker tells us when it is done
     try:
         # Someone may have finished a resync between our look and our lock.
-        run_id, marker = await rstore.identity(tasks.redis, tasks.keys)
-        if marker and watch.run_id is not None and run_id == watch.run_id:
+        run_id, marker = await tasks.redis.identity()
+        if marker and state.run_id is not None and run_id == state.run_id:
             return None
-        if marker and watch.run_id is None:
-            watch.run_id = run_id  # first look at a healthy Redis: nothing was lost
+        if marker and state.run_id is None:
+            state.run_id = run_id  # first look at a healthy Redis: nothing was lost
             return None
         pushed = await resync(tasks, queues)
-        await rstore.set_marker(tasks.redis, tasks.keys, instance)
-        watch.run_id = run_id
+        await tasks.redis.set_marker(instance)
+        state.run_id = run_id
         if tasks.metrics is not None:
             tasks.metrics.redis_resyncs.inc()
         # No marker: Redis lost its data, or this is the deployment's first start (nothing pushed).
         reason = "restart" if marker else ("data lost" if pushed else "no marker yet")
-        if pushed:
-            log.warning("redis_resynced", pushed=pushed, reason=reason)
-        else:
-            log.info("redis_resynced", pushed=pushed, reason=reason)
+        (log.warning if pushed else log.info)("redis_resynced", pushed=pushed, reason=reason)
         return pushed
     finally:
-        await rstore.release_lock(tasks.redis, lock, token)
+        await tasks.redis.release_lock(lock, token)
+
+
+async def run_once(
+    tasks: Tasks, queues: Sequence[str], state: State, *, instance: str, sweep_interval: float
+) -> Counts:
+    """One check, and a sweep when one is due (what :func:`run`'s two loops do, in one call, for tests)."""
+    await check(tasks, queues, state, instance=instance)
+    return await sweep_if_due(tasks, queues, state, sweep_interval=sweep_interval)
+
+
+async def sweep_if_due(tasks: Tasks, queues: Sequence[str], state: State, *, sweep_interval: float) -> Counts:
+    """A sweep, full once a minute."""
+    now = anyio.current_time()
+    full = now >= state.next_full
+    if full:
+        state.next_full = now + FULL_SWEEP_EVERY
+    return await sweep(tasks, queues, state, min_age=sweep_interval, full=full)
 
 
 async def run(
@@ -160,25 +201,26 @@ async def run(
     sweep_interval: float = 5.0,
     check_interval: float = 1.0,
 ) -> None:
-    """Watch and sweep forever (cancelled by the supervisor)."""
-    outage = Outage("reconciler")
-    watch = Watch()
-    next_sweep = anyio.current_time() + sweep_interval
-    next_full = anyio.current_time() + FULL_SWEEP_EVERY
-    while True:
-        try:
-            await check(tasks, queues, watch, instance=instance)
-            if anyio.current_time() >= next_sweep:
-                next_sweep = anyio.current_time() + sweep_interval
-                full = anyio.current_time() >= next_full
-                if full:
-                    next_full = anyio.current_time() + FULL_SWEEP_EVERY
-                pushed = await sweep(tasks, queues, min_age=sweep_interval, full=full)
-                if pushed:
-                    log.info("tasks_repushed", count=pushed)
-                # Recovery counts only once both stores answered (a sweep reads PostgreSQL).
-                outage.recovered()
-        except STORE_ERRORS as exc:
-            await outage.failed(exc)
-            continue
-        await anyio.sleep(check_interval)
+    """Watch and sweep for ever (cancelled by the supervisor).
+
+    Two loops, each with its own view of an outage: the check reads Redis every
+    second, the sweep reads PostgreSQL every ``sweep_interval``; one outage is
+    logged once by the loop that meets it.
+    """
+    state = State(next_full=anyio.current_time() + FULL_SWEEP_EVERY)
+
+    async def watch() -> Counts:
+        await check(tasks, queues, state, instance=instance)
+        return {}
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(run_periodic, "reconciler", watch, interval=check_interval))
+        tg.start_soon(
+            partial(
+                run_periodic,
+                "reconciler_sweep",
+                lambda: sweep_if_due(tasks, queues, state, sweep_interval=sweep_interval),
+                interval=sweep_interval,
+                first_delay=sweep_interval,
+            )
+        )

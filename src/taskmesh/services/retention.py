@@ -1,54 +1,53 @@
 """Retention: finished tasks older than their state's retention are deleted, in small batches.
 
 Every ``interval`` seconds (default 60) one instance (lock
-``{prefix}:lock:retention``) deletes, per finished state, tasks unchanged for
-longer than its retention (``retention_completed_days`` 7,
-``retention_cancelled_days`` 7, ``retention_failed_days`` 90; 0 keeps them),
-``batch`` rows per statement (default 1,000) and at most ``max_batches`` per
-tick, so no statement holds locks for long however large the history. Runs
-go with their task (``ON DELETE CASCADE``); the reconciler drops deleted ids
-from the DLQ mirror. Logs ``tasks_deleted`` with counts per state.
+``{prefix}:lock:retention``, held for the interval: it throttles the
+deployment to one pass per interval, it does not guard correctness) deletes,
+per finished state, tasks unchanged for longer than its retention
+(``retention_completed_days`` 7, ``retention_cancelled_days`` 7,
+``retention_failed_days`` 90; 0 keeps them), ``batch`` rows per statement
+(default 1,000) and at most ``max_batches`` per tick, so no statement holds
+locks for long however large the history. Runs go with their task (``ON
+DELETE CASCADE``); the reconciler drops deleted ids from the DLQ mirror.
+Logs ``tasks_deleted`` with counts per state.
 """
 
 from __future__ import annotations
 
-import anyio
-import structlog
-
-from taskmesh.services.outage import STORE_ERRORS, Outage
-from taskmesh.store import redis as rstore
-from taskmesh.tasks import Tasks
-
-log = structlog.get_logger("taskmesh.retention")
+from taskmesh.services.base import Counts, run_periodic
+from taskmesh.store import PgStore, RedisStore
 
 
-async def run_once(
-    tasks: Tasks, retention: dict[str, float], *, batch: int = 1000, max_batches: int = 50
-) -> dict[str, int]:
-    """Delete what is due; returns counts by state."""
+async def run_once(pg: PgStore, retention: dict[str, float], *, batch: int = 1000, max_batches: int = 50) -> Counts:
+    """Delete what is due; returns counts by state.
+
+    :param retention: seconds after which a task in each finished state is deleted.
+    :raises StoreError: PostgreSQL failed.
+    """
     deleted: dict[str, int] = {}
     for status, seconds in retention.items():
         for _ in range(max_batches):
-            n = await tasks.delete_finished(status, seconds, batch)
+            n = await pg.tasks.delete_finished(status, seconds, batch)
             deleted[status] = deleted.get(status, 0) + n
             if n < batch:
                 break
     return {k: v for k, v in deleted.items() if v}
 
 
-async def run(tasks: Tasks, retention: dict[str, float], *, interval: float = 60.0) -> None:
-    """Tick forever (cancelled by the supervisor)."""
-    outage = Outage("retention")
-    while True:
-        await anyio.sleep(interval)
-        try:
-            token = await rstore.try_lock(tasks.redis, tasks.keys.lock("retention"), int(interval * 1000))
-            if token is None:
-                continue
-            deleted = await run_once(tasks, retention)
-        except STORE_ERRORS as exc:
-            await outage.failed(exc)
-            continue
-        outage.recovered()
-        if deleted:
-            log.info("tasks_deleted", **deleted)
+async def tick(pg: PgStore, redis: RedisStore, retention: dict[str, float], interval: float) -> Counts:
+    """One pass when this instance takes the lock (else nothing)."""
+    token = await redis.try_lock(redis.keys.lock("retention"), int(interval * 1000))
+    if token is None:
+        return {}
+    return await run_once(pg, retention)
+
+
+async def run(pg: PgStore, redis: RedisStore, retention: dict[str, float], *, interval: float = 60.0) -> None:
+    """Tick for ever (cancelled by the supervisor)."""
+    await run_periodic(
+        "retention",
+        lambda: tick(pg, redis, retention, interval),
+        interval=interval,
+        first_delay=interval,
+        event="tasks_deleted",
+    )

@@ -8,36 +8,40 @@ less when woken: by this instance's API (pause, resume, trigger) or by a
 PostgreSQL ``NOTIFY`` from any instance (sync, pause, resume, and every fire,
 so that an instance that found a due row locked by another one re-reads it
 once it moved on). No polling tick, no drift: every sleep is to an absolute
-instant read from the clock.
+instant read from the clock, which in production is PostgreSQL's
+(``clock.StoreClock``), so a host whose clock runs ahead fires nothing early.
 
-The ``LISTEN`` runs on a connection of its own (``listen``), outside the pool:
-when PostgreSQL drops it (a restart, a failover, an idle-connection killer)
-the scheduler opens another and carries on. Safe in every instance at once
-(row locks and idempotency keys, see ``schedules.py``). Store failures are
-logged once per outage, with backoff; an unexpected error is logged with its
-traceback and retried, so that it stops the schedules, never the instance.
+The ``LISTEN`` runs on a connection of its own (``store.postgres.Listener``),
+outside the pool: when PostgreSQL drops it (a restart, a failover, an
+idle-connection killer) the scheduler opens another and carries on. Safe in
+every instance at once (row locks and idempotency keys, see
+``schedules.py``). Transient store failures are logged once per outage, with
+backoff; a non-transient one is logged (``scheduler_error``) and retried after
+``ERROR_RETRY_SECONDS``; any other exception is a bug and goes to the
+supervisor's crash policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
 
 import anyio
 import asyncpg
 import structlog
 
 from taskmesh.clock import Clock, Waker
-from taskmesh.schedules import NOTIFY_CHANNEL, Schedules
-from taskmesh.services.outage import STORE_ERRORS, Outage
+from taskmesh.errors import StoreError
+from taskmesh.schedules import Schedules
+from taskmesh.services.base import Outage, call_until_done
+from taskmesh.store.postgres import Listener
 
 log = structlog.get_logger("taskmesh.scheduler")
 
 LOCKED_RETRY_SECONDS = 1.0
 """Longest wait before looking again at a due row another instance holds (it notifies when done)."""
 ERROR_RETRY_SECONDS = 5.0
-"""Pause after an unexpected error before the scheduler tries again, seconds."""
+"""Pause after a store error retrying at once cannot fix, seconds."""
 
 
 async def run(
@@ -46,45 +50,36 @@ async def run(
     waker: Waker,
     *,
     max_sleep: float = 60.0,
-    listen: Callable[[], Awaitable[asyncpg.Connection]] | None = None,
+    listener: Listener | None = None,
+    connect: Callable[[], Awaitable[asyncpg.Connection]] | None = None,
 ) -> None:
-    """Sync, then fire and sleep forever (cancelled by the supervisor).
+    """Sync, then fire and sleep for ever (cancelled by the supervisor).
 
-    :param clock: the time source (``SystemClock`` in production, ``ManualClock`` in tests).
-    :param waker: woken to re-read the schedules at once.
+    :param clock: the time source (``StoreClock`` in production, ``ManualClock`` in tests).
+    :param waker: woken to re-read the schedules at once (the listener wakes it too).
     :param max_sleep: longest sleep between two reads of the table, seconds.
-    :param listen: opens a connection for ``LISTEN`` (``None``: no notifications, only
+    :param listener: the ``LISTEN`` connection (``None``: no notifications, only
         ``max_sleep`` and the waker).
+    :param connect: how the listener opens its connection (tests inject one).
     """
     outage = Outage("scheduler")
-    listener: asyncpg.Connection | None = None
-
-    def notified(*_: object) -> None:
-        waker.wake()
-
     try:
-        while True:
-            try:
-                await schedules.sync(clock.now())
-                break
-            except STORE_ERRORS as exc:
-                await outage.failed(exc)
-        outage.recovered()
+        await call_until_done("scheduler", lambda: schedules.sync(clock.now()))
         log.info("scheduler_started", schedules=sorted(schedules.declared))
         while True:
             try:
-                if listen is not None and (listener is None or listener.is_closed()):
-                    listener = await _listen(listen, notified, listener)
+                if listener is not None:
+                    await listener.ensure(connect)
                 waker.clear()
                 fired_at = clock.now()
                 fired = await schedules.fire_due(fired_at)
                 due = await schedules.next_due()
-            except STORE_ERRORS as exc:
-                await outage.failed(exc)
-                continue
-            except Exception as exc:  # a bug or a bad row must not take the instance down
-                log.error("scheduler_error", error=f"{type(exc).__name__}: {exc}", exc_info=True)
-                await anyio.sleep(ERROR_RETRY_SECONDS)
+            except StoreError as exc:
+                if exc.transient:
+                    await outage.failed(exc)
+                else:  # a bad row or value: log it, try again later, never in a tight loop
+                    log.error("scheduler_error", operation=exc.operation, error=str(exc))
+                    await anyio.sleep(ERROR_RETRY_SECONDS)
                 continue
             outage.recovered()
             now = clock.now()
@@ -99,26 +94,4 @@ async def run(
     finally:
         if listener is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                await _close(listener)
-
-
-async def _listen(
-    connect: Callable[[], Awaitable[asyncpg.Connection]], callback: Any, old: asyncpg.Connection | None
-) -> asyncpg.Connection:
-    """A fresh connection listening on the schedules channel (the old one, if any, is dropped)."""
-    if old is not None:
-        await _close(old)
-    conn = await connect()
-    try:
-        await conn.add_listener(NOTIFY_CHANNEL, callback)
-    except BaseException:
-        await _close(conn)
-        raise
-    return conn
-
-
-async def _close(conn: asyncpg.Connection) -> None:
-    try:
-        await conn.close(timeout=1)
-    except STORE_ERRORS:
-        conn.terminate()
+                await listener.close()

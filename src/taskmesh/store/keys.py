@@ -1,7 +1,7 @@
-"""Redis key builders (design.md section 4): every key taskmesh touches is made here.
+"""Redis key builders and scores (design.md section 4): every key taskmesh touches is made here.
 
 Each queue's keys share the hash tag ``{q}`` so every Lua script touches one
-Redis Cluster slot.
+Redis Cluster slot; a singleton lock scoped to a queue carries the same tag.
 """
 
 from __future__ import annotations
@@ -10,8 +10,17 @@ from dataclasses import dataclass
 
 PRIORITY_MAX = 1000
 """Highest accepted priority; the range is 0..1000, higher runs first."""
-_EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z; keeps scores below 2**53
-_PRIORITY_STEP = 1 << 43  # 2**43 ms is ~278 years of FIFO order per priority level
+EPOCH_MS = 1_704_067_200_000
+"""2024-01-01T00:00:00Z: ready scores count from here, which keeps them below 2**53."""
+PRIORITY_STEP = 1 << 43
+"""Ready-score distance between two priorities: 2**43 ms is ~278 years of FIFO order per level."""
+DELAYED_PRIORITY_SLOTS = 1024
+"""A delayed score is ``due_ms * 1024 + priority``: the priority travels with the id, so losing
+any other key cannot send a due task to ready at the wrong priority. Exact in a double until
+the year 2248 (``due_ms * 1024 < 2**53``)."""
+LEGACY_DELAYED_SCORE_MAX = 10**14
+"""Delayed scores below this were written by versions before 0.2 (score = due_ms, priority in a
+hash); the mover converts them (``delayed_move.lua``)."""
 
 
 def ready_score(priority: int, ready_at_ms: int) -> float:
@@ -22,7 +31,12 @@ def ready_score(priority: int, ready_at_ms: int) -> float:
     0..1000 times 2**43 plus at most 2**43 stays below 2**53. The delayed mover's
     Lua script computes the same formula.
     """
-    return float((PRIORITY_MAX - priority) * _PRIORITY_STEP + max(0, ready_at_ms - _EPOCH_MS))
+    return float((PRIORITY_MAX - priority) * PRIORITY_STEP + max(0, ready_at_ms - EPOCH_MS))
+
+
+def delayed_score(due_ms: int, priority: int) -> float:
+    """Score of a task in a delayed set: due time in ms times 1024, plus its priority (0..1000)."""
+    return float(due_ms * DELAYED_PRIORITY_SLOTS + priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,25 +46,29 @@ class Keys:
     prefix: str
 
     def ready(self, queue: str) -> str:
+        """Sorted set of ready task ids, scored by :func:`ready_score`."""
         return f"{self.prefix}:{{{queue}}}:ready"
 
     def delayed(self, queue: str) -> str:
+        """Sorted set of delayed task ids, scored by :func:`delayed_score`."""
         return f"{self.prefix}:{{{queue}}}:delayed"
 
     def priorities(self, queue: str) -> str:
-        """Hash task id -> priority of the delayed tasks, for the mover's ready score."""
+        """Hash task id -> priority of delayed tasks written before 0.2 (read once, then deleted)."""
         return f"{self.prefix}:{{{queue}}}:priority"
 
     def dlq(self, queue: str) -> str:
+        """List of dead-lettered task ids, newest last (a mirror of PostgreSQL)."""
         return f"{self.prefix}:{{{queue}}}:dlq"
+
+    def foreign(self, queue: str) -> str:
+        """List where members taskmesh did not write are set aside (newest first, capped)."""
+        return f"{self.prefix}:{{{queue}}}:foreign"
 
     def marker(self) -> str:
         """Written after each resync; its absence means Redis was flushed or restarted empty."""
         return f"{self.prefix}:marker"
 
-    def lock(self, service: str, scope: str = "") -> str:
-        return f"{self.prefix}:lock:{service}" + (f":{{{scope}}}" if scope else "")
-
-
-EPOCH_MS = _EPOCH_MS
-PRIORITY_STEP = _PRIORITY_STEP
+    def lock(self, service: str, queue: str = "") -> str:
+        """A singleton lock; scoped to ``queue`` it shares that queue's hash tag (slot)."""
+        return f"{self.prefix}:lock:{service}" + (f":{{{queue}}}" if queue else "")

@@ -1,33 +1,45 @@
-"""PostgreSQL access: the asyncpg pool, the named queries of ``queries.sql``, migrations.
+"""The PostgreSQL store: the asyncpg pool, transactions, migrations, and the typed queries.
+
+:class:`PgStore` is the only holder of the pool. Its ``tasks``, ``workers`` and
+``schedules`` attributes run the named blocks of ``queries.sql`` (one method
+per block); :meth:`PgStore.transaction` gives the same attributes bound to
+one connection inside one transaction. Every failure is a
+:class:`~taskmesh.errors.StoreError` naming the operation, transient or not.
 
 Migrations are the numbered files in ``migrations/`` (``0001_name.sql``), applied
 in order, each in its own transaction, under ``pg_advisory_lock`` so that two
 instances starting at once neither fail nor apply one twice (design.md section 4).
-Applied versions are recorded in ``schema_migrations``.
+Applied versions are recorded in ``schema_migrations``. A migration that fails
+with an error retrying cannot fix raises :class:`~taskmesh.errors.MigrationError`.
+
+Log events: ``migration_applied`` (version, migration), ``migration_failed``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
-from functools import cache
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 from importlib import resources
+from typing import Any
 
+import anyio
 import asyncpg
 import structlog
+
+from taskmesh.errors import MigrationError
+from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
+from taskmesh.store.schedule_queries import ScheduleQueries
+from taskmesh.store.sql import Executor, queries
+from taskmesh.store.task_queries import TaskQueries
+from taskmesh.store.worker_queries import WorkerQueries
+
+__all__ = ["Listener", "PgStore", "migrate", "migrate_url", "migrations", "queries"]
 
 log = structlog.get_logger("taskmesh.postgres")
 
 MIGRATION_LOCK_ID = 0x7461736B6D657368 & 0x7FFFFFFFFFFFFFFF  # "taskmesh" as a bigint
-_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-@cache
-def queries() -> dict[str, str]:
-    """The named blocks of ``queries.sql``: ``{"task_insert_many": "WITH ...", ...}``."""
-    text = resources.files("taskmesh.store").joinpath("queries.sql").read_text()
-    parts = _NAME_LINE.split(text)
-    # parts = [preamble, name1, body1, name2, body2, ...]
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -40,12 +52,147 @@ def migrations() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-async def migrate(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> list[int]:
-    """Apply the migrations this database lacks.
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset hook: nothing to reset (see :meth:`PgStore.connect`)."""
 
-    :param conn: a connection (not in a transaction); the advisory lock is
-        session-level, so it must not come through PgBouncer in transaction mode.
-    :returns: the versions applied now (empty when up to date).
+
+class PgStore:
+    """PostgreSQL, as taskmesh uses it (see module docs).
+
+    :param pool: the instance's pool.
+    :param executor: what queries run on: the pool (default) or a connection in a transaction.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, executor: Executor | None = None) -> None:
+        self.pool = pool
+        ex = executor if executor is not None else pool
+        self._ex = ex
+        self.tasks = TaskQueries(ex)
+        self.workers = WorkerQueries(ex)
+        self.schedules = ScheduleQueries(ex)
+
+    @classmethod
+    async def connect(cls, database_url: str, size: int = 10) -> PgStore:
+        """Open a pool of at most ``size`` connections (at least 2 are kept open).
+
+        taskmesh keeps no session state on pooled connections (as PgBouncer in
+        transaction mode requires, design.md section 7), so a released connection
+        skips asyncpg's reset query (advisory unlock, ``CLOSE ALL``, ``UNLISTEN *``,
+        ``RESET ALL``): that is a round trip per statement on the hot path. asyncpg
+        still rolls back a transaction left open. Code that takes session state
+        (the migration lock) undoes it before the release.
+
+        :raises StoreError: the server does not answer (transient) or refuses the
+            login or database (not transient).
+        """
+        try:
+            pool = await asyncpg.create_pool(
+                database_url,
+                min_size=min(2, size),
+                max_size=size,
+                command_timeout=60,
+                timeout=5,
+                reset=_keep_session,
+            )
+        except POSTGRES_ERRORS as exc:
+            raise postgres_error("connect", exc) from exc
+        assert pool is not None
+        return cls(pool)
+
+    async def close(self, timeout: float = 3.0) -> None:  # noqa: ASYNC109  # a bound on close, not a timeout of the caller
+        """Close the pool; after ``timeout`` seconds (a dead server) terminate it instead."""
+        with anyio.move_on_after(timeout) as waited:
+            try:
+                await self.pool.close()
+            except POSTGRES_ERRORS:
+                self.pool.terminate()
+        if waited.cancelled_caught:  # a dead server cannot hold the exit
+            self.pool.terminate()
+
+    def terminate(self) -> None:
+        """Close every connection at once (an exit that cannot wait)."""
+        self.pool.terminate()
+
+    @contextlib.asynccontextmanager
+    async def transaction(
+        self, *, lock_timeout_ms: int | None = None, idle_timeout_ms: int | None = None
+    ) -> AsyncIterator[PgStore]:
+        """One connection, one transaction: yields a :class:`PgStore` bound to it.
+
+        Committed when the block ends, rolled back when it raises.
+
+        :param lock_timeout_ms: ``lock_timeout`` for this transaction (a wait on a row lock
+            past it fails with a transient error instead of waiting for ever).
+        :param idle_timeout_ms: ``idle_in_transaction_session_timeout``: when this client
+            goes silent mid-transaction (cut off, frozen), PostgreSQL ends the session and
+            releases its locks after this long, so other instances carry on.
+        :raises StoreError: acquiring, beginning or committing failed.
+        """
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                if lock_timeout_ms is not None or idle_timeout_ms is not None:
+                    await conn.execute(
+                        "SELECT set_config('lock_timeout', $1, true),"
+                        " set_config('idle_in_transaction_session_timeout', $2, true)",
+                        f"{lock_timeout_ms or 0}ms",
+                        f"{idle_timeout_ms or 0}ms",
+                    )
+                yield PgStore(self.pool, conn)
+        except POSTGRES_ERRORS as exc:
+            raise postgres_error("transaction", exc) from exc
+
+    async def ping(self) -> None:
+        """``SELECT 1``.
+
+        :raises StoreError: PostgreSQL did not answer.
+        """
+        try:
+            await self._ex.fetchval("SELECT 1")
+        except POSTGRES_ERRORS as exc:
+            raise postgres_error("ping", exc) from exc
+
+    async def now(self) -> datetime:
+        """PostgreSQL's clock (``clock_timestamp()``), the clock of record for due times.
+
+        :raises StoreError: PostgreSQL did not answer.
+        """
+        try:
+            value: datetime = await self._ex.fetchval("SELECT clock_timestamp()")
+        except POSTGRES_ERRORS as exc:
+            raise postgres_error("now", exc) from exc
+        return value
+
+    async def notify(self, channel: str, payload: str) -> None:
+        """``pg_notify(channel, payload)`` (sent at commit when inside a transaction).
+
+        :raises StoreError: PostgreSQL did not answer.
+        """
+        try:
+            await self._ex.execute("SELECT pg_notify($1, $2)", channel, payload)
+        except POSTGRES_ERRORS as exc:
+            raise postgres_error("notify", exc) from exc
+
+    async def migrate(self) -> list[int]:
+        """Apply the migrations this database lacks, under the advisory lock.
+
+        :returns: the versions applied now (empty when up to date).
+        :raises MigrationError: a migration failed with an error retrying cannot fix
+            (a syntax error, an object that already exists); nothing of it was applied.
+        :raises StoreError: PostgreSQL did not answer (transient: retry).
+        """
+        try:
+            async with self.pool.acquire() as conn:
+                return await migrate(conn)
+        except POSTGRES_ERRORS as exc:
+            raise postgres_error("migrate", exc) from exc
+
+
+async def migrate(conn: Any) -> list[int]:
+    """Apply the migrations this database lacks on ``conn`` (a connection of its own, not in a transaction).
+
+    :returns: the versions applied now.
+    :raises MigrationError: a migration failed with an error retrying cannot fix.
+    :raises asyncpg.PostgresError, OSError: the connection failed (callers wrap it).
     """
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_ID)
     try:
@@ -60,9 +207,16 @@ async def migrate(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -
         for version, name, sql in migrations():
             if version in done:
                 continue
-            async with conn.transaction():
-                await conn.execute(sql)
-                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
+            try:
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
+            except POSTGRES_ERRORS as exc:
+                error = postgres_error(f"migration {version:04d}_{name}", exc)
+                if error.transient:
+                    raise
+                log.error("migration_failed", version=version, migration=name, error=error.detail)
+                raise MigrationError(version, name, error.detail) from exc
             log.info("migration_applied", version=version, migration=name)
             applied.append(version)
         return applied
@@ -70,37 +224,90 @@ async def migrate(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -
         try:
             await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
         except BaseException:
-            # Pooled connections are not reset on release (see create_pool): a connection
+            # Pooled connections are not reset on release (see PgStore.connect): a connection
             # whose unlock did not happen is closed, which releases the lock, never reused.
             conn.terminate()
             raise
 
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """Pool reset hook: nothing to reset (see :func:`create_pool`)."""
+async def migrate_url(database_url: str) -> list[int]:
+    """Apply migrations through one short-lived connection (tests, ``taskmesh migrate``).
 
-
-async def create_pool(database_url: str, size: int = 10) -> asyncpg.Pool:
-    """Open an asyncpg pool.
-
-    taskmesh keeps no session state on pooled connections (as PgBouncer in
-    transaction mode requires, design.md section 7), so a released connection
-    skips asyncpg's reset query (advisory unlock, ``CLOSE ALL``, ``UNLISTEN *``,
-    ``RESET ALL``): that is a round trip per statement on the hot path. asyncpg
-    still rolls back a transaction left open. Code that takes session state
-    (an advisory lock, ``LISTEN``, ``SET``) undoes it before the release
-    (``await conn.reset()``).
-
-    :param size: most connections (the least is 2).
-    :raises OSError, asyncpg.PostgresError: the server does not answer or refuses.
+    :raises MigrationError: see :meth:`PgStore.migrate`.
+    :raises StoreError: PostgreSQL did not answer or refused the connection.
     """
-    pool = await asyncpg.create_pool(
-        database_url,
-        min_size=min(2, size),
-        max_size=size,
-        command_timeout=60,
-        timeout=5,
-        reset=_keep_session,
-    )
-    assert pool is not None
-    return pool
+    try:
+        conn = await asyncpg.connect(database_url, timeout=5)
+    except POSTGRES_ERRORS as exc:
+        raise postgres_error("connect", exc) from exc
+    try:
+        return await migrate(conn)
+    except POSTGRES_ERRORS as exc:
+        raise postgres_error("migrate", exc) from exc
+    finally:
+        with contextlib.suppress(*POSTGRES_ERRORS):
+            await conn.close(timeout=2)
+
+
+class Listener:
+    """A ``LISTEN`` on a connection of its own, outside the pool (the scheduler's wake-ups).
+
+    :param database_url: where to connect.
+    :param channel: the channel to listen on.
+    :param callback: called (on the event loop) with the notification's payload, and with
+        ``LOST`` when PostgreSQL closes the connection (so the owner wakes and reopens it at
+        once instead of staying deaf until its next wake-up).
+    """
+
+    LOST = "\x00lost"
+    """The payload given to the callback when the connection is lost (no notification has it)."""
+
+    def __init__(self, database_url: str, channel: str, callback: Callable[[str], None]) -> None:
+        self._url = database_url
+        self._channel = channel
+        self._callback = callback
+        self._conn: asyncpg.Connection | None = None
+
+    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+        self._callback(str(payload))
+
+    def _terminated(self, _conn: Any) -> None:
+        self._callback(self.LOST)
+
+    @property
+    def open(self) -> bool:
+        """Whether the connection is up (PostgreSQL may drop it at any time)."""
+        return self._conn is not None and not self._conn.is_closed()
+
+    async def ensure(self, connect: Callable[[], Awaitable[asyncpg.Connection]] | None = None) -> None:
+        """(Re)open the connection and ``LISTEN`` when it is not open.
+
+        :param connect: opens the connection (tests inject one; default ``asyncpg.connect``).
+        :raises StoreError: PostgreSQL did not answer.
+        """
+        if self.open:
+            return
+        await self.close()
+        try:
+            conn = await (connect() if connect is not None else asyncpg.connect(self._url, timeout=5))
+        except POSTGRES_ERRORS as exc:
+            raise postgres_error("listen_connect", exc) from exc
+        try:
+            await conn.add_listener(self._channel, self._notified)
+            conn.add_termination_listener(self._terminated)
+        except BaseException as exc:
+            conn.terminate()
+            if isinstance(exc, POSTGRES_ERRORS):
+                raise postgres_error("listen", exc) from exc
+            raise
+        self._conn = conn
+
+    async def close(self) -> None:
+        """Close the connection (at most a second, then terminate it)."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            await conn.close(timeout=1)
+        except POSTGRES_ERRORS:
+            conn.terminate()

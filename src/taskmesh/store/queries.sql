@@ -1,21 +1,62 @@
 -- All SQL of taskmesh, one named block each ("-- name: <entity>_<verb>").
--- Loaded once by store/postgres.py; called through taskmesh.tasks.
+-- Loaded once by store/postgres.py and called through one typed method per block
+-- (store/task_queries.py, worker_queries.py, schedule_queries.py). Due times and
+-- leases are computed with PostgreSQL's clock (now()), the one clock of record.
 
--- name: task_get
-SELECT id, name, type, queue, priority, payload::text AS payload, idempotency_key,
-       max_retries, retries, attempts, status, run_at, tenant_id, trace_id,
-       created_at, updated_at
-FROM tasks WHERE id = $1;
+-- ======================================================================
+-- tasks and runs
+-- ======================================================================
+
+-- name: task_insert_many
+-- Bulk enqueue: every task and its first run in one statement (issue 4).
+-- Repeated idempotency keys (in the table or within the batch) insert nothing.
+-- run_at: the given instant, else now() + the delay (0 for an immediate task), so
+-- an instance whose clock runs ahead cannot park a task in the future.
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
+                         $8::int[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[])
+        AS i(id, name, type, queue, priority, payload, idempotency_key, max_retries, run_at, delay_s,
+             tenant_id, trace_id)
+), t AS (
+    INSERT INTO tasks (id, name, type, queue, priority, payload, idempotency_key,
+                       max_retries, status, run_at, tenant_id, trace_id)
+    SELECT id, name, type, queue, priority, payload::jsonb, idempotency_key, max_retries, 'queued',
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay_s, 0))), tenant_id, trace_id
+    FROM input
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, run_at
+), r AS (
+    INSERT INTO task_runs (task_id, attempt, status)
+    SELECT id, 1, 'queued' FROM t
+)
+SELECT id, run_at, run_at > now() AS delayed FROM t;
+
+-- name: task_find_by_idempotency_keys
+SELECT idempotency_key, id, status, trace_id FROM tasks WHERE idempotency_key = ANY($1::text[]);
+
+-- name: task_get_with_latest_run
+-- A task and its latest run read in one statement, so both come from one snapshot.
+SELECT t.id, t.name, t.type, t.queue, t.priority, t.payload::text AS payload, t.idempotency_key,
+       t.max_retries, t.retries, t.attempts, t.status, t.run_at, t.tenant_id, t.trace_id,
+       t.created_at, t.updated_at,
+       r.id AS run_id, r.attempt AS run_attempt, r.status AS run_status, r.worker_id AS run_worker_id,
+       r.claimed_at AS run_claimed_at, r.started_at AS run_started_at, r.finished_at AS run_finished_at,
+       r.lease_expires_at AS run_lease_expires_at, r.next_retry_at AS run_next_retry_at,
+       r.error AS run_error, r.result::text AS run_result, r.created_at AS run_created_at,
+       r.updated_at AS run_updated_at
+FROM tasks t
+LEFT JOIN LATERAL (
+    SELECT * FROM task_runs WHERE task_id = t.id ORDER BY attempt DESC LIMIT 1
+) r ON true
+WHERE t.id = $1;
+
+-- name: task_exists
+SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1);
 
 -- name: run_list_by_task
 SELECT id, task_id, attempt, status, worker_id, claimed_at, started_at, finished_at,
-       lease_expires_at, next_retry_at, error, result::text AS result, created_at, updated_at
+       lease_expires_at, next_retry_at, error, traceback, result::text AS result, created_at, updated_at
 FROM task_runs WHERE task_id = $1 ORDER BY attempt;
-
--- name: run_get_latest
-SELECT id, task_id, attempt, status, worker_id, claimed_at, started_at, finished_at,
-       lease_expires_at, next_retry_at, error, result::text AS result, created_at, updated_at
-FROM task_runs WHERE task_id = $1 ORDER BY attempt DESC LIMIT 1;
 
 -- name: task_claim_many
 -- Design.md principle 3: one conditional UPDATE claims the batch; a task that
@@ -43,140 +84,66 @@ WITH claimed AS (
 )
 SELECT c.*, runs.id AS run_id FROM claimed c JOIN runs ON runs.task_id = c.id;
 
+-- name: task_list_not_due
+-- Of ids whose claim failed, the queued ones that are not due yet (a stray or early id).
+SELECT id, queue, priority, run_at FROM tasks
+WHERE id = ANY($1::uuid[]) AND status = 'queued' AND run_at > now();
+
 -- name: run_finish_many
 -- Write a batch of run results and their tasks' next state in one statement.
 -- outcome: succeeded | retry | failed | interrupted | cancelled. Fenced: only a run that is
 -- still running under this worker is written (a late result changes nothing).
+-- A task whose cancellation was requested while it ran is not retried or requeued: a failed,
+-- retried or interrupted run ends it cancelled (a run that succeeded still completes it).
 WITH r AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::float8[])
-        AS r(run_id, task_id, outcome, error, result, delay_s)
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::float8[], $7::text[])
+        AS r(run_id, task_id, outcome, error, result, delay_s, traceback)
 ), runs AS (
     UPDATE task_runs tr
-    SET status = CASE r.outcome WHEN 'succeeded' THEN 'succeeded'
-                                WHEN 'failed' THEN 'failed'
-                                WHEN 'cancelled' THEN 'failed'
-                                ELSE 'retrying' END,
+    SET status = CASE WHEN r.outcome = 'succeeded' THEN 'succeeded'
+                      WHEN r.outcome IN ('failed', 'cancelled') OR t.cancel_requested_at IS NOT NULL
+                          THEN 'failed'
+                      ELSE 'retrying' END,
         finished_at = now(),
-        error = r.error,
+        error = CASE WHEN r.outcome <> 'succeeded' AND r.outcome <> 'cancelled'
+                          AND t.cancel_requested_at IS NOT NULL
+                     THEN r.error || ' (not retried: the task was cancelled)'
+                     ELSE r.error END,
+        traceback = r.traceback,
         result = r.result::jsonb,
-        next_retry_at = CASE WHEN r.outcome IN ('retry', 'interrupted')
+        next_retry_at = CASE WHEN r.outcome IN ('retry', 'interrupted') AND t.cancel_requested_at IS NULL
                              THEN now() + make_interval(secs => r.delay_s) END,
         lease_expires_at = NULL,
         updated_at = now()
-    FROM r
-    WHERE tr.id = r.run_id AND tr.status = 'running' AND tr.worker_id = $7
+    FROM r JOIN tasks t ON t.id = r.task_id
+    WHERE tr.id = r.run_id AND tr.status = 'running' AND tr.worker_id = $8
     RETURNING tr.id, tr.next_retry_at
 )
 UPDATE tasks t
-SET status = CASE r.outcome WHEN 'succeeded' THEN 'completed'
-                            WHEN 'failed' THEN 'failed'
-                            WHEN 'cancelled' THEN 'cancelled'
-                            ELSE 'queued' END,
-    retries = t.retries + CASE WHEN r.outcome = 'retry' THEN 1 ELSE 0 END,
+SET status = CASE WHEN r.outcome = 'succeeded' THEN 'completed'
+                  WHEN r.outcome = 'cancelled' OR t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN r.outcome = 'failed' THEN 'failed'
+                  ELSE 'queued' END,
+    retries = t.retries + CASE WHEN r.outcome = 'retry' AND t.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
     run_at = COALESCE(runs.next_retry_at, t.run_at),
     updated_at = now()
 FROM r JOIN runs ON runs.id = r.run_id
 WHERE t.id = r.task_id AND t.status = 'running'
 RETURNING t.id, t.queue, t.priority, t.status, t.run_at;
 
--- name: task_list_failed
--- The dead-letter queue of one queue, oldest first (Postgres is the truth; the
--- Redis list is its mirror).
-SELECT id, name, type, queue, priority, payload::text AS payload, idempotency_key,
-       max_retries, retries, attempts, status, run_at, tenant_id, trace_id,
-       created_at, updated_at
-FROM tasks WHERE queue = $1 AND status = 'failed'
-ORDER BY updated_at, id LIMIT $2;
-
--- name: task_replay_many
--- Move up to $2 dead-lettered tasks of queue $1 back to queued, oldest first,
--- with a fresh retry budget and, when $3 is not null, a new priority.
-WITH picked AS (
-    SELECT id FROM tasks
-    WHERE queue = $1 AND status = 'failed'
-    ORDER BY updated_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), upd AS (
-    UPDATE tasks t
-    SET status = 'queued', retries = 0, priority = COALESCE($3, t.priority),
-        run_at = now(), updated_at = now()
-    FROM picked WHERE t.id = picked.id
-    RETURNING t.id, t.queue, t.priority, t.attempts
-), runs AS (
-    INSERT INTO task_runs (task_id, attempt, status)
-    SELECT id, attempts + 1, 'queued' FROM upd
-    ON CONFLICT (task_id, attempt) DO NOTHING
-)
-SELECT id, queue, priority FROM upd;
-
--- name: task_list_queued_stale
--- Queued tasks of the given queues created or made ready more than $2 seconds
--- ago, oldest first: candidates for a re-push into Redis.
-SELECT id, queue, priority, run_at FROM tasks
-WHERE status = 'queued' AND queue = ANY($1::text[])
-  AND updated_at < now() - make_interval(secs => $2)
-ORDER BY run_at
-LIMIT $3;
-
--- name: worker_heartbeat
--- Register or refresh this instance and extend the leases of all its running
--- runs, in one statement (issue 3); returns the running tasks whose
--- cancellation was requested, for the instance to cancel.
-WITH w AS (
-    INSERT INTO workers (id, host, pid, queues, version, state)
-    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6)
-    ON CONFLICT (id) DO UPDATE
-    SET heartbeat_at = now(), state = EXCLUDED.state, stopped_at = NULL
-    RETURNING id
-), leases AS (
-    UPDATE task_runs
-    SET lease_expires_at = now() + make_interval(secs => $7)
-    WHERE worker_id = $1 AND status = 'running'
-    RETURNING task_id
-)
-SELECT t.id FROM tasks t JOIN leases l ON l.task_id = t.id
-WHERE t.cancel_requested_at IS NOT NULL;
-
--- name: worker_deregister
-UPDATE workers SET state = 'stopped', stopped_at = now(), heartbeat_at = now() WHERE id = $1;
-
--- name: worker_mark_lost
--- Instances silent for more than $1 seconds are shown as lost.
-UPDATE workers SET state = 'lost'
-WHERE state IN ('running', 'draining') AND heartbeat_at < now() - make_interval(secs => $1)
-RETURNING id;
-
--- name: worker_delete_old
--- Stopped and lost instances are kept $1 seconds for the record, then forgotten.
-DELETE FROM workers
-WHERE state IN ('stopped', 'lost') AND heartbeat_at < now() - make_interval(secs => $1);
-
--- name: worker_list
-SELECT w.id, w.host, w.pid, w.queues::text AS queues, w.version, w.started_at, w.heartbeat_at,
-       w.stopped_at, w.state,
-       (SELECT count(*) FROM task_runs tr WHERE tr.worker_id = w.id AND tr.status = 'running')::int AS in_flight
-FROM workers w
-ORDER BY (w.state IN ('running', 'draining')) DESC, w.started_at DESC
-LIMIT $1;
-
 -- name: run_reclaim_expired
--- End runs whose lease expired and whose worker has not beaten for $1 seconds
--- (a live worker extends its leases, so only dead or frozen ones qualify):
--- error = 'lease expired'; the task is retried (an attempt spent, backoff
--- min(2^n, 3600) s), failed when its retries are spent, or cancelled when
--- that was requested. Rows locked elsewhere (a committer writing the same
--- run) are skipped and looked at again next tick.
+-- End runs whose lease expired: their instance died, froze, or no longer holds them
+-- (a live instance's heartbeat extends exactly the runs it holds). error = 'lease
+-- expired'; the task is retried (an attempt spent, backoff min(2^n, 3600) s with
+-- jitter x0.5-1.5), failed when its retries are spent, or cancelled when that was
+-- requested. Rows locked elsewhere (a committer writing the same run) are skipped
+-- and looked at again next tick.
 WITH expired AS (
     SELECT tr.id, tr.task_id FROM task_runs tr
     WHERE tr.status = 'running' AND tr.lease_expires_at < now()
-      -- Right after a PostgreSQL restart every heartbeat looks stale; give live
-      -- workers one lease period to beat again before judging them dead.
+      -- Right after a PostgreSQL restart no heartbeat could be written for a while; give
+      -- live workers $1 seconds (a lease) to beat again before judging their runs.
       AND pg_postmaster_start_time() < now() - make_interval(secs => $1)
-      AND NOT EXISTS (
-          SELECT 1 FROM workers w
-          WHERE w.id = tr.worker_id AND w.state IN ('running', 'draining')
-            AND w.heartbeat_at > now() - make_interval(secs => $1))
     ORDER BY tr.lease_expires_at
     LIMIT $2
     FOR UPDATE OF tr SKIP LOCKED
@@ -185,7 +152,7 @@ WITH expired AS (
            CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
                 WHEN t.retries < t.max_retries THEN 'retry'
                 ELSE 'failed' END AS outcome,
-           least(power(2, least(t.retries, 12)), 3600)::float8 AS delay_s
+           (least(power(2, least(t.retries, 12)), 3600) * (0.5 + random()))::float8 AS delay_s
     FROM expired e JOIN tasks t ON t.id = e.task_id
     WHERE t.status = 'running'
 ), runs AS (
@@ -227,66 +194,168 @@ WHERE task_id IN (SELECT id FROM t) AND status = 'queued';
 UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
 WHERE id = $1 AND status = 'running';
 
--- name: task_list_queued_page
--- Every queued task of the given queues, by id after $2 (keyset paging), for a full resync.
+-- name: task_list_failed
+-- The dead-letter queue of one queue, oldest first (Postgres is the truth; the
+-- Redis list is its mirror).
+SELECT id, name, type, queue, priority, payload::text AS payload, idempotency_key,
+       max_retries, retries, attempts, status, run_at, tenant_id, trace_id,
+       created_at, updated_at
+FROM tasks WHERE queue = $1 AND status = 'failed'
+ORDER BY updated_at, id LIMIT $2;
+
+-- name: task_replay_many
+-- Move up to $2 dead-lettered tasks of queue $1 back to queued, oldest first,
+-- with a fresh retry budget and, when $3 is not null, a new priority. A cancel
+-- request of an earlier cycle is forgotten: the replayed cycle is a new delivery.
+-- (= ANY(ARRAY(...)): the picked rows are updated through the primary key; a join with the
+-- CTE is planned, in the generic plan, as a hash join over the whole table.)
+WITH picked AS (
+    SELECT id FROM tasks
+    WHERE queue = $1 AND status = 'failed'
+    ORDER BY updated_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE tasks t
+    SET status = 'queued', retries = 0, priority = COALESCE($3, t.priority),
+        run_at = now(), cancel_requested_at = NULL, updated_at = now()
+    WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.status = 'failed'
+    RETURNING t.id, t.queue, t.priority, t.attempts
+), runs AS (
+    INSERT INTO task_runs (task_id, attempt, status)
+    SELECT id, attempts + 1, 'queued' FROM upd
+    ON CONFLICT (task_id, attempt) DO NOTHING
+)
+SELECT id, queue, priority FROM upd;
+
+-- name: task_list_queued_after
+-- Queued tasks of queue $1 after the keyset cursor ($2 run_at, $3 id; null: from the start),
+-- unchanged for $4 seconds (0: all), in (run_at, id) order through tasks_queued_key_idx: the
+-- reconciler walks a whole backlog page by page, each page an index range scan.
 SELECT id, queue, priority, run_at FROM tasks
-WHERE status = 'queued' AND queue = ANY($1::text[]) AND id > $2
-ORDER BY id
-LIMIT $3;
+WHERE status = 'queued' AND queue = $1
+  AND (run_at, id) > (COALESCE($2, '-infinity'::timestamptz), COALESCE($3, '00000000-0000-0000-0000-000000000000'::uuid))
+  AND updated_at < now() - make_interval(secs => $4)
+ORDER BY run_at, id
+LIMIT $5;
 
 -- name: task_list_failed_ids
 -- The ids the DLQ mirror of queue $1 should hold, oldest first.
 SELECT id FROM tasks WHERE queue = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT $2;
 
--- name: task_list_not_due
--- Of ids whose claim failed, the queued ones that are not due yet (a stray or early id).
-SELECT id, queue, priority, run_at FROM tasks
-WHERE id = ANY($1::uuid[]) AND status = 'queued' AND run_at > now();
-
--- name: task_insert_many
--- Bulk enqueue: every task and its first run in one statement (issue 4).
--- Repeated idempotency keys (in the table or within the batch) insert nothing.
-WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
-                         $8::int[], $9::timestamptz[], $10::text[], $11::text[])
-        AS i(id, name, type, queue, priority, payload, idempotency_key, max_retries, run_at, tenant_id, trace_id)
-), t AS (
-    INSERT INTO tasks (id, name, type, queue, priority, payload, idempotency_key,
-                       max_retries, status, run_at, tenant_id, trace_id)
-    SELECT id, name, type, queue, priority, payload::jsonb, idempotency_key,
-           max_retries, 'queued', run_at, tenant_id, trace_id
-    FROM input
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id
-), r AS (
-    INSERT INTO task_runs (task_id, attempt, status)
-    SELECT id, 1, 'queued' FROM t
-)
-SELECT id FROM t;
-
--- name: task_find_by_idempotency_keys
-SELECT idempotency_key, id, status, trace_id FROM tasks WHERE idempotency_key = ANY($1::text[]);
-
 -- name: task_count_queued
 -- Queued tasks per queue (through the partial index): the reconciler's cheap drift check.
 SELECT queue, count(*)::bigint AS n FROM tasks WHERE status = 'queued' AND queue = ANY($1::text[]) GROUP BY queue;
 
--- name: task_delete_finished
--- Retention: delete up to $3 tasks in status $1 unchanged for $2 seconds (their
--- runs go with them), skipping rows another deleter holds. Short statements,
--- so no long lock on a large history.
+-- Retention: delete up to $2 tasks of one finished status unchanged for $1 seconds (their
+-- runs go with them), skipping rows another deleter holds. Short statements, so no long
+-- lock on a large history. One block per status, the status a literal: with it a parameter,
+-- the generic plan that asyncpg's cached statement ends up using cannot match the partial
+-- index and scans the whole table (the growth test checks generic plans).
 -- (= ANY(ARRAY(...)) makes the delete look its rows up by primary key; an IN
 -- subquery may be planned as a hash join over the whole table.)
+
+-- name: task_delete_completed
 DELETE FROM tasks WHERE id = ANY(ARRAY(
     SELECT id FROM tasks
-    WHERE status = $1 AND updated_at < now() - make_interval(secs => $2)
+    WHERE status = 'completed' AND updated_at < now() - make_interval(secs => $1)
     ORDER BY updated_at
-    LIMIT $3
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
 ));
 
+-- name: task_delete_cancelled
+DELETE FROM tasks WHERE id = ANY(ARRAY(
+    SELECT id FROM tasks
+    WHERE status = 'cancelled' AND updated_at < now() - make_interval(secs => $1)
+    ORDER BY updated_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+));
+
+-- name: task_delete_failed
+DELETE FROM tasks WHERE id = ANY(ARRAY(
+    SELECT id FROM tasks
+    WHERE status = 'failed' AND updated_at < now() - make_interval(secs => $1)
+    ORDER BY updated_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+));
+
+-- name: task_status
+SELECT status FROM tasks WHERE id = $1;
+
+-- name: task_sample_running_by_queue
+-- Metrics sampler (issue 6): running runs by queue, through the partial index on running runs.
+SELECT t.queue, count(*) AS n
+  FROM task_runs r JOIN tasks t ON t.id = r.task_id
+ WHERE r.status = 'running' AND t.queue = ANY($1::text[])
+ GROUP BY t.queue;
+
+-- name: task_sample_failed_by_queue
+SELECT queue, count(*) AS n FROM tasks WHERE status = 'failed' AND queue = ANY($1::text[]) GROUP BY queue;
+
+-- name: task_sample_oldest_ready_age
+-- Seconds since the oldest queued task of a queue became runnable; 0 when none is due.
+SELECT COALESCE(GREATEST(0, extract(epoch FROM now() - (
+           SELECT run_at FROM tasks WHERE status = 'queued' AND queue = $1 ORDER BY run_at LIMIT 1))), 0)::float8;
+
+-- ======================================================================
+-- workers
+-- ======================================================================
+
+-- name: worker_heartbeat
+-- Register or refresh this instance and extend the leases of the runs it holds
+-- ($8: ids of runs in its executors, its channels and its committer's hands), in
+-- one statement (issue 3). A running run of this instance that it no longer holds
+-- keeps its lease and is reclaimed once that expires. Returns the held runs'
+-- tasks whose cancellation was requested, for the instance to cancel.
+WITH w AS (
+    INSERT INTO workers (id, host, pid, queues, version, state)
+    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6)
+    ON CONFLICT (id) DO UPDATE
+    SET heartbeat_at = now(), state = EXCLUDED.state, stopped_at = NULL
+    RETURNING id
+), leases AS (
+    UPDATE task_runs
+    SET lease_expires_at = now() + make_interval(secs => $7)
+    WHERE id = ANY($8::uuid[]) AND worker_id = $1 AND status = 'running'
+    RETURNING task_id
+)
+SELECT t.id FROM tasks t JOIN leases l ON l.task_id = t.id
+WHERE t.cancel_requested_at IS NOT NULL;
+
+-- name: worker_deregister
+UPDATE workers SET state = 'stopped', stopped_at = now(), heartbeat_at = now() WHERE id = $1;
+
+-- name: worker_mark_lost
+-- Instances silent for more than $1 seconds are shown as lost.
+UPDATE workers SET state = 'lost'
+WHERE state IN ('running', 'draining') AND heartbeat_at < now() - make_interval(secs => $1)
+RETURNING id;
+
+-- name: worker_delete_old
+-- Stopped and lost instances are kept $1 seconds for the record, then forgotten.
+DELETE FROM workers
+WHERE state IN ('stopped', 'lost') AND heartbeat_at < now() - make_interval(secs => $1);
+
+-- name: worker_list
+SELECT w.id, w.host, w.pid, w.queues::text AS queues, w.version, w.started_at, w.heartbeat_at,
+       w.stopped_at, w.state,
+       (SELECT count(*) FROM task_runs tr WHERE tr.worker_id = w.id AND tr.status = 'running')::int AS in_flight
+FROM workers w
+ORDER BY (w.state IN ('running', 'draining')) DESC, w.started_at DESC
+LIMIT $1;
+
+-- name: worker_sample_by_state
+SELECT state, count(*) AS n FROM workers GROUP BY state;
+
+-- ======================================================================
+-- schedules (issue 5): declared in config, mirrored here, fired by whichever
+-- instance locks a due row.
+-- ======================================================================
+
 -- name: schedule_upsert
--- Schedules (issue 5) are declared in config, mirrored here, fired by whichever instance locks a due row.
 -- A new declaration, or a changed one (its hash differs): reset pause and the next fire.
 INSERT INTO schedules AS s (name, cron, timezone, task, queue, priority, payload, max_retries, misfire,
                             misfire_grace_seconds, overlap, enabled, config_hash, next_fire_at, synced_at)
@@ -298,59 +367,41 @@ ON CONFLICT (name) DO UPDATE
        overlap = EXCLUDED.overlap, enabled = EXCLUDED.enabled, config_hash = EXCLUDED.config_hash,
        paused = false, next_fire_at = EXCLUDED.next_fire_at, synced_at = EXCLUDED.synced_at, updated_at = now()
  WHERE s.config_hash IS DISTINCT FROM EXCLUDED.config_hash
-RETURNING name
+RETURNING name;
 
 -- name: schedule_touch
-UPDATE schedules SET synced_at = $2 WHERE name = ANY($1::text[])
+UPDATE schedules SET synced_at = $2 WHERE name = ANY($1::text[]);
 
 -- name: schedule_lock_due
 SELECT * FROM schedules
  WHERE name = ANY($1::text[]) AND enabled AND NOT paused AND next_fire_at <= $2
  ORDER BY next_fire_at
-   FOR UPDATE SKIP LOCKED
+   FOR UPDATE SKIP LOCKED;
 
 -- name: schedule_advance
 UPDATE schedules
    SET last_fire_at = COALESCE($2, last_fire_at), next_fire_at = $3,
        last_task_id = COALESCE($4, last_task_id), updated_at = now()
- WHERE name = $1
+ WHERE name = $1;
 
 -- name: schedule_next_due
-SELECT min(next_fire_at) FROM schedules WHERE name = ANY($1::text[]) AND enabled AND NOT paused
+SELECT min(next_fire_at) FROM schedules WHERE name = ANY($1::text[]) AND enabled AND NOT paused;
 
 -- name: schedule_list
-SELECT * FROM schedules ORDER BY name
+SELECT * FROM schedules ORDER BY name;
 
 -- name: schedule_get
-SELECT * FROM schedules WHERE name = $1
+SELECT * FROM schedules WHERE name = $1;
+
+-- name: schedule_get_for_update
+SELECT * FROM schedules WHERE name = $1 FOR UPDATE;
 
 -- name: schedule_set_paused
 -- Pause, or resume with a fresh next fire (fires missed while paused are not misfires).
 UPDATE schedules
    SET paused = $2, next_fire_at = CASE WHEN $2 THEN next_fire_at ELSE $3 END, updated_at = now()
  WHERE name = $1
-RETURNING *
+RETURNING *;
 
 -- name: schedule_set_last_task
-UPDATE schedules SET last_task_id = $2, updated_at = now() WHERE name = $1
-
--- name: task_status
-SELECT status FROM tasks WHERE id = $1
-
--- name: sample_running_by_queue
--- Metrics sampler (issue 6): running runs by queue, through the partial index on running runs.
-SELECT t.queue, count(*) AS n
-  FROM task_runs r JOIN tasks t ON t.id = r.task_id
- WHERE r.status = 'running' AND t.queue = ANY($1::text[])
- GROUP BY t.queue
-
--- name: sample_failed_by_queue
-SELECT queue, count(*) AS n FROM tasks WHERE status = 'failed' AND queue = ANY($1::text[]) GROUP BY queue
-
--- name: sample_oldest_ready_age
--- Seconds since the oldest queued task of a queue became runnable; 0 when none is due.
-SELECT COALESCE(GREATEST(0, extract(epoch FROM now() - (
-           SELECT run_at FROM tasks WHERE status = 'queued' AND queue = $1 ORDER BY run_at LIMIT 1))), 0)::float8
-
--- name: sample_workers_by_state
-SELECT state, count(*) AS n FROM workers GROUP BY state
+UPDATE schedules SET last_task_id = $2, updated_at = now() WHERE name = $1;

@@ -1,25 +1,54 @@
-"""Redis access: the client, pushes into the per-queue structures, the Lua scripts.
+"""The Redis store: pushes into the per-queue structures, pops, the Lua scripts, locks, markers.
 
-Redis holds only task ids (design.md principle 1); every function here can be
-repeated safely: pushes use ``ZADD NX``, the DLQ mirror removes before it adds.
+:class:`RedisStore` is the only holder of the redis-py client. Redis holds only
+task ids (design.md principle 1); every method can be repeated safely: pushes
+use ``ZADD NX``, the DLQ mirror removes before it adds. Lua scripts are loaded
+from ``lua/`` and registered once (called by SHA, loaded again after a
+``SCRIPT FLUSH`` or a restart). Every failure is a
+:class:`~taskmesh.errors.StoreError` naming the operation, transient or not.
+
+Replies are read as bytes and decoded here: a member that is not a task id
+taskmesh wrote (foreign bytes, a hand-typed key) is set aside in the queue's
+``foreign`` list, logged (``redis_foreign_member``, at most once a minute per
+key with a count and a sample) and never returned, so no reply can stop an
+instance.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable, Sequence
-from datetime import datetime
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
+import structlog
 
 from taskmesh.models import PushTarget
-from taskmesh.store.keys import EPOCH_MS, PRIORITY_STEP, Keys, ready_score
+from taskmesh.store.classify import REDIS_ERRORS, redis_error
+from taskmesh.store.keys import (
+    DELAYED_PRIORITY_SLOTS,
+    EPOCH_MS,
+    LEGACY_DELAYED_SCORE_MAX,
+    PRIORITY_STEP,
+    Keys,
+    delayed_score,
+    ready_score,
+)
 
-Redis = aioredis.Redis
+log = structlog.get_logger("taskmesh.redis")
+
+FOREIGN_KEPT = 1000
+"""Most set-aside members kept per queue (newest first)."""
+FOREIGN_LOG_EVERY_SECONDS = 60.0
+
+
+def wall_ms() -> int:
+    """This host's clock in milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
 
 
 @cache
@@ -28,226 +57,321 @@ def lua(name: str) -> str:
     return resources.files("taskmesh.store").joinpath("lua", f"{name}.lua").read_text()
 
 
-def create_client(redis_url: str) -> Redis:
-    """A redis-py asyncio client with short connect and read timeouts (seconds).
+class _Op:
+    """Context manager turning redis-py and socket errors into :class:`StoreError` naming ``name``."""
 
-    Reads are allowed 5 s beyond a blocking pop's own timeout.
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None and isinstance(exc, REDIS_ERRORS):
+            raise redis_error(self.name, exc) from exc
+
+
+def _text(raw: bytes | str) -> str | None:
+    """A task id as text, or ``None`` when ``raw`` is not one taskmesh wrote (a canonical UUID)."""
+    try:
+        text = raw.decode("ascii") if isinstance(raw, bytes) else raw
+        return text if len(text) == 36 and str(uuid.UUID(text)) == text else None
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+class RedisStore:
+    """Redis, as taskmesh uses it (see module docs).
+
+    :param client: a redis-py asyncio client with ``decode_responses=False``.
+    :param keys: the deployment's key builder.
+    :param now_ms: the instance's clock in ms (corrected to PostgreSQL's; see ``clock.StoreClock``),
+        used for ready scores and due times.
     """
-    return aioredis.Redis.from_url(
-        redis_url,
-        socket_connect_timeout=2,
-        socket_timeout=10,
-        health_check_interval=15,
-        decode_responses=True,
-    )
 
+    def __init__(self, client: aioredis.Redis, keys: Keys, *, now_ms: Callable[[], int] = wall_ms) -> None:
+        self.client = client
+        self.keys = keys
+        self.now_ms = now_ms
+        self._move = client.register_script(lua("delayed_move"))
+        self._release = client.register_script(lua("lock_release"))
+        self._foreign_logged: dict[str, float] = {}
 
-def now_ms() -> int:
-    """Wall-clock time in milliseconds since the Unix epoch."""
-    return time.time_ns() // 1_000_000
+    @classmethod
+    def connect(cls, redis_url: str, keys: Keys, *, now_ms: Callable[[], int] = wall_ms) -> RedisStore:
+        """A store on a new client with short timeouts (connects lazily; no I/O here).
 
+        Connect timeout 2 s; reads may take 10 s (a blocking pop asks the server to wait
+        up to its own timeout, which stays below that).
+        """
+        client = aioredis.Redis.from_url(
+            redis_url, socket_connect_timeout=2, socket_timeout=10, health_check_interval=15, decode_responses=False
+        )
+        return cls(client, keys, now_ms=now_ms)
 
-def _ms(at: datetime) -> int:
-    return int(at.timestamp() * 1000)
+    async def close(self) -> None:
+        """Close the client's connections (errors ignored: closing a dead link is fine)."""
+        try:
+            await self.client.aclose()
+        except REDIS_ERRORS:
+            pass
 
+    async def ping(self) -> None:
+        """``PING``.
 
-async def push(client: Redis, keys: Keys, targets: Iterable[PushTarget]) -> int:
-    """Push queued tasks into their ready or delayed set in one pipeline.
+        :raises StoreError: Redis did not answer.
+        """
+        with _Op("ping"):
+            await self.client.ping()
 
-    One ``ZADD NX`` (and, for delayed tasks, one ``HSET``) per queue and set
-    with every member of the batch, not one command per task: a bulk enqueue
-    of 1,000 tasks is a handful of commands (building and parsing one command
-    per id cost more than the whole PostgreSQL insert).
+    # -- pushes ------------------------------------------------------------
 
-    :param targets: tasks with ``due_at=None`` (ready now) or a due time (delayed).
-    :returns: how many ids were pushed (repeats are harmless: ``ZADD NX``).
-    :raises redis.RedisError: Redis did not answer; Postgres still has the tasks
-        and the re-push service retries.
-    """
-    ready: dict[str, dict[str, float]] = {}
-    delayed: dict[str, dict[str, float]] = {}
-    priorities: dict[str, dict[str, int]] = {}
-    n = 0
-    now = now_ms()
-    for t in targets:
-        tid = str(t.task_id)
-        if t.due_at is None:
-            ready.setdefault(t.queue, {})[tid] = ready_score(t.priority, now)
-        else:
-            priorities.setdefault(t.queue, {})[tid] = t.priority
-            delayed.setdefault(t.queue, {})[tid] = _ms(t.due_at)
-        n += 1
-    if not n:
-        return 0
-    async with client.pipeline(transaction=False) as pipe:
-        for queue, members in ready.items():
-            pipe.zadd(keys.ready(queue), members, nx=True)
-        for queue, fields in priorities.items():
-            pipe.hset(keys.priorities(queue), mapping=fields)  # type: ignore[arg-type]
-            pipe.zadd(keys.delayed(queue), delayed[queue], nx=True)
-        await pipe.execute()
-    return n
+    async def push(self, targets: Iterable[PushTarget]) -> int:
+        """Push queued tasks into their ready or delayed set in one pipeline.
 
+        One ``ZADD NX`` per queue and set with every member of the batch, not one
+        command per task: a bulk enqueue of 1,000 tasks is a handful of commands.
 
-async def push_ready_or_delayed(client: Redis, keys: Keys, targets: Iterable[PushTarget]) -> int:
-    """Like :func:`push`, but a target whose due time has passed goes to ready."""
-    cutoff = time.time()
-    fixed = [
-        PushTarget(t.task_id, t.queue, t.priority, None)
-        if t.due_at is not None and t.due_at.timestamp() <= cutoff
-        else t
-        for t in targets
-    ]
-    return await push(client, keys, fixed)
+        :param targets: tasks with ``due_at=None`` (ready now) or a due time (delayed).
+        :returns: how many ids were pushed (repeats are harmless: ``ZADD NX``).
+        :raises StoreError: Redis did not answer; PostgreSQL still has the tasks and the
+            reconciler pushes them again.
+        """
+        ready: dict[str, dict[str, float]] = {}
+        delayed: dict[str, dict[str, float]] = {}
+        n = 0
+        now = self.now_ms()
+        for t in targets:
+            tid = str(t.task_id)
+            if t.due_at is None:
+                ready.setdefault(t.queue, {})[tid] = ready_score(t.priority, now)
+            else:
+                delayed.setdefault(t.queue, {})[tid] = delayed_score(int(t.due_at.timestamp() * 1000), t.priority)
+            n += 1
+        if not n:
+            return 0
+        with _Op("push"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for queue, members in ready.items():
+                    pipe.zadd(self.keys.ready(queue), members, nx=True)
+                for queue, members in delayed.items():
+                    pipe.zadd(self.keys.delayed(queue), members, nx=True)
+                await pipe.execute()
+        return n
 
+    async def push_ready_or_delayed(self, targets: Iterable[PushTarget]) -> int:
+        """Like :meth:`push`, but a target whose due time has passed goes to ready."""
+        cutoff = self.now_ms() / 1000
+        fixed = [
+            PushTarget(t.task_id, t.queue, t.priority, None)
+            if t.due_at is not None and t.due_at.timestamp() <= cutoff
+            else t
+            for t in targets
+        ]
+        return await self.push(fixed)
 
-async def push_missing(client: Redis, keys: Keys, targets: Sequence[PushTarget]) -> list[PushTarget]:
-    """Push only the targets whose id is in neither the ready nor the delayed set.
+    async def push_missing(self, targets: Sequence[PushTarget]) -> list[PushTarget]:
+        """Push only the targets whose id is in neither the ready nor the delayed set.
 
-    Two pipelined round trips: membership first (one ``ZMSCORE`` per queue and
-    set, not one command per id: a resync checks whole backlogs), then the
-    pushes (still ``ZADD NX``, so a race with a concurrent push is harmless).
-    :returns: the targets pushed, i.e. repaired.
-    """
-    if not targets:
-        return []
-    by_queue: dict[str, list[PushTarget]] = {}
-    for t in targets:
-        by_queue.setdefault(t.queue, []).append(t)
-    async with client.pipeline(transaction=False) as pipe:
-        for queue, group in by_queue.items():
-            ids = [str(t.task_id) for t in group]
-            pipe.zmscore(keys.ready(queue), ids)
-            pipe.zmscore(keys.delayed(queue), ids)
-        scores = await pipe.execute()
-    missing: list[PushTarget] = []
-    for i, group in enumerate(by_queue.values()):
-        in_ready, in_delayed = scores[2 * i], scores[2 * i + 1]
-        missing.extend(t for t, r, d in zip(group, in_ready, in_delayed, strict=True) if r is None and d is None)
-    await push_ready_or_delayed(client, keys, missing)
-    return missing
+        Two pipelined round trips: membership first (one ``ZMSCORE`` per queue and
+        set, not one command per id: a resync checks whole backlogs), then the
+        pushes (still ``ZADD NX``, so a race with a concurrent push is harmless).
 
+        :returns: the targets pushed, i.e. repaired.
+        """
+        if not targets:
+            return []
+        by_queue: dict[str, list[PushTarget]] = {}
+        for t in targets:
+            by_queue.setdefault(t.queue, []).append(t)
+        with _Op("push_missing"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for queue, group in by_queue.items():
+                    ids = [str(t.task_id) for t in group]
+                    pipe.zmscore(self.keys.ready(queue), ids)
+                    pipe.zmscore(self.keys.delayed(queue), ids)
+                scores = await pipe.execute()
+        missing: list[PushTarget] = []
+        for i, group in enumerate(by_queue.values()):
+            in_ready, in_delayed = scores[2 * i], scores[2 * i + 1]
+            missing.extend(t for t, r, d in zip(group, in_ready, in_delayed, strict=True) if r is None and d is None)
+        await self.push_ready_or_delayed(missing)
+        return missing
 
-async def dead_letter(client: Redis, keys: Keys, queue: str, task_ids: list[str]) -> None:
-    """Mirror dead-lettered tasks into the queue's DLQ list (newest last)."""
-    if not task_ids:
-        return
-    async with client.pipeline(transaction=False) as pipe:
-        for tid in task_ids:
-            pipe.lrem(keys.dlq(queue), 0, tid)
-            pipe.rpush(keys.dlq(queue), tid)
-        await pipe.execute()
+    async def dead_letter(self, queue: str, task_ids: Sequence[str]) -> None:
+        """Mirror dead-lettered tasks into the queue's DLQ list (newest last)."""
+        if not task_ids:
+            return
+        with _Op("dead_letter"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for tid in task_ids:
+                    pipe.lrem(self.keys.dlq(queue), 0, tid)
+                    pipe.rpush(self.keys.dlq(queue), tid)
+                await pipe.execute()
 
+    async def replay(self, queue: str, items: Sequence[tuple[str, int]]) -> None:
+        """Take replayed tasks out of the DLQ mirror and push them ready.
 
-async def replay(client: Redis, keys: Keys, queue: str, items: list[tuple[str, int]]) -> None:
-    """Take replayed tasks out of the DLQ mirror and push them ready.
+        :param items: ``(task_id, priority)`` pairs.
+        """
+        if not items:
+            return
+        now = self.now_ms()
+        with _Op("replay"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for tid, priority in items:
+                    pipe.lrem(self.keys.dlq(queue), 0, tid)
+                    pipe.zadd(self.keys.ready(queue), {tid: ready_score(priority, now)}, nx=True)
+                await pipe.execute()
 
-    :param items: ``(task_id, priority)`` pairs.
-    """
-    if not items:
-        return
-    async with client.pipeline(transaction=False) as pipe:
-        for tid, priority in items:
-            pipe.lrem(keys.dlq(queue), 0, tid)
-            pipe.zadd(keys.ready(queue), {tid: ready_score(priority, now_ms())}, nx=True)
-        await pipe.execute()
+    async def forget(self, queue: str, task_id: str) -> None:
+        """Remove a task id from every structure of its queue (a cancelled task)."""
+        with _Op("forget"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.zrem(self.keys.ready(queue), task_id)
+                pipe.zrem(self.keys.delayed(queue), task_id)
+                pipe.hdel(self.keys.priorities(queue), task_id)
+                pipe.lrem(self.keys.dlq(queue), 0, task_id)
+                await pipe.execute()
 
+    # -- pops and moves ------------------------------------------------------
 
-async def pop_ready(client: Redis, keys: Keys, queue: str, count: int, block_seconds: float) -> list[str]:
-    """Pop up to ``count`` ids from a queue's ready set, best score first.
+    async def pop_ready(self, queue: str, count: int, block_seconds: float) -> list[str]:
+        """Pop up to ``count`` ids from a queue's ready set, best score first.
 
-    Blocks up to ``block_seconds`` when the set is empty (``BZMPOP``; the wait is
-    server-side, so it is an argument rather than a client timeout).
-    :returns: the popped ids (empty after a timeout).
-    """
-    reply: Any = await client.bzmpop(block_seconds, 1, [keys.ready(queue)], min=True, count=count)
-    if not reply:
-        return []
-    _key, members = reply
-    return [m[0] if isinstance(m, list | tuple) else m for m in members]
+        Blocks up to ``block_seconds`` when the set is empty (``BZMPOP``; the wait is
+        server-side, so it is an argument rather than a client timeout). Members that
+        are not task ids are set aside (see module docs).
 
+        :returns: the popped task ids (empty after a timeout).
+        """
+        with _Op("pop_ready"):
+            reply: Any = await self.client.bzmpop(block_seconds, 1, [self.keys.ready(queue)], min=True, count=count)
+        if not reply:
+            return []
+        ids: list[str] = []
+        foreign: list[bytes] = []
+        for member in reply[1]:
+            raw = member[0] if isinstance(member, list | tuple) else member
+            text = _text(raw)
+            if text is None:
+                foreign.append(raw if isinstance(raw, bytes) else str(raw).encode())
+            else:
+                ids.append(text)
+        if foreign:
+            await self._set_aside(queue, self.keys.ready(queue), foreign)
+        return ids
 
-async def move_due(client: Redis, keys: Keys, queue: str, limit: int = 1000) -> int:
-    """Run ``delayed_move.lua`` once for ``queue``: due ids go to ready.
+    async def _set_aside(self, queue: str, key: str, members: Sequence[bytes]) -> None:
+        """Keep members taskmesh did not write in the queue's ``foreign`` list, and say so."""
+        now = time.monotonic()
+        if now - self._foreign_logged.get(key, -FOREIGN_LOG_EVERY_SECONDS) >= FOREIGN_LOG_EVERY_SECONDS:
+            self._foreign_logged[key] = now
+            log.warning(
+                "redis_foreign_member",
+                key=key,
+                count=len(members),
+                sample=repr(members[0][:64]),
+                kept_in=self.keys.foreign(queue),
+            )
+        with _Op("set_aside"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.lpush(self.keys.foreign(queue), *members)
+                pipe.ltrim(self.keys.foreign(queue), 0, FOREIGN_KEPT - 1)
+                await pipe.execute()
 
-    :returns: ids moved.
-    """
-    moved = await client.eval(
-        lua("delayed_move"),
-        3,
-        keys.delayed(queue),
-        keys.ready(queue),
-        keys.priorities(queue),
-        now_ms(),
-        limit,
-        EPOCH_MS,
-        PRIORITY_STEP,
-    )
-    return int(moved)
+    async def move_due(self, queue: str, limit: int = 1000) -> int:
+        """Run ``delayed_move.lua`` once for ``queue``: due ids go to ready with their priority.
 
+        :returns: ids moved.
+        """
+        with _Op("move_due"):
+            moved = await self._move(
+                keys=[self.keys.delayed(queue), self.keys.ready(queue), self.keys.priorities(queue)],
+                args=[self.now_ms(), limit, EPOCH_MS, PRIORITY_STEP, DELAYED_PRIORITY_SLOTS, LEGACY_DELAYED_SCORE_MAX],
+            )
+        return int(moved)
 
-async def try_lock(client: Redis, key: str, ttl_ms: int) -> str | None:
-    """Take a short singleton lock (``SET key token NX PX ttl``).
+    # -- locks ---------------------------------------------------------------
 
-    :returns: the holder token, or ``None`` when another holder has it. The lock
-        only saves work (design.md principle 5); it never guards correctness.
-    """
-    token = secrets.token_hex(8)
-    ok = await client.set(key, token, nx=True, px=ttl_ms)
-    return token if ok else None
+    async def try_lock(self, key: str, ttl_ms: int) -> str | None:
+        """Take a short singleton lock (``SET key token NX PX ttl``).
 
+        :returns: the holder token, or ``None`` when another holder has it. The lock
+            only saves work (design.md principle 5); it never guards correctness.
+        """
+        token = secrets.token_hex(8)
+        with _Op("try_lock"):
+            ok = await self.client.set(key, token, nx=True, px=ttl_ms)
+        return token if ok else None
 
-async def release_lock(client: Redis, key: str, token: str) -> bool:
-    """Release a lock taken by :func:`try_lock` if it is still ours."""
-    released = await client.eval(lua("lock_release"), 1, key, token)
-    return bool(released)
+    async def release_lock(self, key: str, token: str) -> bool:
+        """Release a lock taken by :meth:`try_lock` if it is still ours."""
+        with _Op("release_lock"):
+            released = await self._release(keys=[key], args=[token])
+        return bool(released)
 
+    # -- the DLQ mirror, health ----------------------------------------------
 
-async def forget(client: Redis, keys: Keys, queue: str, task_id: str) -> None:
-    """Remove a task id from every structure of its queue (a cancelled task)."""
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.zrem(keys.ready(queue), task_id)
-        pipe.zrem(keys.delayed(queue), task_id)
-        pipe.hdel(keys.priorities(queue), task_id)
-        pipe.lrem(keys.dlq(queue), 0, task_id)
-        await pipe.execute()
+    async def rewrite_dlq(self, queue: str, task_ids: Sequence[str]) -> bool:
+        """Make the DLQ mirror of ``queue`` hold exactly ``task_ids`` (oldest first).
 
+        Members that are not task ids are set aside first.
 
-async def rewrite_dlq(client: Redis, keys: Keys, queue: str, task_ids: list[str]) -> bool:
-    """Make the DLQ mirror of ``queue`` hold exactly ``task_ids`` (oldest first).
+        :returns: whether it had to change (the list differed).
+        """
+        key = self.keys.dlq(queue)
+        with _Op("rewrite_dlq"):
+            current = await self.client.lrange(key, 0, -1)
+        decoded = [_text(m) for m in current]
+        if decoded == list(task_ids):
+            return False
+        foreign = [
+            m if isinstance(m, bytes) else str(m).encode() for m, d in zip(current, decoded, strict=True) if d is None
+        ]
+        if foreign:
+            await self._set_aside(queue, key, foreign)
+        with _Op("rewrite_dlq"):
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.delete(key)
+                if task_ids:
+                    pipe.rpush(key, *task_ids)
+                await pipe.execute()
+        return True
 
-    :returns: whether it had to change (the list differed).
-    """
-    current = await client.lrange(keys.dlq(queue), 0, -1)
-    if current == task_ids:
-        return False
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.dlq(queue))
-        if task_ids:
-            pipe.rpush(keys.dlq(queue), *task_ids)
-        await pipe.execute()
-    return True
+    async def identity(self) -> tuple[str, bool]:
+        """``(run_id, marker_present)``: a new run_id means a restart, a missing marker a flush."""
+        with _Op("identity"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.info("server")
+                pipe.exists(self.keys.marker())
+                info, marker = await pipe.execute()
+        run_id = info.get("run_id", "") if isinstance(info, dict) else ""
+        return (run_id.decode() if isinstance(run_id, bytes) else str(run_id)), bool(marker)
 
+    async def set_marker(self, value: str) -> None:
+        """Write the marker whose disappearance tells the reconciler Redis lost its data."""
+        with _Op("set_marker"):
+            await self.client.set(self.keys.marker(), value)
 
-async def identity(client: Redis, keys: Keys) -> tuple[str, bool]:
-    """``(run_id, marker_present)``: a new run_id means a restart, a missing marker a flush."""
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.info("server")
-        pipe.exists(keys.marker())
-        info, marker = await pipe.execute()
-    return str(info.get("run_id", "")), bool(marker)
+    async def depths(self, queue: str) -> tuple[int, int, int]:
+        """``(ready, delayed, dlq)`` lengths of one queue."""
+        with _Op("depths"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.zcard(self.keys.ready(queue))
+                pipe.zcard(self.keys.delayed(queue))
+                pipe.llen(self.keys.dlq(queue))
+                ready, delayed, dlq = await pipe.execute()
+        return int(ready), int(delayed), int(dlq)
 
-
-async def set_marker(client: Redis, keys: Keys, value: str) -> None:
-    """Write the marker whose disappearance tells the reconciler Redis lost its data."""
-    await client.set(keys.marker(), value)
-
-
-async def depths(client: Redis, keys: Keys, queue: str) -> tuple[int, int, int]:
-    """``(ready, delayed, dlq)`` lengths of one queue."""
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.zcard(keys.ready(queue))
-        pipe.zcard(keys.delayed(queue))
-        pipe.llen(keys.dlq(queue))
-        ready, delayed, dlq = await pipe.execute()
-    return int(ready), int(delayed), int(dlq)
+    async def sizes(self, queues: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """``{queue: (ready, delayed)}`` in one pipeline (the sampler's read)."""
+        with _Op("sizes"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    pipe.zcard(self.keys.ready(queue))
+                    pipe.zcard(self.keys.delayed(queue))
+                found = await pipe.execute()
+        return {q: (int(found[2 * i]), int(found[2 * i + 1])) for i, q in enumerate(queues)}

@@ -1,26 +1,45 @@
 -- delayed_move: move due task ids from a queue's delayed set to its ready set.
--- KEYS[1] delayed zset (score = due time, ms)
+-- KEYS[1] delayed zset (score = due ms * 1024 + priority; see keys.py delayed_score)
 -- KEYS[2] ready zset (score = (1000 - priority) * 2^43 + (due ms - epoch))
--- KEYS[3] priority hash (task id -> priority)
--- ARGV[1] now, ms since the Unix epoch
+-- KEYS[3] legacy priority hash (task id -> priority), written before 0.2; read once, then deleted
+-- ARGV[1] now, ms since the Unix epoch (the instance's clock, corrected to PostgreSQL's)
 -- ARGV[2] most ids to move in one call
--- ARGV[3] epoch of ready scores, ms (keys.py _EPOCH_MS)
--- ARGV[4] priority step (keys.py _PRIORITY_STEP)
--- Returns the number of ids moved. ZADD NX: a task already in ready keeps its place.
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+-- ARGV[3] epoch of ready scores, ms (keys.py EPOCH_MS)
+-- ARGV[4] priority step (keys.py PRIORITY_STEP)
+-- ARGV[5] priority slots of a delayed score (keys.py DELAYED_PRIORITY_SLOTS)
+-- ARGV[6] legacy score bound (keys.py LEGACY_DELAYED_SCORE_MAX): a smaller score is a bare due ms
+-- Returns the number of ids moved to ready. ZADD NX: a task already in ready keeps its place.
+local now = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
 local epoch = tonumber(ARGV[3])
 local step = tonumber(ARGV[4])
+local slots = tonumber(ARGV[5])
+local legacy_max = tonumber(ARGV[6])
+-- numbers are formatted by hand: Lua's own conversion keeps 14 digits, a score has 16
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now * slots + slots - 1),
+                      'WITHSCORES', 'LIMIT', 0, limit)
 local moved = 0
 for i = 1, #due, 2 do
   local id = due[i]
-  local due_ms = tonumber(due[i + 1])
-  local priority = tonumber(redis.call('HGET', KEYS[3], id) or '0')
-  local fifo = due_ms - epoch
-  if fifo < 0 then fifo = 0 end
-  local score = (1000 - priority) * step + fifo
-  redis.call('ZADD', KEYS[2], 'NX', string.format('%.0f', score), id)
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[3], id)
-  moved = moved + 1
+  local score = tonumber(due[i + 1])
+  local due_ms, priority
+  if score < legacy_max then
+    due_ms = score
+    priority = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+    redis.call('HDEL', KEYS[3], id)
+  else
+    priority = score % slots
+    due_ms = (score - priority) / slots
+  end
+  if due_ms > now then
+    -- a legacy entry not due yet: rewrite it in the current encoding
+    redis.call('ZADD', KEYS[1], string.format('%.0f', due_ms * slots + priority), id)
+  else
+    local fifo = due_ms - epoch
+    if fifo < 0 then fifo = 0 end
+    redis.call('ZADD', KEYS[2], 'NX', string.format('%.0f', (1000 - priority) * step + fifo), id)
+    redis.call('ZREM', KEYS[1], id)
+    moved = moved + 1
+  end
 end
 return moved

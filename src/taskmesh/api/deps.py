@@ -1,0 +1,125 @@
+"""What routes share: the instance's state as FastAPI dependencies, body parsing, path checks."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, Request
+from pydantic import BaseModel
+from starlette.responses import Response
+
+from taskmesh.api.state import AppState
+from taskmesh.errors import BadJsonError, InvalidTaskError, NotReadyError
+from taskmesh.schedules import Schedules
+from taskmesh.store import Stores
+from taskmesh.tasks import Tasks
+from taskmesh.tracing import trace_id_from_headers
+from taskmesh.validation import NAME_REGEX, TaskSpec
+
+_NAME = re.compile(NAME_REGEX)
+
+
+def get_state(request: Request) -> AppState:
+    """The instance's :class:`AppState` (set on the app by ``create_app``)."""
+    state: AppState = request.app.state.taskmesh
+    return state
+
+
+def get_tasks(state: Annotated[AppState, Depends(get_state)]) -> Tasks:
+    """The task facade.
+
+    :raises NotReadyError: the stores have not answered yet (503).
+    """
+    if state.tasks is None:
+        raise NotReadyError()
+    return state.tasks
+
+
+def get_stores(state: Annotated[AppState, Depends(get_state)]) -> Stores:
+    """The stores.
+
+    :raises NotReadyError: they have not answered yet (503).
+    """
+    if state.stores is None:
+        raise NotReadyError()
+    return state.stores
+
+
+def get_schedules(state: Annotated[AppState, Depends(get_state)]) -> Schedules:
+    """The schedules facade.
+
+    :raises NotReadyError: the stores have not answered yet (503).
+    """
+    if state.schedules is None:
+        raise NotReadyError()
+    return state.schedules
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+TasksDep = Annotated[Tasks, Depends(get_tasks)]
+StoresDep = Annotated[Stores, Depends(get_stores)]
+SchedulesDep = Annotated[Schedules, Depends(get_schedules)]
+
+
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON answer serialised with orjson."""
+    return Response(orjson.dumps(content), status_code=status, media_type="application/json", headers=headers)
+
+
+def body_schema(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
+    """``openapi_extra`` declaring a JSON request body of ``model`` (the routes parse bodies themselves)."""
+    return {
+        "requestBody": {"required": required, "content": {"application/json": {"schema": model.model_json_schema()}}}
+    }
+
+
+async def read_json(request: Request, nested_field: str) -> Any:
+    """Parse the body; nesting beyond orjson's limit is reported on ``nested_field`` (422).
+
+    :raises BadJsonError: not JSON (400).
+    :raises InvalidTaskError: nested too deeply (422).
+    """
+    body = await request.body()
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        reason = str(exc).lower()
+        if "depth limit" in reason or "recursion" in reason:  # orjson's own nesting limit (1024)
+            raise InvalidTaskError(nested_field, "nested deeper than 64 levels") from None
+        raise BadJsonError(str(exc)) from None
+
+
+def parse_task_id(raw: str) -> uuid.UUID:
+    """A task id from the path.
+
+    :raises InvalidTaskError: not a UUID (422 naming ``task_id``).
+    """
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise InvalidTaskError("task_id", "must be a UUID") from None
+
+
+def check_queue(queue: str) -> None:
+    """A queue name from the path.
+
+    :raises InvalidTaskError: it does not match ``[A-Za-z0-9_.:-]{1,128}`` (422 naming ``queue``).
+    """
+    if not _NAME.fullmatch(queue):
+        raise InvalidTaskError("queue", "must match [A-Za-z0-9_.:-]{1,128}")
+
+
+def is_name(value: str) -> bool:
+    """Whether ``value`` could be a task, queue or schedule name."""
+    return _NAME.fullmatch(value) is not None
+
+
+def with_trace(spec: TaskSpec, request: Request) -> TaskSpec:
+    """The body's ``trace_id`` wins; else the request's ``traceparent``/``X-Request-ID``."""
+    if spec.trace_id is not None:
+        return spec
+    found = trace_id_from_headers(request.headers)
+    return spec if found is None else spec.model_copy(update={"trace_id": found})

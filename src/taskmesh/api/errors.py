@@ -1,0 +1,112 @@
+"""One table from error types to HTTP answers: every error the API returns is problem+json here.
+
+| error | status | title |
+| --- | --- | --- |
+| ``BadJsonError`` | 400 | Malformed JSON |
+| ``InvalidTaskError``, FastAPI's ``RequestValidationError`` | 422 | Invalid request |
+| ``TaskNotFoundError`` | 404 | Task not found |
+| ``ScheduleNotFoundError`` | 404 | Schedule not found |
+| ``TaskFinishedError`` | 409 | Task already finished |
+| ``NotReadyError`` | 503 | Not ready |
+| ``StoreError``, transient | 503 | Store unavailable (names the store) |
+| ``StoreError``, not transient; anything else | 500 | Internal error (logged with its traceback) |
+| Starlette's ``HTTPException`` (404 route, 405 method) | its own | its own |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from taskmesh.api.problems import invalid, problem
+from taskmesh.errors import (
+    BadJsonError,
+    InvalidTaskError,
+    NotReadyError,
+    ScheduleNotFoundError,
+    StoreError,
+    TaskFinishedError,
+    TaskNotFoundError,
+)
+from taskmesh.storable import describe
+
+log = structlog.get_logger("taskmesh.api")
+
+
+def _bad_json(exc: Any) -> Response:
+    return problem(400, "Malformed JSON", f"body: not valid JSON ({exc})", errors=[("body", "not valid JSON")])
+
+
+def _invalid(exc: Any) -> Response:
+    return invalid(exc.field, exc.message, exc.errors)
+
+
+def _validation(exc: Any) -> Response:
+    errors = [(".".join(str(p) for p in e["loc"][1:]) or "request", e["msg"]) for e in exc.errors()]
+    return invalid(errors[0][0], errors[0][1], errors)
+
+
+def _task_not_found(exc: Any) -> Response:
+    return problem(404, "Task not found", f"no task has id {exc}")
+
+
+def _schedule_not_found(exc: Any) -> Response:
+    return problem(404, "Schedule not found", f"no schedule is named {exc.name!r}")
+
+
+def _finished(exc: Any) -> Response:
+    return problem(409, "Task already finished", str(exc))
+
+
+def _not_ready(exc: Any) -> Response:
+    return problem(503, "Not ready", "the instance is still connecting to PostgreSQL and Redis")
+
+
+def _http(exc: Any) -> Response:
+    return problem(exc.status_code, str(exc.detail), str(exc.detail))
+
+
+ERROR_TABLE: list[tuple[type[Exception], Callable[[Any], Response]]] = [
+    (BadJsonError, _bad_json),
+    (InvalidTaskError, _invalid),
+    (RequestValidationError, _validation),
+    (TaskNotFoundError, _task_not_found),
+    (ScheduleNotFoundError, _schedule_not_found),
+    (TaskFinishedError, _finished),
+    (NotReadyError, _not_ready),
+    (StarletteHTTPException, _http),
+]
+"""Errors with a fixed answer; :class:`StoreError` and anything else are handled below."""
+
+
+def install(app: FastAPI) -> None:
+    """Register the table's handlers (and the store and catch-all ones) on ``app``."""
+    for error_type, render in ERROR_TABLE:
+        app.add_exception_handler(error_type, _handler(render))
+
+    async def store_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StoreError)
+        if exc.transient:
+            return problem(503, "Store unavailable", f"{exc.store} did not answer ({exc.operation})")
+        log.error("api_error", path=request.url.path, error=str(exc))
+        return problem(500, "Internal error", "the server failed to answer; the error is logged")
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.error("api_error", path=request.url.path, error=describe(exc), exc_info=exc)
+        return problem(500, "Internal error", "the server failed to answer; the error is logged")
+
+    app.add_exception_handler(StoreError, store_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+def _handler(render: Callable[[Any], Response]) -> Callable[[Request, Exception], Awaitable[Response]]:
+    async def handle(_: Request, exc: Exception) -> Response:
+        return render(exc)
+
+    return handle

@@ -1,0 +1,57 @@
+"""Health routes: liveness, readiness, metrics (served also when the API is off)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from taskmesh.api.deps import StateDep, json_response
+from taskmesh.errors import StoreError
+
+router = APIRouter()
+
+PING_TIMEOUT_SECONDS = 1.0
+
+
+@router.get("/healthz", summary="Liveness: the process serves HTTP")
+async def healthz() -> Response:
+    """200 while the process serves."""
+    return json_response({"status": "ok"})
+
+
+@router.get("/readyz", summary="Readiness: 200 only when PostgreSQL and Redis answer and no critical service is down")
+async def readyz(state: StateDep) -> Response:
+    """200 when both stores answer within a second, the instance is not draining and no critical
+    service is restarting or failed; 503 otherwise. Services not running are named in ``services``."""
+    checks = {"postgres": "down", "redis": "down"}
+    stores = state.stores
+    if stores is not None:
+
+        async def check(name: str, ping: Any) -> None:
+            try:
+                with anyio.fail_after(PING_TIMEOUT_SECONDS):
+                    await ping()
+                checks[name] = "ok"
+            except (StoreError, TimeoutError):
+                pass
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(check, "postgres", stores.pg.ping)
+            tg.start_soon(check, "redis", stores.redis.ping)
+    down = state.services.down()
+    ready = not state.draining and all(v == "ok" for v in checks.values()) and not state.services.critical_down()
+    body: dict[str, Any] = {"ready": ready, **checks}
+    if down:
+        body["services"] = down
+    if state.draining:
+        body["draining"] = True
+    return json_response(body, 200 if ready else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics (gauges of stores sampled by the sampler, not per scrape)")
+async def metrics(state: StateDep) -> Response:
+    """The exposition text."""
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

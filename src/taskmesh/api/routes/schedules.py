@@ -1,0 +1,85 @@
+"""Schedule routes: list, read, trigger, pause, resume (issue 5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import Response
+
+from taskmesh.api.deps import SchedulesDep, StateDep, body_schema, is_name, json_response, read_json
+from taskmesh.errors import InvalidTaskError, ScheduleNotFoundError
+from taskmesh.validation import check_json, field_errors
+
+router = APIRouter()
+
+
+class TriggerRequest(BaseModel):
+    """Body of ``POST /api/v1/schedules/{name}/trigger`` (optional): the fire's own idempotency key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=512)
+
+
+def _named(name: str) -> str:
+    if not is_name(name):
+        raise ScheduleNotFoundError(name)  # no schedule can have this name (NUL, spaces, too long)
+    return name
+
+
+@router.get("/api/v1/schedules", summary="Cron schedules: spec, zone, state, last fire and the next five fires")
+async def list_schedules(schedules: SchedulesDep) -> Response:
+    """Every schedule in the table."""
+    return json_response({"schedules": await schedules.list()})
+
+
+@router.get("/api/v1/schedules/{name}", summary="One cron schedule")
+async def get_schedule(name: str, schedules: SchedulesDep) -> Response:
+    """One schedule (404 when no row has this name)."""
+    return json_response(await schedules.get(_named(name)))
+
+
+@router.post(
+    "/api/v1/schedules/{name}/trigger",
+    status_code=201,
+    openapi_extra=body_schema(TriggerRequest, required=False),
+    summary="Fire a schedule now (201; 200 when the given idempotency_key already made a task)",
+)
+async def trigger_schedule(name: str, request: Request, schedules: SchedulesDep, state: StateDep) -> Response:
+    """Make one task of the schedule now, also while it is paused."""
+    name = _named(name)
+    body = await request.body()
+    data: Any = {} if not body.strip() else await read_json(request, "body")
+    if not isinstance(data, dict):
+        raise InvalidTaskError("body", "must be a JSON object")
+    if isinstance(data.get("idempotency_key"), str):
+        check_json(data["idempotency_key"], "idempotency_key")
+    try:
+        req = TriggerRequest.model_validate(data)
+    except ValidationError as exc:
+        errors = field_errors(exc)
+        raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
+    task_id, key, created = await schedules.trigger(name, req.idempotency_key)
+    state.schedule_waker.wake()
+    answer = {"schedule": name, "task_id": str(task_id), "idempotency_key": key, "created": created}
+    if not created:
+        return json_response(answer, 200)
+    return json_response(answer, 201, headers={"Location": f"/api/v1/tasks/{task_id}"})
+
+
+@router.post("/api/v1/schedules/{name}/pause", summary="Pause a schedule until resumed or its config changes")
+async def pause_schedule(name: str, schedules: SchedulesDep, state: StateDep) -> Response:
+    """No fires until resumed."""
+    answer = await schedules.set_paused(_named(name), True)
+    state.schedule_waker.wake()
+    return json_response(answer)
+
+
+@router.post("/api/v1/schedules/{name}/resume", summary="Resume a schedule; fires missed while paused are not made")
+async def resume_schedule(name: str, schedules: SchedulesDep, state: StateDep) -> Response:
+    """Fire again from the next due time."""
+    answer = await schedules.set_paused(_named(name), False)
+    state.schedule_waker.wake()
+    return json_response(answer)

@@ -1,0 +1,141 @@
+"""Task routes: create (one or a batch), read, list runs, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from taskmesh.api.deps import TasksDep, body_schema, json_response, parse_task_id, read_json, with_trace
+from taskmesh.api.problems import problem
+from taskmesh.errors import InvalidTaskError
+from taskmesh.states import TaskStatus
+from taskmesh.validation import TaskSpec, parse_task_spec
+
+router = APIRouter()
+
+BATCH_MAX = 1000
+
+
+class BatchRequest(BaseModel):
+    """Body of ``POST /api/v1/tasks:batch``: up to 1,000 tasks; ``atomic`` stores all or none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[TaskSpec] = Field(min_length=1, max_length=BATCH_MAX)
+    atomic: bool = False
+
+
+class Created(BaseModel):
+    """Answer of ``POST /api/v1/tasks``."""
+
+    task_id: str
+    status: str
+    trace_id: str | None = None
+    deduplicated: bool = False
+
+
+@router.post(
+    "/api/v1/tasks",
+    status_code=201,
+    response_model=Created,
+    openapi_extra=body_schema(TaskSpec),
+    summary="Create a task (200 with the existing task_id when dedup_key repeats)",
+)
+async def create_task(request: Request, tasks: TasksDep) -> Response:
+    """Validate and store one task, then push it (201; 200 when its ``dedup_key`` repeats)."""
+    spec = with_trace(parse_task_spec(await read_json(request, "payload")), request)
+    result = await tasks.enqueue(spec)
+    body = {"task_id": str(result.task_id), "status": result.status, "trace_id": result.trace_id}
+    if not result.created:
+        return json_response({**body, "deduplicated": True}, 200)
+    return json_response(body, 201, headers={"Location": f"/api/v1/tasks/{result.task_id}"})
+
+
+def _parse_batch(data: Any) -> tuple[list[TaskSpec], list[int], list[dict[str, Any]], bool]:
+    if not isinstance(data, dict):
+        raise InvalidTaskError("body", "must be a JSON object")
+    unknown = sorted(set(data) - {"tasks", "atomic"})
+    if unknown:
+        raise InvalidTaskError(unknown[0], "unknown field")
+    items = data.get("tasks")
+    atomic = data.get("atomic", False)
+    if not isinstance(atomic, bool):
+        raise InvalidTaskError("atomic", "must be true or false")
+    if not isinstance(items, list) or not 1 <= len(items) <= BATCH_MAX:
+        raise InvalidTaskError("tasks", f"must be a list of 1 to {BATCH_MAX} tasks")
+    specs: list[TaskSpec] = []
+    positions: list[int] = []
+    results: list[dict[str, Any]] = [{} for _ in items]
+    for i, item in enumerate(items):
+        try:
+            specs.append(parse_task_spec(item))
+            positions.append(i)
+        except InvalidTaskError as exc:
+            results[i] = {
+                "index": i,
+                "status": "rejected",
+                "errors": [{"field": f"tasks[{i}].{f}", "message": m} for f, m in exc.errors],
+            }
+    return specs, positions, results, atomic
+
+
+@router.post(
+    "/api/v1/tasks:batch",
+    openapi_extra=body_schema(BatchRequest),
+    summary="Create up to 1,000 tasks with one statement; each item's outcome is reported",
+)
+async def create_batch(request: Request, tasks: TasksDep) -> Response:
+    """Store the valid items of a batch (all or none when ``atomic``) and report each item."""
+    specs, positions, results, atomic = _parse_batch(await read_json(request, "tasks"))
+    rejected = len(results) - len(specs)
+    if atomic and rejected:
+        first = next(r for r in results if r)
+        return problem(
+            422,
+            "Invalid request",
+            f"{first['errors'][0]['field']}: {first['errors'][0]['message']} (atomic batch: nothing stored)",
+            errors=[(e["field"], e["message"]) for r in results if r for e in r["errors"]],
+            results=[r or {"index": i, "status": "not stored"} for i, r in enumerate(results)],
+        )
+    outcomes = await tasks.enqueue_many([with_trace(s, request) for s in specs])
+    for i, outcome in zip(positions, outcomes, strict=True):
+        results[i] = {
+            "index": i,
+            "status": "created" if outcome.created else "deduplicated",
+            "task_id": str(outcome.task_id),
+            "trace_id": outcome.trace_id,
+        }
+    created = sum(1 for o in outcomes if o.created)
+    return json_response(
+        {"created": created, "deduplicated": len(outcomes) - created, "rejected": rejected, "results": results}
+    )
+
+
+@router.get("/api/v1/tasks/{task_id}", summary="A task and its latest run")
+async def get_task(task_id: str, tasks: TasksDep) -> Response:
+    """The task and its latest run, read in one statement."""
+    task, run = await tasks.get(parse_task_id(task_id))
+    return json_response({"task": task, "latest_run": run})
+
+
+@router.get("/api/v1/tasks/{task_id}/runs", summary="Every run (attempt) of a task, with its error and traceback")
+async def get_runs(task_id: str, tasks: TasksDep) -> Response:
+    """Every run of the task, by attempt."""
+    tid = parse_task_id(task_id)
+    return json_response({"task_id": str(tid), "runs": await tasks.runs(tid)})
+
+
+@router.post(
+    "/api/v1/tasks/{task_id}/cancel",
+    summary="Cancel a task: a queued one never runs (200), a running one is cancelled on its worker (202)",
+)
+async def cancel_task(task_id: str, tasks: TasksDep) -> Response:
+    """Cancel a queued task now, or ask the worker of a running one to cancel it (409 when finished)."""
+    tid = parse_task_id(task_id)
+    done = await tasks.cancel(tid)
+    if done.status == TaskStatus.CANCELLED:
+        return json_response({"task_id": str(tid), "status": "cancelled"})
+    return json_response({"task_id": str(tid), "status": "running", "cancel_requested": True}, 202)

@@ -1,0 +1,237 @@
+"""One queue's workers: a fetcher, ``concurrency`` executors, and the slots between them.
+
+The **fetcher** pops ready ids from ``{prefix}:{q}:ready`` (``BZMPOP``, as many
+as slots are free), claims them in PostgreSQL with one conditional UPDATE, and
+puts each :class:`~taskmesh.models.ClaimedTask` on the queue's channel; ids
+whose claim fails (already claimed, not queued) are dropped quietly, ids not
+due yet go back to the delayed set. It stops at the top of its loop once
+``stop`` is set (within ``pop_timeout`` seconds). It is a supervised service
+(``fetcher:<queue>``, critical): a bug in it restarts it, never the executors.
+
+The **executors** (``concurrency`` of them) take tasks from the channel, run
+them (``executor.run_one``: never raises) and submit each result to the
+committer. **Slots** bound what the queue holds: ``concurrency + prefetch``;
+the fetcher takes one per claimed task and an executor gives it back when it
+submitted the result. With prefetch, claimed tasks wait for an executor so
+that the next claim overlaps the current runs.
+
+Everything claimed and not yet submitted is in :attr:`QueueWorkers.claimed`:
+the heartbeat keeps those leases, and at shutdown, once the executors have
+drained (or the grace period cut them off), what is left there is handed back
+(:meth:`QueueWorkers.unfinished`). Store failures are handled by the fetcher
+(log once, back off, go on); popped ids that were not claimed stay queued in
+PostgreSQL and are pushed again by the reconciler.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import structlog
+
+from taskmesh.errors import StoreError
+from taskmesh.logs import run_keys
+from taskmesh.metrics import Metrics
+from taskmesh.models import ClaimedTask
+from taskmesh.registry import Registry
+from taskmesh.services.base import Outage
+from taskmesh.services.committer import Committer
+from taskmesh.services.executor import SyncRunner, debug_enabled, run_in_thread, run_one
+from taskmesh.tasks import Tasks
+
+log = structlog.get_logger("taskmesh.worker_pool")
+
+BATCH_MAX = 100
+"""Most ids popped and claimed at once."""
+GATHER_SECONDS = 0.002
+POP_TIMEOUT_SECONDS = 1.0
+
+
+class QueueWorkers:
+    """The fetcher and executors of one queue (see module docs).
+
+    :param concurrency: executors (handlers running at once).
+    :param prefetch: tasks claimed ahead of free executors.
+    :param stop: set by the supervisor when the instance drains.
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        *,
+        tasks: Tasks,
+        registry: Registry,
+        committer: Committer,
+        worker_id: str,
+        concurrency: int,
+        prefetch: int,
+        lease_seconds: float,
+        stop: anyio.Event,
+        metrics: Metrics | None = None,
+        log_payloads: bool = False,
+        run_sync: SyncRunner = run_in_thread,
+    ) -> None:
+        self.queue = queue
+        self.tasks = tasks
+        self.registry = registry
+        self.committer = committer
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.stop = stop
+        self.metrics = metrics
+        self.log_payloads = log_payloads
+        self.run_sync = run_sync
+        capacity = concurrency + prefetch
+        self.batch_max = min(capacity, BATCH_MAX)
+        self.batch_min = max(1, self.batch_max // 2)
+        self._send, self._receive = anyio.create_memory_object_stream[ClaimedTask](capacity)
+        self.slots = anyio.Semaphore(capacity)
+        self.claimed: dict[uuid.UUID, ClaimedTask] = {}
+        """Runs claimed and not yet submitted to the committer, by run id (held: leases kept)."""
+        self.started: set[uuid.UUID] = set()
+        """Run ids whose handler started."""
+        self.cancels: dict[uuid.UUID, anyio.CancelScope] = {}
+        self._outage = Outage(f"fetcher:{queue}")
+
+    # -- the fetcher -------------------------------------------------------------
+
+    async def fetch(self) -> None:
+        """Claim and hand on tasks until ``stop`` is set (the supervised service)."""
+        while not self.stop.is_set():
+            await self.slots.acquire()
+            if self.stop.is_set():  # waited for a free executor while shutdown began
+                self.slots.release()
+                break
+            taken = 1 + await self._gather_slots(self.batch_max - 1, self.batch_min - 1)
+            try:
+                claimed = await self.fetch_once(taken)
+            except StoreError as exc:
+                for _ in range(taken):
+                    self.slots.release()
+                if not exc.transient:
+                    log.error("fetch_failed", queue=self.queue, operation=exc.operation, error=str(exc))
+                    await anyio.sleep(1)
+                else:
+                    await self._outage.failed(exc)
+                continue
+            except BaseException:
+                for _ in range(taken):
+                    self.slots.release()
+                raise
+            self._outage.recovered()
+            for _ in range(taken - len(claimed)):
+                self.slots.release()
+            for item in claimed:
+                self.claimed[item.run_id] = item
+                # Each claimed task holds a slot and the buffer has one place per slot, so
+                # this never waits; no checkpoint (a round through the event loop) per task.
+                try:
+                    self._send.send_nowait(item)
+                except anyio.WouldBlock:
+                    await self._send.send(item)
+
+    async def fetch_once(self, count: int) -> list[ClaimedTask]:
+        """Pop up to ``count`` ids and claim them; returns the claimed tasks.
+
+        :raises StoreError: a store failed.
+        """
+        ids = await self.tasks.redis.pop_ready(self.queue, count, POP_TIMEOUT_SECONDS)
+        if not ids:
+            return []
+        return await self.tasks.claim(self.queue, ids, self.worker_id, self.lease_seconds)
+
+    async def _gather_slots(self, most: int, enough: int) -> int:
+        """Take up to ``most`` more free slots; wait up to 2 ms while fewer than ``enough``.
+
+        Under load executors free up one by one; waiting a moment for a few more
+        turns one claim per task into one claim per batch (design.md principle 6).
+        An idle queue's slots are all free at once, so no wait happens there.
+        """
+        taken = 0
+        while taken < most:
+            try:
+                self.slots.acquire_nowait()
+            except anyio.WouldBlock:
+                break
+            taken += 1
+        if taken < enough:
+            with anyio.move_on_after(GATHER_SECONDS):
+                while taken < enough:
+                    await self.slots.acquire()
+                    taken += 1
+        return taken
+
+    def close_fetching(self) -> None:
+        """The fetcher has stopped: executors finish what the channel holds, then return."""
+        self._send.close()
+
+    # -- the executors -----------------------------------------------------------
+
+    async def execute(self) -> None:
+        """Run ``concurrency`` executors until the channel is closed and drained."""
+        async with anyio.create_task_group() as tg:
+            for _ in range(self.concurrency):
+                tg.start_soon(self._executor)
+
+    async def _executor(self) -> None:
+        debug = debug_enabled()
+        receive = self._receive.clone()
+        async with receive:
+            while True:
+                # Take a buffered task without a checkpoint (a round through the event loop per
+                # task); wait only when the buffer is empty. The handler's own awaits yield.
+                try:
+                    task = receive.receive_nowait()
+                except anyio.WouldBlock:
+                    try:
+                        task = await receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                except anyio.EndOfStream:
+                    return
+                self.started.add(task.run_id)
+                result = await run_one(
+                    task,
+                    registry=self.registry,
+                    cancels=self.cancels,
+                    run_sync=self.run_sync,
+                    worker_id=self.worker_id,
+                    metrics=self.metrics,
+                    debug=debug,
+                    log_payloads=self.log_payloads,
+                )
+                await self.committer.submit(result)
+                self.claimed.pop(task.run_id, None)
+                self.started.discard(task.run_id)
+                self.slots.release()
+
+    # -- shutdown and control ----------------------------------------------------
+
+    def unfinished(self) -> list[ClaimedTask]:
+        """Runs claimed and not submitted (to hand back at shutdown); empties the channel."""
+        while True:
+            try:
+                self._receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        self._receive.close()
+        left = list(self.claimed.values())
+        self.claimed.clear()
+        return left
+
+    def cancel(self, task_id: uuid.UUID) -> bool:
+        """Cancel the running handler of ``task_id`` if this queue holds it; returns whether it did."""
+        scope = self.cancels.get(task_id)
+        if scope is None:
+            return False
+        scope.cancel()
+        held = next((t for t in self.claimed.values() if t.task_id == task_id), None)
+        if held is not None:
+            log.info("run_cancel_requested", **run_keys(held, self.worker_id))
+        return True
+
+    def in_flight(self) -> int:
+        """Handlers running now."""
+        return len(self.started)

@@ -1,0 +1,85 @@
+"""Which store errors are outages (transient) and which are not: the failure model's one rule.
+
+Transient means the same call can succeed later without anyone changing
+anything: the connection dropped or timed out, the server is starting,
+shutting down or failing over, it ran out of a resource, or the transaction
+lost a serialization race. Everything else (a data, constraint or syntax
+error, a client-side encoding error, a reply taskmesh did not write) would
+fail again the same way, so retrying it for ever would stop the service that
+met it; it is handled where it happens instead (``errors.StoreError``).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import redis.exceptions
+
+from taskmesh.errors import StoreError
+
+TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
+"""Connection exception, transaction rollback (serialization, deadlock), insufficient resources,
+operator intervention (shutdown, cancel, cannot connect now), system error (I/O)."""
+TRANSIENT_SQLSTATES = frozenset({"55P03", "25006", "25P03"})
+"""lock_not_available (lock_timeout), read_only_sql_transaction (a failover's old primary),
+idle_in_transaction_session_timeout."""
+
+POSTGRES_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+"""What asyncpg raises for a failed call (network errors come as OSError or TimeoutError)."""
+
+REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError, TimeoutError)
+"""What redis-py raises for a failed call."""
+
+_TRANSIENT_REDIS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,  # includes AuthenticationError, BusyLoadingError
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,  # a replica promoted under us: a failover
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.MasterDownError,
+    redis.exceptions.OutOfMemoryError,  # maxmemory reached: memory may be freed
+    OSError,
+    TimeoutError,
+)
+
+
+def postgres_is_transient(exc: BaseException) -> bool:
+    """Whether a PostgreSQL failure is an outage (see module docs).
+
+    :param exc: an exception raised by asyncpg (or the socket under it).
+    """
+    if isinstance(exc, asyncpg.PostgresError):
+        state = str(getattr(exc, "sqlstate", "") or "")
+        if not state:  # a client-side error asyncpg raised as a PostgresError
+            return isinstance(exc, asyncpg.PostgresConnectionError)
+        return state[:2] in TRANSIENT_SQLSTATE_CLASSES or state in TRANSIENT_SQLSTATES
+    if isinstance(exc, asyncpg.InterfaceError):
+        # "connection is closed", "pool is closing": the connection, not the call, failed.
+        return True
+    return isinstance(exc, OSError | TimeoutError)
+
+
+def redis_is_transient(exc: BaseException) -> bool:
+    """Whether a Redis failure is an outage (see module docs); a command error (WRONGTYPE) is not."""
+    return isinstance(exc, _TRANSIENT_REDIS)
+
+
+def postgres_error(operation: str, exc: BaseException) -> StoreError:
+    """Wrap an asyncpg failure of ``operation`` as a :class:`StoreError`."""
+    return StoreError("postgres", operation, transient=postgres_is_transient(exc), detail=_one_line(exc))
+
+
+def redis_error(operation: str, exc: BaseException) -> StoreError:
+    """Wrap a redis-py failure of ``operation`` as a :class:`StoreError`."""
+    return StoreError("redis", operation, transient=redis_is_transient(exc), detail=_one_line(exc))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:500] if first else type(exc).__name__

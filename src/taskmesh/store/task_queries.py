@@ -1,0 +1,178 @@
+"""Typed calls of the ``task_*`` and ``run_*`` blocks of ``queries.sql`` (one method per block).
+
+Each method names its block, takes plain values and returns asyncpg records or
+plain values; a failure raises :class:`~taskmesh.errors.StoreError` naming the
+block. Decoding rows into the API's shape is ``taskmesh.records``'s job.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+
+import asyncpg
+
+from taskmesh.states import FINISHED_TASK_STATUSES
+from taskmesh.store.sql import Queries
+
+
+class TaskQueries(Queries):
+    """Queries on ``tasks`` and ``task_runs``."""
+
+    async def insert_many(
+        self,
+        ids: Sequence[uuid.UUID],
+        names: Sequence[str],
+        types: Sequence[str],
+        queues: Sequence[str],
+        priorities: Sequence[int],
+        payloads: Sequence[str],
+        idempotency_keys: Sequence[str | None],
+        max_retries: Sequence[int],
+        run_ats: Sequence[datetime | None],
+        delays: Sequence[float | None],
+        tenant_ids: Sequence[str | None],
+        trace_ids: Sequence[str | None],
+    ) -> list[asyncpg.Record]:
+        """``task_insert_many``: the rows inserted (``id``, ``run_at``, ``delayed``); repeats insert nothing.
+
+        :param payloads: JSON texts.
+        :param run_ats: due instants, or ``None`` for now + the delay (PostgreSQL's clock).
+        :param delays: seconds after now (``None`` or 0: runnable now).
+        """
+        return await self._fetch(
+            "task_insert_many",
+            ids,
+            names,
+            types,
+            queues,
+            priorities,
+            payloads,
+            idempotency_keys,
+            max_retries,
+            run_ats,
+            delays,
+            tenant_ids,
+            trace_ids,
+        )
+
+    async def find_by_idempotency_keys(self, keys: Sequence[str]) -> list[asyncpg.Record]:
+        """``task_find_by_idempotency_keys``: ``idempotency_key, id, status, trace_id`` of existing tasks."""
+        return await self._fetch("task_find_by_idempotency_keys", list(keys))
+
+    async def get_with_latest_run(self, task_id: uuid.UUID) -> asyncpg.Record | None:
+        """``task_get_with_latest_run``: the task's columns and its latest run's as ``run_*``; None if absent."""
+        return await self._fetchrow("task_get_with_latest_run", task_id)
+
+    async def exists(self, task_id: uuid.UUID) -> bool:
+        """``task_exists``."""
+        return bool(await self._fetchval("task_exists", task_id))
+
+    async def runs(self, task_id: uuid.UUID) -> list[asyncpg.Record]:
+        """``run_list_by_task``: every run of a task, by attempt."""
+        return await self._fetch("run_list_by_task", task_id)
+
+    async def claim_many(
+        self, ids: Sequence[uuid.UUID], queue: str, worker_id: str, lease_seconds: float
+    ) -> list[asyncpg.Record]:
+        """``task_claim_many``: the claimed tasks with their new ``run_id`` (design.md principle 3)."""
+        return await self._fetch("task_claim_many", list(ids), queue, worker_id, lease_seconds)
+
+    async def list_not_due(self, ids: Sequence[uuid.UUID]) -> list[asyncpg.Record]:
+        """``task_list_not_due``: of ``ids``, the queued tasks whose ``run_at`` is still ahead."""
+        return await self._fetch("task_list_not_due", list(ids))
+
+    async def finish_many(
+        self,
+        run_ids: Sequence[uuid.UUID],
+        task_ids: Sequence[uuid.UUID],
+        outcomes: Sequence[str],
+        errors: Sequence[str | None],
+        results: Sequence[str | None],
+        delays: Sequence[float],
+        tracebacks: Sequence[str | None],
+        worker_id: str,
+    ) -> list[asyncpg.Record]:
+        """``run_finish_many``: the tasks written (``id, queue, priority, status, run_at``); fenced-out runs are not."""
+        return await self._fetch(
+            "run_finish_many",
+            list(run_ids),
+            list(task_ids),
+            list(outcomes),
+            list(errors),
+            list(results),
+            list(delays),
+            list(tracebacks),
+            worker_id,
+        )
+
+    async def reclaim_expired(self, stale_seconds: float, limit: int) -> list[asyncpg.Record]:
+        """``run_reclaim_expired``: tasks of the runs ended (``id, name, queue, priority, status, run_at``)."""
+        return await self._fetch("run_reclaim_expired", stale_seconds, limit)
+
+    async def lock_for_cancel(self, task_id: uuid.UUID) -> asyncpg.Record | None:
+        """``task_lock_for_cancel`` (inside a transaction): ``id, queue, status``, row locked."""
+        return await self._fetchrow("task_lock_for_cancel", task_id)
+
+    async def cancel_queued(self, task_id: uuid.UUID) -> None:
+        """``task_cancel_queued``."""
+        await self._execute("task_cancel_queued", task_id)
+
+    async def request_cancel(self, task_id: uuid.UUID) -> None:
+        """``task_request_cancel``."""
+        await self._execute("task_request_cancel", task_id)
+
+    async def list_failed(self, queue: str, limit: int) -> list[asyncpg.Record]:
+        """``task_list_failed``: the queue's dead-lettered tasks, oldest first."""
+        return await self._fetch("task_list_failed", queue, limit)
+
+    async def replay_many(self, queue: str, count: int, priority: int | None) -> list[asyncpg.Record]:
+        """``task_replay_many``: ``id, queue, priority`` of the tasks moved back to queued."""
+        return await self._fetch("task_replay_many", queue, count, priority)
+
+    async def list_queued_after(
+        self,
+        queue: str,
+        after_run_at: datetime | None,
+        after_id: uuid.UUID | None,
+        min_age_seconds: float,
+        limit: int,
+    ) -> list[asyncpg.Record]:
+        """``task_list_queued_after``: ``id, queue, priority, run_at`` after the cursor, in (run_at, id) order."""
+        return await self._fetch("task_list_queued_after", queue, after_run_at, after_id, min_age_seconds, limit)
+
+    async def list_failed_ids(self, queue: str, limit: int) -> list[uuid.UUID]:
+        """``task_list_failed_ids``: ids of the queue's dead-lettered tasks, oldest first."""
+        return [r["id"] for r in await self._fetch("task_list_failed_ids", queue, limit)]
+
+    async def count_queued(self, queues: Sequence[str]) -> dict[str, int]:
+        """``task_count_queued``: queued tasks per queue (queues without any are absent)."""
+        return {r["queue"]: r["n"] for r in await self._fetch("task_count_queued", list(queues))}
+
+    async def delete_finished(self, status: str, older_than_seconds: float, limit: int) -> int:
+        """``task_delete_completed`` / ``_cancelled`` / ``_failed``: how many were deleted.
+
+        :raises ValueError: ``status`` is not a finished status.
+        """
+        if status not in FINISHED_TASK_STATUSES:
+            raise ValueError(f"not a finished status: {status!r}")
+        result = await self._execute(f"task_delete_{status}", older_than_seconds, limit)
+        return int(result.split()[-1])
+
+    async def status(self, task_id: uuid.UUID) -> str | None:
+        """``task_status``: the task's status, or ``None`` when it does not exist."""
+        value: str | None = await self._fetchval("task_status", task_id)
+        return value
+
+    async def sample_running_by_queue(self, queues: Sequence[str]) -> dict[str, int]:
+        """``task_sample_running_by_queue``."""
+        return {r["queue"]: r["n"] for r in await self._fetch("task_sample_running_by_queue", list(queues))}
+
+    async def sample_failed_by_queue(self, queues: Sequence[str]) -> dict[str, int]:
+        """``task_sample_failed_by_queue``."""
+        return {r["queue"]: r["n"] for r in await self._fetch("task_sample_failed_by_queue", list(queues))}
+
+    async def sample_oldest_ready_age(self, queue: str) -> float:
+        """``task_sample_oldest_ready_age``: seconds, 0 when nothing is due."""
+        return float(await self._fetchval("task_sample_oldest_ready_age", queue))
