@@ -22,13 +22,11 @@ hold connections open).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import signal
 import socket
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -41,9 +39,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from taskmesh import __version__, notify
 from taskmesh.api.app import AppState, create_app
+from taskmesh.api.server import Server as _Server
+from taskmesh.api.server import bind_http
 from taskmesh.clock import SystemClock
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
-from taskmesh.errors import ConfigError
 from taskmesh.metrics import Metrics, current_metrics
 from taskmesh.models import ClaimedTask, Outcome, RunResult
 from taskmesh.registry import Registry
@@ -88,34 +87,6 @@ class Instance:
     stop: anyio.Event = field(default_factory=anyio.Event)
     force: anyio.Event = field(default_factory=anyio.Event)
     state: AppState | None = None
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the supervisor owns signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def bind_http(host: str, port: int) -> socket.socket:
-    """Bind the API's listening socket before anything else starts.
-
-    :raises ConfigError: the address cannot be bound (in use, not local), naming ``http_port``.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so, and
-    # without it a keep-alive client waits ~40 ms per answer (Nagle against delayed ACKs).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"http_port: cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
 
 
 async def run(
