@@ -195,6 +195,21 @@ class Settings(BaseSettings):
     """Address the HTTP API binds; ``0.0.0.0`` to serve other hosts."""
     http_port: int = Field(default=8080, ge=0, le=65535, validation_alias=_aliases("http_port", "HTTP_PORT"))
     """Port of the HTTP API (0 picks a free one)."""
+    http_max_header_bytes: int = Field(
+        default=65536, ge=1024, le=1048576, validation_alias=_aliases("http_max_header_bytes")
+    )
+    """Largest request line plus headers of one request, bytes (through the blank line ending them);
+    past it, or past 100 header fields, the answer is 431 and the connection closes. At most 1 MiB:
+    an instance may hold this much for each of its ``http_max_connections`` connections."""
+    http_read_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=3600, validation_alias=_aliases("http_read_timeout_seconds")
+    )
+    """Time a request's headers and body get to arrive, counted from its first byte, seconds;
+    past it the answer is 408 (when nothing was answered yet) and the connection closes."""
+    http_max_connections: int = Field(
+        default=1000, ge=1, le=1_000_000, validation_alias=_aliases("http_max_connections")
+    )
+    """Open HTTP connections an instance keeps; one more is closed as soon as it is accepted."""
     queue_names: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["default"], validation_alias=_aliases("queue_names", "QUEUE_NAMES")
     )

@@ -63,10 +63,13 @@ DURATION_BUCKETS = (
 HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 """HTTP request latency buckets, seconds."""
 
+HTTP_REFUSAL_REASONS = ("headers_too_large", "read_timeout", "too_many_connections")
+"""Values of the ``reason`` label of ``taskmesh_http_refused_total`` (see ``taskmesh.api.server``)."""
+
 OUTCOME_LABELS = {"retry": "retrying"}
 """Executor outcomes under their metric names (the rest keep their value)."""
 
-__all__ = ["DURATION_BUCKETS", "MetricInfo", "Metrics", "current_metrics"]
+__all__ = ["DURATION_BUCKETS", "HTTP_REFUSAL_REASONS", "MetricInfo", "Metrics", "current_metrics"]
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,15 @@ class Metrics:
             "route",
             "method",
         )
+        self.http_refused = c(
+            "taskmesh_http_refused",
+            "HTTP connections refused or cut by the server's limits, by reason: headers_too_large (431), "
+            "read_timeout (request not received in time, 408 when nothing was answered yet), "
+            "too_many_connections (closed at accept, over http_max_connections).",
+            "reason",
+        )
+        for reason in HTTP_REFUSAL_REASONS:  # at 0 from the start, so rate() and alerts see them
+            self.http_refused.labels(reason)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)

@@ -25,27 +25,26 @@ grace + 15 s. After a critical service's failure the instance raises
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import signal
 import socket
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import anyio
 import structlog
-import uvicorn
 
 from taskmesh import __version__, notify
 from taskmesh.api.app import create_app
+from taskmesh.api.server import HttpLimits, bind_http, make_server
 from taskmesh.api.state import AppState
 from taskmesh.clock import StoreClock
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
-from taskmesh.errors import ConfigError, MigrationError, ServiceFailedError, StoreError
+from taskmesh.errors import MigrationError, ServiceFailedError, StoreError
 from taskmesh.logs import run_keys
 from taskmesh.metrics import Metrics, current_metrics
 from taskmesh.models import Outcome, RunResult
@@ -97,34 +96,6 @@ class Instance:
     budget: RestartBudget = field(default_factory=RestartBudget)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the supervisor owns signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def bind_http(host: str, port: int) -> socket.socket:
-    """Bind the API's listening socket before anything else starts.
-
-    :raises ConfigError: the address cannot be bound (in use, not local), naming ``http_port``.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so, and
-    # without it a keep-alive client waits ~40 ms per answer (Nagle against delayed ACKs).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"http_port: cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
 async def run(
     settings: Settings, registry: Registry, instance: Instance | None = None, *, signals: bool = True
 ) -> None:
@@ -146,14 +117,12 @@ async def run(
     inst.state = state
     sock = bind_http(settings.http_host, settings.http_port)
     inst.port = sock.getsockname()[1]
-    config = uvicorn.Config(
+    server = make_server(
         create_app(state, api_enabled=settings.api_enabled),
-        log_config=None,
-        access_log=False,
-        lifespan="off",
+        limits=HttpLimits.from_settings(settings),
+        metrics=metrics,
         timeout_graceful_shutdown=3,
     )
-    server = _Server(config)
     log.info(
         "instance_starting",
         worker_id=inst.worker_id,

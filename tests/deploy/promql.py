@@ -60,6 +60,7 @@ CONTRACT: dict[str, Family] = {
     "taskmesh_http_request_duration_seconds": Family("histogram", ("route", "method")),
     "taskmesh_store_errors_total": Family("counter", ("store",)),
     "taskmesh_clock_offset_seconds": Family("gauge", ()),
+    "taskmesh_http_refused_total": Family("counter", ("reason",)),
     "taskmesh_service_restarts_total": Family("counter", ("service",)),
     "taskmesh_service_up": Family("gauge", ("service",)),
     "taskmesh_service_ticks_total": Family("counter", ("service", "outcome")),
@@ -90,6 +91,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ),
     ("taskmesh_store_errors_total", "store"): frozenset({"postgres", "redis"}),
     ("taskmesh_service_ticks_total", "outcome"): frozenset({"ok", "store_unavailable", "error"}),
+    ("taskmesh_http_refused_total", "reason"): frozenset({"headers_too_large", "read_timeout", "too_many_connections"}),
 }
 """Closed label values: an equality or alternation matcher on these must name only these."""
 
