@@ -18,11 +18,13 @@ two channels that need no loop, both read by a daemon thread
 The thread counts a signal once, whichever channel told it first. First
 signal: ``on_first()`` is called on the loop (``loop.call_soon_threadsafe``);
 second: ``on_second()`` likewise. The thread also calls ``emergency()`` itself,
-and exits the process if that returns, when after the first signal at ``T``:
+and exits the process with status 1 if that returns or raises, when after the
+first signal at ``T``:
 
 - the loop is blocked (:meth:`LoopProbe.is_blocked`) at or after
   ``T + grace_seconds + margin_seconds`` (margin 3 s);
-- a second signal has come and the loop is blocked (at once);
+- a second signal has come and the loop is blocked: at once when it is
+  blocked as the signal comes, else as soon as it is seen blocked;
 - ``T + grace_seconds + backstop_seconds`` (30 s) passes, blocked or not: a
   normal shutdown is long over by then.
 
