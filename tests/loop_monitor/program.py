@@ -8,7 +8,8 @@ does: ``on_first`` sets a stop event, ``on_second`` a force event; after the
 stop, a "drain" phase waits for the force event up to ``--drain`` seconds while
 the loop turns; a "run" (a coroutine awaited by a function holding
 ``_taskmesh_run``) may block the loop. Its emergency writes ``--marker`` and
-exits with status 3. Log lines are JSON on stderr; the program's own events
+exits with status 3 (``--emergency default``: the module's own, status 1;
+``--emergency failing``: one that raises). Log lines are JSON on stderr; the program's own events
 are ``program_ready``, ``program_draining``, ``program_stopped`` (``forced``)
 and ``program_exit`` (``blocked_total``).
 """
@@ -34,7 +35,7 @@ from taskmesh.logs import configure
 from taskmesh.loop_monitor import LoopMonitor
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask
-from taskmesh.shutdown_signals import ShutdownSignals
+from taskmesh.shutdown_signals import ShutdownSignals, exit_now
 
 log = structlog.get_logger("program")
 
@@ -105,6 +106,10 @@ def emergency(marker: Path) -> None:
     os._exit(EMERGENCY_EXIT)
 
 
+def failing_emergency() -> None:
+    raise RuntimeError("cannot reach PostgreSQL")
+
+
 def on_usr1(signum: int, frame: object) -> None:
     # Another component's Python-level handler: raw write, no lock (it may run inside a logger).
     os.write(2, b'{"event": "usr1_handled"}\n')
@@ -115,6 +120,11 @@ async def main(opts: argparse.Namespace) -> None:
     stop, force = anyio.Event(), anyio.Event()
     monitor = LoopMonitor(opts.threshold, worker_id="worker-test", metrics=metrics)
     signal.signal(signal.SIGUSR1, on_usr1)
+    emergencies: dict[str, Callable[[], object]] = {
+        "marker": partial(emergency, Path(opts.marker)),
+        "default": exit_now,
+        "failing": failing_emergency,
+    }
     with ShutdownSignals(
         on_first=stop.set,
         on_second=force.set,
@@ -122,7 +132,7 @@ async def main(opts: argparse.Namespace) -> None:
         margin_seconds=opts.margin,
         backstop_seconds=opts.backstop,
         monitor=monitor,
-        emergency=partial(emergency, Path(opts.marker)),
+        emergency=emergencies[opts.emergency],
     ) as sig:
         if opts.take_wakeup_fd:
             # Other code takes the wakeup fd over, as asyncio's add_signal_handler (anyio's
@@ -157,6 +167,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backstop", type=float, default=30.0)
     p.add_argument("--drain", type=float, default=2.0, help="longest the drain phase waits for a second signal")
     p.add_argument("--marker", default=os.devnull)
+    p.add_argument(
+        "--emergency",
+        choices=["marker", "default", "failing"],
+        default="marker",
+        help="write --marker and exit 3; the module's default (exit 1); or raise",
+    )
     return p.parse_args(argv)
 
 

@@ -90,8 +90,8 @@ def test_sigterm_is_heard_by_the_python_handler_when_other_code_takes_the_wakeup
 
 @each_loop
 def test_sigterm_to_a_live_loop_stops_it_gracefully_even_past_grace_and_margin(start: Start, backend: str) -> None:
-    # The drain lasts 1.5 s, past grace + margin (1 s), but the loop turns: no emergency.
-    p = start("--backend", backend, "--grace", "0.5", "--margin", "0.5", "--drain", "1.5")
+    # The drain lasts 1 s, past grace + margin (0.6 s), but the loop turns: no emergency.
+    p = start("--backend", backend, "--grace", "0.3", "--margin", "0.3", "--drain", "1")
     p.wait_for("program_ready")
     sent = p.signal(signal.SIGTERM)
     p.wait_for("program_draining", timeout=1)
@@ -120,23 +120,37 @@ def test_sigint_then_sigterm_to_a_live_loop_runs_on_second(start: Start, backend
 
 @asyncio_only
 def test_the_backstop_ends_a_shutdown_that_never_finishes_though_the_loop_turns(start: Start, backend: str) -> None:
-    p = start("--backend", backend, "--grace", "0.3", "--margin", "0.3", "--backstop", "1", "--drain", "60")
+    p = start(
+        "--backend", backend, "--grace", "0.3", "--margin", "0.3", "--backstop", "1", "--drain", "60",
+        "--emergency", "default",
+    )  # fmt: skip
     p.wait_for("program_ready")
     sent = p.signal(signal.SIGTERM)
-    assert p.wait(timeout=3) == 3
+    assert p.wait(timeout=3) == 1
     assert 1.2 <= time.monotonic() - sent < 2.5
     assert [e["reason"] for e in p.events("shutdown_emergency")] == ["backstop"]
+    assert p.wait_for("shutdown_emergency_exit")["exit_code"] == 1
+
+
+@asyncio_only
+def test_an_emergency_that_raises_still_ends_the_process(start: Start, backend: str) -> None:
+    p = start("--backend", backend, "--block", "sleep", "--emergency", "failing")
+    p.wait_for("event_loop_blocked")
+    p.signal(signal.SIGTERM)
+    p.wait_for("shutdown_requested", timeout=1)
+    p.signal(signal.SIGTERM)
+    assert p.wait(timeout=2) == 1
+    assert p.wait_for("shutdown_emergency_failed")["error"] == "RuntimeError: cannot reach PostgreSQL"
 
 
 @each_loop
 def test_other_python_signal_handlers_still_run_promptly_on_an_idle_loop(start: Start, backend: str) -> None:
     # No ticker: nothing wakes an idle uvloop but the wakeup fd we took over and forward to it.
-    p = start("--backend", backend, "--no-monitor")
+    p = start("--backend", backend, "--no-monitor", "--drain", "0")
     p.wait_for("program_ready")
     time.sleep(0.2)
     p.signal(signal.SIGUSR1)
     p.wait_for("usr1_handled", timeout=0.5)
-    p.signal(signal.SIGTERM)
     p.signal(signal.SIGTERM)
     assert p.wait(timeout=3) == 0
 
