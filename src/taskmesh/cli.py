@@ -1,7 +1,10 @@
 """Command line: ``python -m taskmesh [run|migrate|dev|schedules|bench]``.
 
 Exit status: 0 after a clean stop; 2 for invalid or missing configuration
-(the message names the key); 1 for anything unexpected.
+(the message names the key); 1 when a migration fails, a store refuses for
+good (a database that does not exist), a critical service exhausts its
+restart budget, or the emergency exit of a blocked instance; 1 for anything
+unexpected.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import anyio
 
 from taskmesh import __version__, cli_schedules
 from taskmesh.config import Settings, check_schedule_tasks, load_settings
-from taskmesh.errors import ConfigError
+from taskmesh.errors import ConfigError, MigrationError, ServiceFailedError, StoreError
 from taskmesh.logs import configure
 from taskmesh.registry import default_registry, load_modules
 
@@ -115,6 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"taskmesh: error: {exc}", file=sys.stderr)
         return 2
+    except (MigrationError, ServiceFailedError, StoreError) as exc:
+        # Not an outage: a migration or a store refusing for good, or a critical service that
+        # kept crashing. The instance has shut down gracefully; the process manager decides.
+        print(f"taskmesh: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except _Terminated:

@@ -233,6 +233,12 @@ class Settings(BaseSettings):
         default=30.0, ge=0, le=3600, validation_alias=_aliases("shutdown_grace_seconds")
     )
     """Seconds in-flight runs get to finish after SIGTERM/SIGINT."""
+    loop_block_threshold_seconds: float = Field(
+        default=1.0, ge=0.25, le=600, validation_alias=_aliases("loop_block_threshold_seconds")
+    )
+    """Time the event loop may go without turning before it counts as blocked, seconds (logged as
+    ``event_loop_blocked`` and counted; see ``taskmesh.loop_monitor``). At least 0.25: more than
+    two of the loop monitor's 0.1 s ticks."""
     lease_seconds: float = Field(default=30.0, gt=0, le=3600, validation_alias=_aliases("lease_seconds"))
     """Length of a run's lease, seconds; the heartbeat renews it every third of that."""
     default_max_retries: int = Field(default=3, ge=0, le=100, validation_alias=_aliases("default_max_retries"))

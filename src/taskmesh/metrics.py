@@ -138,6 +138,15 @@ class Metrics:
         self.in_flight = g("taskmesh_in_flight", "Runs this instance is executing now.", "queue")
         self.concurrency = g("taskmesh_concurrency", "Executors this instance runs.", "queue")
         self.heartbeats = c("taskmesh_heartbeats", "Heartbeats this instance wrote.")
+        self.event_loop_blocked = c(
+            "taskmesh_event_loop_blocked",
+            "Times this instance's event loop went without a tick for more than "
+            "loop_block_threshold_seconds (once per blocking episode).",
+        )
+        self.event_loop_lag = g(
+            "taskmesh_event_loop_lag_seconds",
+            "How late the loop monitor's last tick ran (it ticks every 0.1 s); after a block, its length.",
+        )
         # Workers (cluster-wide, sampled).
         self.workers = g(
             "taskmesh_workers",

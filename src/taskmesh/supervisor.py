@@ -25,10 +25,11 @@ grace + 15 s. After a critical service's failure the instance raises
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-import signal
 import socket
+import time
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -38,14 +39,15 @@ from typing import Any
 import anyio
 import structlog
 
-from taskmesh import __version__, notify
+from taskmesh import __version__, emergency, notify
 from taskmesh.api.app import create_app
-from taskmesh.api.server import HttpLimits, bind_http, make_server
+from taskmesh.api.server import HttpLimits, Server, bind_http, make_server
 from taskmesh.api.state import AppState
 from taskmesh.clock import StoreClock
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
 from taskmesh.errors import MigrationError, ServiceFailedError, StoreError
 from taskmesh.logs import run_keys
+from taskmesh.loop_monitor import LoopMonitor
 from taskmesh.metrics import Metrics, current_metrics
 from taskmesh.models import Outcome, RunResult
 from taskmesh.registry import Registry
@@ -64,6 +66,7 @@ from taskmesh.services.base import Outage, call_until_done
 from taskmesh.services.committer import Committer
 from taskmesh.services.supervision import RestartBudget, ServiceSpec, supervise
 from taskmesh.services.worker_pool import QueueWorkers
+from taskmesh.shutdown_signals import ShutdownSignals
 from taskmesh.store import Stores
 from taskmesh.store.postgres import Listener
 from taskmesh.tasks import Tasks
@@ -94,6 +97,8 @@ class Instance:
     state: AppState | None = None
     failed: tuple[str, int] | None = None
     budget: RestartBudget = field(default_factory=RestartBudget)
+    stop_requested_at: float | None = None
+    """``time.monotonic()`` of the signal that asked for the stop: the grace period counts from it."""
 
 
 async def run(
@@ -132,8 +137,52 @@ async def run(
         handlers=registry.names(),
         fallback=registry.fallback.name if registry.fallback else None,
     )
-    http_done = anyio.Event()
     fatal: list[BaseException] = []
+    monitor = LoopMonitor(settings.loop_block_threshold_seconds, worker_id=inst.worker_id, metrics=metrics)
+    guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    if signals:
+        guard = _signals(inst, monitor, settings, database_url)
+    with guard:
+        await _run_root(settings, registry, inst, state, metrics, server, sock, monitor, database_url, redis_url, fatal)
+    log.info("instance_stopped", worker_id=inst.worker_id)
+    if fatal:
+        raise fatal[0]
+    if inst.failed is not None:
+        raise ServiceFailedError(*inst.failed)
+
+
+def _signals(inst: Instance, monitor: LoopMonitor, settings: Settings, database_url: str) -> ShutdownSignals:
+    """SIGTERM/SIGINT heard also while the loop is blocked, with the emergency hand-back as last resort."""
+
+    def first() -> None:
+        inst.stop_requested_at = guard.requested_at
+        inst.stop.set()
+
+    guard = ShutdownSignals(
+        on_first=first,
+        on_second=inst.force.set,
+        grace_seconds=settings.shutdown_grace_seconds,
+        monitor=monitor,
+        emergency=partial(emergency.hand_back_and_exit, database_url, inst.worker_id),
+    )
+    return guard
+
+
+async def _run_root(
+    settings: Settings,
+    registry: Registry,
+    inst: Instance,
+    state: AppState,
+    metrics: Metrics,
+    server: Server,
+    sock: socket.socket,
+    monitor: LoopMonitor,
+    database_url: str,
+    redis_url: str,
+    fatal: list[BaseException],
+) -> None:
+    """The instance's root task group: HTTP, the loop monitor, the watchdog, then the stores' work."""
+    http_done = anyio.Event()
 
     async def serve_http() -> None:
         try:
@@ -147,8 +196,7 @@ async def run(
             await http_done.wait()
 
     async with anyio.create_task_group() as root:
-        if signals:
-            root.start_soon(_watch_signals, inst)
+        root.start_soon(monitor.run)
         root.start_soon(serve_http)
         root.start_soon(notify.watchdog, lambda: server.started and not http_done.is_set())
         inst.serving.set()
@@ -171,22 +219,6 @@ async def run(
             notify.stopping("stopped before the stores answered")
         await stop_http()
         root.cancel_scope.cancel()
-    log.info("instance_stopped", worker_id=inst.worker_id)
-    if fatal:
-        raise fatal[0]
-    if inst.failed is not None:
-        raise ServiceFailedError(*inst.failed)
-
-
-async def _watch_signals(inst: Instance) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
-        async for signum in received:
-            if not inst.stop.is_set():
-                log.info("shutdown_requested", signal=signal.Signals(signum).name)
-                inst.stop.set()
-            else:
-                log.warning("shutdown_forced", signal=signal.Signals(signum).name)
-                inst.force.set()
 
 
 async def _connect_until_stopped(
@@ -486,7 +518,9 @@ async def _run_services(p: _Parts) -> None:
                 in_flight = sum(pool.in_flight() for pool in p.pools)
                 notify.stopping(f"draining {in_flight} runs, grace {settings.shutdown_grace_seconds:g} s")
                 log.info("draining", in_flight=in_flight, grace_s=settings.shutdown_grace_seconds)
-                grace.deadline = anyio.current_time() + settings.shutdown_grace_seconds
+                # The grace period counts from the signal, which a blocked loop may have heard late.
+                waited = time.monotonic() - inst.stop_requested_at if inst.stop_requested_at is not None else 0.0
+                grace.deadline = anyio.current_time() + max(0.0, settings.shutdown_grace_seconds - waited)
                 # The group now waits for fetchers to stop and executors to finish what they hold.
         with anyio.CancelScope(shield=True):
             await _hand_back(p)

@@ -61,6 +61,8 @@ CONTRACT: dict[str, Family] = {
     "taskmesh_store_errors_total": Family("counter", ("store",)),
     "taskmesh_clock_offset_seconds": Family("gauge", ()),
     "taskmesh_http_refused_total": Family("counter", ("reason",)),
+    "taskmesh_event_loop_blocked_total": Family("counter", ()),
+    "taskmesh_event_loop_lag_seconds": Family("gauge", ()),
     "taskmesh_service_restarts_total": Family("counter", ("service",)),
     "taskmesh_service_up": Family("gauge", ("service",)),
     "taskmesh_service_ticks_total": Family("counter", ("service", "outcome")),

@@ -176,6 +176,30 @@ FROM decided d JOIN runs ON runs.id = d.run_id
 WHERE t.id = d.task_id
 RETURNING t.id, t.name, t.queue, t.priority, t.status, t.run_at;
 
+-- name: run_hand_back_by_worker
+-- The emergency hand-back of an instance that cannot stop by itself (its event loop is
+-- blocked past the grace period): every run it still holds goes back to queued without
+-- spending a retry, due only after $3 seconds, by which time the process has exited (so no
+-- other instance starts a run while this one's handler may still be running for a moment).
+-- A task whose cancellation was requested ends cancelled.
+WITH runs AS (
+    UPDATE task_runs tr
+    SET status = CASE WHEN t.cancel_requested_at IS NULL THEN 'retrying' ELSE 'failed' END,
+        finished_at = now(), error = $2, lease_expires_at = NULL,
+        next_retry_at = CASE WHEN t.cancel_requested_at IS NULL THEN now() + make_interval(secs => $3) END,
+        updated_at = now()
+    FROM tasks t
+    WHERE tr.worker_id = $1 AND tr.status = 'running' AND t.id = tr.task_id
+    RETURNING tr.task_id, tr.next_retry_at
+)
+UPDATE tasks t
+SET status = CASE WHEN runs.next_retry_at IS NULL THEN 'cancelled' ELSE 'queued' END,
+    run_at = COALESCE(runs.next_retry_at, t.run_at),
+    updated_at = now()
+FROM runs
+WHERE t.id = runs.task_id AND t.status = 'running'
+RETURNING t.id, t.status;
+
 -- name: task_lock_for_cancel
 SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
 

@@ -111,6 +111,10 @@ class TaskQueries(Queries):
         """``run_reclaim_expired``: tasks of the runs ended (``id, name, queue, priority, status, run_at``)."""
         return await self._fetch("run_reclaim_expired", stale_seconds, limit)
 
+    async def hand_back_by_worker(self, worker_id: str, error: str, delay_seconds: float) -> list[asyncpg.Record]:
+        """``run_hand_back_by_worker``: ``id, status`` of the tasks handed back."""
+        return await self._fetch("run_hand_back_by_worker", worker_id, error, delay_seconds)
+
     async def lock_for_cancel(self, task_id: uuid.UUID) -> asyncpg.Record | None:
         """``task_lock_for_cancel`` (inside a transaction): ``id, queue, status``, row locked."""
         return await self._fetchrow("task_lock_for_cancel", task_id)
