@@ -1,12 +1,13 @@
 # taskmesh: `make run` (dev profile on embedded servers) and `make test`.
 # Both create .venv with the first Python >= 3.11 found and install the project into it.
+# `make bench ARGS="--tasks 20000 --compare"` runs the benchmark (benchmarks/bench.py).
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo $$p && break; done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint clean deploy-tools
+.PHONY: install run test lint clean deploy-tools bench
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "taskmesh needs Python 3.11 or newer on PATH"; exit 1; }
@@ -41,8 +42,12 @@ deploy-tools:
 		|| echo "could not install$$missing: the deployment tests that use it will skip"
 
 lint: install
-	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/mypy
+
+# The benchmark is not part of the package: it runs from the repository root, where `benchmarks` imports.
+bench: install
+	$(BIN)/python -m benchmarks.bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) .taskmesh build dist src/*.egg-info
