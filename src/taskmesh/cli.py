@@ -1,4 +1,4 @@
-"""Command line: ``python -m taskmesh [run|migrate|dev|schedules|bench]``.
+"""Command line: ``python -m taskmesh [run|migrate|dev|schedules]``.
 
 Exit status: 0 after a clean stop; 2 for invalid or missing configuration
 (the message names the key); 1 when a migration fails, a store refuses for
@@ -34,7 +34,6 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply database migrations and exit")
     sub.add_parser("dev", help="run on an embedded PostgreSQL and Valkey with the demo handler")
     cli_schedules.add_parser(sub)
-    sub.add_parser("bench", help="benchmark one instance (see `python -m taskmesh bench --help`)", add_help=False)
     return parser
 
 
@@ -95,10 +94,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # embedded servers already started are still stopped by the context managers on the way out.
     signal.signal(signal.SIGTERM, _terminate_early)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
-        from taskmesh import bench
-
-        return bench.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.config:
         os.environ["TASKMESH_CONFIG"] = args.config

@@ -150,3 +150,11 @@ class Retry(TaskmeshError):
     def __init__(self, reason: str = "retry requested", delay_seconds: float | None = None) -> None:
         super().__init__(reason)
         self.delay_seconds = delay_seconds
+
+
+class EmbeddedServerError(TaskmeshError):
+    """An embedded server of the dev profile (``taskmesh.dev``) could not be started again.
+
+    The message names the server and what failed (pg_ctl's exit, Valkey not
+    answering PING in time); the server's own log says more.
+    """

@@ -232,7 +232,7 @@ def sums_cluster_wide_gauge(expr: str) -> bool:
 
 
 def promtool() -> str | None:
-    """The promtool to run: ``$PROMTOOL``, else on PATH, else the one `make test` unpacked into the venv."""
+    """The promtool to run: ``$PROMTOOL``, else on PATH, else the one `make deploy-tools` unpacked into the venv."""
     explicit = os.environ.get("PROMTOOL")
     if explicit:
         return explicit

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from taskmesh.config import Settings, load_settings
-from tests.deploy import DEPLOY
+from tests.deploy import DEPLOY, promql, tool_missing
 
 COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
@@ -160,9 +160,9 @@ def test_prometheus_scrapes_every_long_running_instance_and_loads_the_alert_rule
 
 
 def test_promtool_check_config(tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
+    promtool = promql.promtool()  # also the one `make deploy-tools` unpacks into the venv when not root
     if promtool is None:
-        pytest.skip("promtool is not installed (Debian package prometheus): prometheus.yml was not checked by it")
+        pytest.skip(tool_missing("promtool", "prometheus", "prometheus.yml was not checked by it"))
     config = PROMETHEUS
     if not (DEPLOY / "prometheus" / "alerts.yml").exists():
         # The rules are another file's business; check the scrape config on its own.

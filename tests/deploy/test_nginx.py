@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.deploy import DEPLOY
+from tests.deploy import DEPLOY, tool_missing
 from tests.proc import free_port, spawn, stores_env, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
@@ -35,10 +35,7 @@ SHIPPED = DEPLOY / "nginx" / "taskmesh.conf"
 def nginx() -> str:
     tool = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
     if tool is None:
-        pytest.skip(
-            "nginx is not installed (make test installs Debian's nginx when run as root with apt-get): "
-            "deploy/nginx/taskmesh.conf was not checked"
-        )
+        pytest.skip(tool_missing("nginx", "nginx", "deploy/nginx/taskmesh.conf was not checked"))
     return tool
 
 

@@ -1,7 +1,8 @@
 """deploy/prometheus/alerts.yml: promtool checks it and runs its unit tests; every alert is complete and tested.
 
-promtool comes from Debian's prometheus package (`make test` unpacks it into the
-venv when it is not on PATH); without it those two tests skip and say so.
+promtool comes from Debian's prometheus package (`make deploy-tools` unpacks it
+into /usr/local/bin as root, else into the venv); without it those two tests
+skip and say so.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy import promql
+from tests.deploy import promql, tool_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
@@ -25,10 +26,7 @@ yaml = pytest.importorskip("yaml", reason="PyYAML (the dev extra) is needed to r
 def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
     tool = promql.promtool()
     if tool is None:
-        pytest.skip(
-            "promtool not found (PATH, the venv's bin, $PROMTOOL): `make test` unpacks it from Debian's "
-            "prometheus package where apt-get works; the alert rules were not checked"
-        )
+        pytest.skip(tool_missing("promtool", "prometheus", "the alert rules were not checked"))
     return subprocess.run([tool, *args], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
 
 

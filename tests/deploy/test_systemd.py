@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from taskmesh.config import Settings
-from tests.deploy import DEPLOY
+from tests.deploy import DEPLOY, tool_missing
 
 SHIPPED = DEPLOY / "systemd" / "taskmesh.service"
 EXPOSURE_MAX = 2.0
@@ -42,7 +42,7 @@ def systemd_analyze() -> str:
         "/usr/bin/systemd-analyze" if Path("/usr/bin/systemd-analyze").exists() else None
     )
     if tool is None:
-        pytest.skip("systemd-analyze is not installed (Debian package systemd): the unit was not verified")
+        pytest.skip(tool_missing("systemd-analyze", "systemd", "deploy/systemd/taskmesh.service was not verified"))
     return tool
 
 

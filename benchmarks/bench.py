@@ -1,4 +1,8 @@
-"""``python -m taskmesh bench``: how much work one instance pushes through, and how soon a task starts.
+"""``python -m benchmarks.bench``: how much work one instance pushes through, and how soon a task starts.
+
+Run it from the repository root with the venv's Python
+(``.venv/bin/python -m benchmarks.bench --tasks 20000``, or
+``make bench ARGS="--tasks 20000"``); it is not part of the installed package.
 
 It creates a database ``taskmesh_bench`` on the PostgreSQL of ``DATABASE_URL``
 (default ``postgresql://postgres@127.0.0.1:5432/postgres``; the role must be
@@ -7,8 +11,9 @@ allowed to create databases) and uses the Redis of ``REDIS_URL`` (default
 
 1. **bulk enqueue**: ``--tasks`` no-op tasks through ``Client.enqueue_many``
    (1,000 per call: one statement and one pipeline each);
-2. **drain**: starts one instance (``python -m taskmesh``, ``--concurrency``
-   executors, durable: ``synchronous_commit`` as the server has it) and times
+2. **drain**: starts one instance (``python -m taskmesh`` with the handler
+   module ``benchmarks.bench_handler``, found through ``PYTHONPATH``;
+   ``--concurrency`` executors, durable: ``synchronous_commit`` as the server has it) and times
    it from launch until every task ran, with the CPU seconds of the instance,
    of PostgreSQL and of Redis, and the instance's peak RSS; then checks that
    every task ran exactly once (the recorder) and is ``completed`` with one run;
@@ -45,10 +50,12 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import redis
 
-from taskmesh.bench_handler import RAN, START
+from benchmarks.bench_handler import RAN, START
 from taskmesh.client import Client
 from taskmesh.store.postgres import migrate_url
 
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository root: the instance's ``PYTHONPATH`` starts with it, so it imports ``benchmarks.bench_handler``."""
 CLK = os.sysconf("SC_CLK_TCK")
 PEERS = ("pgqueuer", "arq", "celery")
 BENCH_DB = "taskmesh_bench"
@@ -126,7 +133,9 @@ class Bench:
             "DATABASE_URL": self.db_url,
             "REDIS_URL": self.redis_url,
             "TASKMESH_REDIS_PREFIX": PREFIX,
-            "TASKMESH_HANDLERS": "taskmesh.bench_handler",
+            # The instance imports the handler from this checkout, whatever its working directory.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "TASKMESH_HANDLERS": "benchmarks.bench_handler",
             "TASKMESH_BENCH_RECORDER_URL": self.recorder_url,
             "WORKER_CONCURRENCY": str(concurrency),
             "TASKMESH_PREFETCH": str(self.args.prefetch),
@@ -373,8 +382,8 @@ def _print(figures: dict[str, Any], peers: dict[str, dict[str, Any]] | None, arg
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m taskmesh bench``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m taskmesh bench", description=__doc__.splitlines()[0])
+    """Entry point of ``python -m benchmarks.bench``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument(
@@ -395,3 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     peers = bench.compare() if args.compare else None
     _print(bench.figures, peers, args)
     return 0 if bench.figures["exactly_once"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The benchmark's no-op handler (``python -m taskmesh bench`` loads it into the instance).
+"""The benchmark's no-op handler: ``python -m benchmarks.bench`` has its instance load ``benchmarks.bench_handler``.
 
 Its body is the peers harness's job body (``shared/bench/peers/common.py``): one
 pipelined Redis round trip, ``HINCRBY ran <id> 1`` and ``HSETNX start <id> <time>``,
