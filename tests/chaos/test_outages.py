@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import time
 from typing import Any
 
@@ -81,3 +82,35 @@ async def test_a_task_created_while_redis_is_down_runs_once_redis_is_back(
         valkey.start()
     wait_until(lambda: task_status(proc.port, tid)["task"]["status"] == "completed", timeout=20)
     assert wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200, timeout=5)
+
+
+async def test_results_held_at_shutdown_while_postgres_is_down_are_logged_and_run_again_later(
+    owned_stores: tuple[EmbeddedPostgres, EmbeddedValkey], spawn: Any
+) -> None:
+    pg, valkey = owned_stores
+    url = await fresh_database(pg, "outage")
+    proc = start(spawn, url, valkey)
+    _, body = call(proc.port, "POST", "/api/v1/tasks", {"name": "sleepy", "payload": {"seconds": 0.5}})
+    tid = body["task_id"]
+    wait_until(lambda: task_status(proc.port, tid)["task"]["status"] == "running")
+    pg.stop()
+    try:
+        time.sleep(1.5)  # the run ends; its result waits in the committer
+        t0 = time.monotonic()
+        proc.signal(signal.SIGTERM)
+        code = proc.wait(60)
+        took = time.monotonic() - t0
+    finally:
+        pg.start()
+    assert code == 0 and took < 30, (code, took)  # grace 30 s is not spent: nothing runs; the flush is bounded
+    events = proc.events()
+    unwritten = [e for e in events if e["event"] == "result_unwritten"]
+    assert [e["task_id"] for e in unwritten] == [tid]
+    assert any(e["event"] == "results_unwritten" and e["count"] == 1 for e in events)
+    # The run was never recorded: its lease expires and another instance runs the task again.
+    again = start(spawn, url, valkey)
+    done = wait_until(
+        lambda: task_status(again.port, tid)["task"]["status"] == "completed" and task_status(again.port, tid),
+        timeout=30,
+    )
+    assert done["latest_run"]["attempt"] == 2
