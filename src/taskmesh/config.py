@@ -279,6 +279,13 @@ class Settings(BaseSettings):
         default=5.0, gt=0, le=3600, validation_alias=_aliases("metrics_sample_seconds")
     )
     """How often queue depths, the oldest ready age and workers by state are sampled, seconds."""
+    service_restarts: int = Field(default=5, ge=0, le=1000, validation_alias=_aliases("service_restarts"))
+    """Crashes a service may have within ``service_restart_window_seconds`` and still be restarted;
+    one more and a critical service shuts the instance down (exit 1), an optional one stays down."""
+    service_restart_window_seconds: float = Field(
+        default=60.0, gt=0, le=86400, validation_alias=_aliases("service_restart_window_seconds")
+    )
+    """The window of ``service_restarts``, seconds."""
     api_enabled: bool = Field(default=True, validation_alias=_aliases("api_enabled"))
     """Serve the ``/api/v1`` routes; off, the port still serves ``/healthz``, ``/readyz`` and ``/metrics``."""
     workers_enabled: bool = Field(default=True, validation_alias=_aliases("workers_enabled"))

@@ -116,6 +116,7 @@ async def run(
     database_url, redis_url = require_stores(settings)
     check_schedule_tasks(settings, set(registry.names()), registry.fallback is not None)
     inst = instance or Instance()
+    inst.budget = RestartBudget(settings.service_restarts, settings.service_restart_window_seconds)
     metrics = Metrics()
     current_metrics.set(metrics)  # this task and the services it starts count their store errors here
     state = AppState(metrics=metrics, queues=list(settings.queue_names))
@@ -230,6 +231,7 @@ async def _connect_until_stopped(
     :raises StoreError: PostgreSQL refused in a way retrying cannot fix (a wrong database name).
     """
     result: list[Stores] = []
+    failed: list[MigrationError | StoreError] = []  # raised after the group: a child's error would come wrapped
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
@@ -237,6 +239,13 @@ async def _connect_until_stopped(
             tg.cancel_scope.cancel()
 
         async def connect() -> None:
+            try:
+                await connect_and_migrate()
+            except (MigrationError, StoreError) as exc:
+                failed.append(exc)
+                tg.cancel_scope.cancel()
+
+        async def connect_and_migrate() -> None:
             outage = Outage("postgres")
             while True:
                 try:
@@ -267,6 +276,8 @@ async def _connect_until_stopped(
 
         tg.start_soon(watch)
         tg.start_soon(connect)
+    if failed:
+        raise failed[0]
     return result[0] if result else None
 
 
