@@ -74,3 +74,11 @@ async def chatty(payload: Any) -> None:
 
     structlog.get_logger("tests.chatty").warning("handler_said")
     raise RuntimeError("chatty always fails")
+
+
+@taskmesh.task("blocks_loop")
+async def blocks_loop(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """Blocks the event loop with ``time.sleep(seconds)`` on attempt 1 (a bug users write); later attempts return."""
+    if ctx.attempt == 1:
+        time.sleep(float(payload.get("seconds", 0)))
+    return {"attempt": ctx.attempt, "pid": os.getpid()}
