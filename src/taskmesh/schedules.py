@@ -35,10 +35,11 @@ from typing import Any
 
 import anyio
 import structlog
+from pydantic import ValidationError
 
 from taskmesh.config import MISFIRE_ALL_CAP, ScheduleSettings
 from taskmesh.cron import CronSpec
-from taskmesh.errors import CronSpecError, ScheduleNotFoundError
+from taskmesh.errors import CronSpecError, InvalidTaskError, ScheduleNotFoundError
 from taskmesh.models import PushTarget
 from taskmesh.records import json_value
 from taskmesh.states import TaskStatus, TaskType
@@ -207,6 +208,11 @@ class Schedules:
         self.tasks = tasks
         self.pg = tasks.pg
         self.declared = {s.name: s for s in declared}
+        self.broken: dict[str, str] = {}
+        """Declared schedules whose row this instance cannot fire (name -> why), skipped until a restart."""
+
+    def _names(self) -> list[str]:
+        return [name for name in self.declared if name not in self.broken]
 
     # -- the scheduler's side ---------------------------------------------
 
@@ -249,9 +255,9 @@ class Schedules:
 
     async def next_due(self) -> datetime | None:
         """The earliest ``next_fire_at`` of this instance's active schedules (``None``: nothing to fire)."""
-        if not self.declared:
+        if not self._names():
             return None
-        return await self.pg.schedules.next_due(list(self.declared))
+        return await self.pg.schedules.next_due(self._names())
 
     async def fire_due(self, now: datetime) -> list[Fire]:
         """Fire every due schedule this instance declares (see module docs).
@@ -266,14 +272,14 @@ class Schedules:
         :param now: the scheduler's clock (PostgreSQL's in production; a manual one in tests).
         :returns: one :class:`Fire` per fire time handled, made or skipped.
         """
-        if not self.declared:
+        if not self._names():
             return []
         fires: list[Fire] = []
         targets: list[PushTarget] = []
         async with self.pg.transaction(
             lock_timeout_ms=FIRE_LOCK_TIMEOUT_MS, idle_timeout_ms=FIRE_IDLE_TIMEOUT_MS
         ) as tx:
-            rows = await tx.schedules.lock_due(list(self.declared), now)
+            rows = await tx.schedules.lock_due(self._names(), now)
             for row in rows:
                 made, pushes = await self._fire_row(tx, row, now)
                 fires.extend(made)
@@ -295,8 +301,12 @@ class Schedules:
         name = row["name"]
         try:
             spec = _spec(row["cron"], row["timezone"])
-        except CronSpecError as exc:  # a row written by another version, or by hand
-            log.error("schedule_invalid", schedule=name, error=str(exc))
+            self._spec_for(row, fire_key(name, now))  # a row this version cannot make tasks of fails here, once
+        except (CronSpecError, ValidationError, InvalidTaskError, ValueError, TypeError, KeyError) as exc:
+            # Written by another version, or by hand: skip it until this instance restarts, so that
+            # neither the other schedules nor the scheduler stop for it (and no error every second).
+            self.broken[name] = str(exc)
+            log.error("schedule_invalid", schedule=name, error=str(exc).splitlines()[0][:500], action="skipped")
             return [], []
         plan, skipped = await anyio.to_thread.run_sync(
             functools.partial(

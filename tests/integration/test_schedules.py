@@ -475,3 +475,18 @@ async def test_a_row_held_by_another_instance_is_not_polled_in_a_busy_loop(
             await anyio.sleep(2.5)
             tg.cancel_scope.cancel()
     assert Counting.calls <= 6, Counting.calls  # about one look a second, not hundreds
+
+
+async def test_a_row_this_version_cannot_fire_is_skipped_and_the_others_fire(
+    make: Callable[..., Schedules], clean: asyncpg.Pool
+) -> None:
+    s = make(sched(), sched("hourly", "0 * * * *"))
+    await s.sync(T0)
+    # Edited by hand (or by another version): no task can be made of it.
+    await clean.execute("UPDATE schedules SET priority = 5000 WHERE name = 'every-minute'")
+    fires = await s.fire_due(T0 + timedelta(hours=1))
+    assert [(f.schedule, f.outcome) for f in fires] == [("hourly", "fired")]
+    assert set(s.broken) == {"every-minute"} and "priority" in s.broken["every-minute"]
+    # Not looked at again (no error every second), and it does not hold up the next due time.
+    assert await s.fire_due(T0 + timedelta(hours=2)) != []
+    assert await s.next_due() == datetime(2026, 6, 1, 15, 0, tzinfo=UTC)
