@@ -22,7 +22,9 @@ replaced without failing anything. A child dies with its parent (Linux
 long as the pool, which is why :meth:`ProcessPool.run` starts them on the
 event loop's thread. Handlers in a child cannot start ``multiprocessing``
 children of their own (children are daemonic, so that an instance exiting
-without :meth:`ProcessPool.aclose` does not leave them behind). As with any
+without :meth:`ProcessPool.aclose` does not leave them behind; an exit hook
+SIGKILLs them first, as one whose handler ignored SIGTERM would hang
+multiprocessing's own exit hook). As with any
 spawn start, each child imports the parent's main module (as ``__mp_main__``,
 unless it was run with ``-m``): a script must guard its start with
 ``if __name__ == "__main__"``, or every child dies at start (``died``, exit code 1).
@@ -43,12 +45,14 @@ Log events (keys fixed; inside a run the run's keys are added by
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import multiprocessing
 import os
 import pickle
 import signal
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -132,6 +136,20 @@ def _exit_text(code: int | None) -> str:
         return f"signal {-code}"
 
 
+_open_pools: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_children_at_exit() -> None:
+    # An interpreter exiting with a pool never closed: multiprocessing's own exit hook (which
+    # runs after this one, atexit being last in, first out) SIGTERMs daemonic children and then
+    # waits for them, forever for one whose handler ignored SIGTERM. SIGKILL them first.
+    for pool in list(_open_pools):
+        for child in list(pool._children):
+            if child.process.exitcode is None:
+                child.process.kill()
+
+
 class ProcessPool:
     """Child processes that run sync handlers, at most ``size`` at once (see the module docs).
 
@@ -176,6 +194,7 @@ class ProcessPool:
         self._children: set[_Child] = set()
         self._idle: list[_Child] = []
         self._closed = False
+        _open_pools.add(self)
 
     @property
     def alive(self) -> int:
@@ -249,6 +268,7 @@ class ProcessPool:
         progress ends as ``died``.
         """
         self._closed = True
+        _open_pools.discard(self)
         idle, self._idle = self._idle, []
         await self._stop(list(self._children), "pool_closed")
         # Busy children's pipes are closed by the calls waiting on them, which see end of file.

@@ -29,10 +29,10 @@ pytestmark = pytest.mark.anyio
 async def test_a_timeout_stops_a_sleeping_handler_before_run_returns(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     async with ProcessPool(1, stop_grace_seconds=1.0) as pool:
-        outcome = await pool.run(ref(handlers.write_pid_and_sleep), {"pid_file": str(pid_file)}, None, timeout=0.5)
-        assert (outcome.kind, outcome.error, outcome.retryable) == ("timed_out", "timed out after 0.5 s", True)
+        outcome = await pool.run(ref(handlers.write_pid_and_sleep), {"pid_file": str(pid_file)}, None, timeout=0.3)
+        assert (outcome.kind, outcome.error, outcome.retryable) == ("timed_out", "timed out after 0.3 s", True)
         assert not pid_running(int(pid_file.read_text()))
-        assert outcome.duration_seconds >= 0.5
+        assert outcome.duration_seconds >= 0.3
         assert (pool.alive, pool.busy) == (0, 0)
 
 
@@ -88,7 +88,7 @@ async def test_a_sigint_to_the_process_group_does_not_reach_the_handler(tmp_path
         outcomes: list[ChildOutcome] = []
 
         async def call() -> None:
-            payload = {"pid_file": str(pid_file), "seconds": 0.5}
+            payload = {"pid_file": str(pid_file), "seconds": 0.3}
             outcomes.append(await pool.run(ref(handlers.write_pid_and_sleep), payload, None))
 
         tg.start_soon(call)
@@ -130,7 +130,7 @@ async def test_a_child_killed_while_idle_is_replaced_without_failing_a_run() -> 
 def test_a_child_does_not_outlive_a_parent_killed_with_sigkill(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     parent = subprocess.Popen(
-        [sys.executable, "-m", "tests.process_pool.orphan_parent", str(pid_file)],
+        [sys.executable, "-m", "tests.process_pool.pool_parent", "sleep", str(pid_file)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -147,6 +147,24 @@ def test_a_child_does_not_outlive_a_parent_killed_with_sigkill(tmp_path: Path) -
             parent.wait()
         if pid_file.exists() and pid_running(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_parent_exiting_without_aclose_leaves_no_child_even_one_ignoring_sigterm(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    # multiprocessing's exit hook would SIGTERM the idle child, then wait for it forever.
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.process_pool.pool_parent", "exit", str(pid_file)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=20,
+    )
+    pid = int(pid_file.read_text())
+    try:
+        assert done.returncode == 0
+        assert wait_gone(pid, 2.0), f"handler process {pid} outlived its parent"
+    finally:
+        if pid_running(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 async def test_aclose_stops_every_child_and_can_be_called_twice() -> None:
