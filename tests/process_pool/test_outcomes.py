@@ -18,8 +18,9 @@ from tests.process_pool.support import both_loops, ref
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 async def pool() -> AsyncIterator[ProcessPool]:
+    # One pool for the module: its child survives every outcome here (the tests check it does).
     async with ProcessPool(1, log_level="info", log_format="json", preload=["tests.process_pool.handlers"]) as p:
         yield p
 
@@ -65,9 +66,10 @@ def context_of(task: ClaimedTask) -> TaskContext:
 
 
 @both_loops
-async def test_a_returned_value_comes_back_as_json_text(pool: ProcessPool) -> None:
+async def test_a_returned_value_comes_back_as_json_text() -> None:
     payload = {"a": [1, "x", None], "b": 2.5}
-    outcome = await pool.run(ref(handlers.echo), payload, None)
+    async with ProcessPool(1) as pool:  # its own: the module's pool lives on one event loop
+        outcome = await pool.run(ref(handlers.echo), payload, None)
     assert outcome.kind == "returned"
     assert outcome.result_json is not None and json.loads(outcome.result_json) == payload
     assert outcome.error is None and outcome.traceback is None
@@ -200,8 +202,9 @@ async def test_an_async_handler_is_refused_as_non_retryable(pool: ProcessPool) -
     assert outcome.error is not None and "is async" in outcome.error
 
 
-async def test_a_payload_that_cannot_be_pickled_fails_without_starting_a_child(pool: ProcessPool) -> None:
-    outcome = await pool.run(ref(handlers.echo), lambda: None, None)
+async def test_a_payload_that_cannot_be_pickled_fails_without_starting_a_child() -> None:
+    async with ProcessPool(1) as pool:
+        outcome = await pool.run(ref(handlers.echo), lambda: None, None)
+        assert pool.alive == 0
     assert (outcome.kind, outcome.retryable) == ("raised", False)
     assert outcome.error is not None and outcome.error.startswith("payload cannot be sent to a handler process: ")
-    assert pool.alive == 0

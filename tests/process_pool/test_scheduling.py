@@ -44,11 +44,17 @@ async def test_two_cpu_bound_calls_run_at_once_in_a_pool_of_two() -> None:
     spans: list[dict[str, float]] = []
 
     async def burn() -> None:
-        spans.append(returned(await pool.run(ref(handlers.burn_cpu), {"seconds": 0.4}, None)))
+        spans.append(returned(await pool.run(ref(handlers.burn_cpu), {"seconds": 0.3}, None)))
 
-    async with ProcessPool(2) as pool, anyio.create_task_group() as tg:
-        for _ in range(2):
-            tg.start_soon(burn)
+    async with ProcessPool(2) as pool:
+        # Start both children first: their start-up times differ by more than a burn under load.
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(pool.run, ref(handlers.echo), None, None)
+        assert pool.alive == 2
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(burn)
     assert max(s["start"] for s in spans) < min(s["end"] for s in spans), spans
 
 
@@ -67,7 +73,7 @@ async def test_calls_wait_in_arrival_order_for_the_one_child_of_a_pool_of_one() 
 
 async def test_waiting_for_a_free_child_does_not_count_against_the_timeout() -> None:
     async with ProcessPool(1) as pool, anyio.create_task_group() as tg:
-        tg.start_soon(pool.run, ref(handlers.burn_cpu), {"seconds": 0.8}, None)
+        tg.start_soon(pool.run, ref(handlers.burn_cpu), {"seconds": 0.5}, None)
         with anyio.fail_after(10):
             while pool.busy == 0:
                 await anyio.sleep(0.01)
@@ -76,9 +82,9 @@ async def test_waiting_for_a_free_child_does_not_count_against_the_timeout() -> 
 
 
 async def test_a_childs_start_up_and_preloads_do_not_count_against_the_timeout() -> None:
-    # slow_import takes a second to import: a child's first call waits for it, the timeout does not.
+    # slow_import takes 0.6 s to import: a child's first call waits for it, the timeout does not.
     async with ProcessPool(1, preload=["tests.process_pool.slow_import"]) as pool:
-        outcome = await pool.run(ref(handlers.preloaded), None, None, timeout=0.5)
+        outcome = await pool.run(ref(handlers.preloaded), None, None, timeout=0.3)
         assert returned(outcome) is True
 
 
