@@ -1,45 +1,36 @@
 """Pool of handler processes: runs sync (``def``) handlers in child processes it can really stop.
 
 The prefork model: a ``def`` handler runs in a child process (spawn start
-method, see :mod:`taskmesh.process_child`), so that a run past its timeout, or
-cancelled, has its process stopped (SIGTERM, then SIGKILL after
-``stop_grace_seconds``) and reaped before :meth:`ProcessPool.run` returns or
-raises: the handler is then no longer running anywhere, and the next attempt
-cannot overlap it. Children are started lazily, at most ``size`` at once; an
-idle child is reused; callers wait first in, first out for a free one.
+method, see :mod:`taskmesh.process_child`); a run past its timeout, or
+cancelled, has its process stopped (SIGTERM, then SIGKILL after the grace) and
+reaped before :meth:`ProcessPool.run` returns or raises, so the handler no
+longer runs anywhere when the run's end is recorded. Children start lazily, at
+most ``size`` at once; idle ones are reused; callers wait first in, first out.
+Results come back on each child's pipe, awaited with ``anyio.wait_readable``
+(no thread per call).
 
-Options (:class:`ProcessPool`): ``size`` (children at most), ``log_level``
-(``"info"``) and ``log_format`` (``"json"``) given to the children's structlog,
-``stop_grace_seconds`` (2.0: SIGTERM to SIGKILL), ``preload`` (``()``: modules
-each child imports at start), ``start_timeout_seconds`` (60.0: a child not
-ready by then is stopped).
+Options (:class:`ProcessPool`): ``size``; ``log_level`` ("info") and
+``log_format`` ("json") of the children's structlog; ``stop_grace_seconds``
+(2.0); ``preload`` (modules each child imports at start); ``start_timeout_seconds`` (60.0).
 
-When things fail: a child that dies during a call (a segfault, ``os._exit``,
-the OOM killer) gives a ``died`` outcome naming its exit code or signal; it is
-reaped and replaced by the next call. One found dead while idle is reaped and
-replaced without failing anything. A child dies with its parent (Linux
-``PR_SET_PDEATHSIG``): children must be started from a thread that lives as
-long as the pool, which is why :meth:`ProcessPool.run` starts them on the
-event loop's thread. Handlers in a child cannot start ``multiprocessing``
-children of their own (children are daemonic, so that an instance exiting
-without :meth:`ProcessPool.aclose` does not leave them behind; an exit hook
-SIGKILLs them first, as one whose handler ignored SIGTERM would hang
-multiprocessing's own exit hook). As with any
-spawn start, each child imports the parent's main module (as ``__mp_main__``,
-unless it was run with ``-m``): a script must guard its start with
-``if __name__ == "__main__"``, or every child dies at start (``died``, exit code 1).
-A result comes back on the child's pipe: the pool waits for it with
-``anyio.wait_readable``, no thread per call.
+When things fail: a child that dies during a call (segfault, ``os._exit``, the
+OOM killer) gives a ``died`` outcome naming its exit code or signal, is reaped,
+and is replaced by the next call; one found dead while idle is replaced
+without failing anything. Children die with their parent (Linux
+``PR_SET_PDEATHSIG``, which fires when the *thread* that started them ends:
+they are started on the event loop's thread). They are daemonic (so their
+handlers cannot start ``multiprocessing`` children), and an exit hook SIGKILLs
+those of a pool never closed. Like any spawn start, each child imports the
+parent's main module unless it ran with ``-m``: a script must guard its start
+with ``if __name__ == "__main__"`` or every child dies at start.
 
-Log events (keys fixed; inside a run the run's keys are added by
-:mod:`taskmesh.logs`):
+Log events (fixed keys; inside a run, :mod:`taskmesh.logs` adds the run's):
 
 - ``handler_process_started`` (pid), info;
-- ``handler_process_stopped`` (pid, reason: ``timed_out``, ``cancelled``,
-  ``start_timeout``, ``pipe_closed`` or ``pool_closed``; signal: the last one
-  sent; exit: ``"signal SIGTERM"``, ``"exit code 0"`` or ``"still running"``), info,
-  warning when it took SIGKILL;
-- ``handler_process_died`` (pid, exit, during: ``start``, ``call`` or ``idle``), warning;
+- ``handler_process_stopped`` (pid; reason: timed_out, cancelled, start_timeout,
+  pipe_closed or pool_closed; signal: the last sent; exit: "signal SIGTERM",
+  "exit code 0"...), info, warning when it took SIGKILL;
+- ``handler_process_died`` (pid, exit, during: start, call or idle), warning;
 - ``handler_process_not_reaped`` (pid), error: still there after SIGKILL.
 """
 
@@ -222,10 +213,14 @@ class ProcessPool:
         *,
         run: ClaimedTask | None = None,
         worker_id: str = "",
-        timeout: float | None = None,  # noqa: ASYNC109  # counts from the call's start, not the wait: no outer scope can
+        # It counts from the call's start in a child, not from the wait for one: no outer scope can do that.
+        timeout: float | None = None,  # noqa: ASYNC109
     ) -> ChildOutcome:
         """Call the handler ``ref`` with ``payload`` in a child process and wait for the outcome.
 
+        :param ref: the handler, imported by name in the child (see :meth:`HandlerRef.of`).
+        :param payload: the task's payload as stored (JSON data), decoded in the child
+            into the handler's declared type.
         :param ctx: passed as ``ctx=`` when the handler declares it.
         :param run: the claimed task, whose keys (task_id, task_name, queue,
             attempt, trace_id) and ``worker_id`` the handler's log lines carry.
@@ -321,7 +316,7 @@ class ProcessPool:
             return ChildOutcome("died", error=error, duration_seconds=time.perf_counter() - started)
         return await self._died(child, started, "start")
 
-    async def _call(self, child: _Child, data: bytes, timeout: float | None) -> ChildOutcome:  # noqa: ASYNC109  # as run()
+    async def _call(self, child: _Child, data: bytes, timeout: float | None) -> ChildOutcome:  # noqa: ASYNC109 (as run)
         started = time.perf_counter()
         try:
             # Blocking, but the child is idle in recv() and drains the pipe at once.
@@ -360,7 +355,8 @@ class ProcessPool:
         # Shielded like _stop: a cancellation arriving now must not leave the child unreaped.
         with anyio.CancelScope(shield=True):
             # Its pipe closed because it is exiting: give it a moment to become reapable.
-            code = await self._reap(child, _KILL_WAIT_SECONDS)
+            await self._reap_all([child], _KILL_WAIT_SECONDS)
+            code = child.process.exitcode
             if code is None:  # the pipe closed, the process did not (a handler closed the descriptor)
                 await self._stop([child], "pipe_closed")
                 code = child.process.exitcode
@@ -402,10 +398,6 @@ class ProcessPool:
         # waitpid only while stopping children, for a bounded time.
         while any(c.process.exitcode is None for c in children) and anyio.current_time() < deadline:  # noqa: ASYNC110
             await anyio.sleep(_REAP_POLL_SECONDS)
-
-    async def _reap(self, child: _Child, within: float) -> int | None:
-        await self._reap_all([child], within)
-        return child.process.exitcode
 
     def _forget(self, child: _Child) -> None:
         if child not in self._children:
