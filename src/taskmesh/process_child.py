@@ -3,7 +3,8 @@
 A handler process is started by :class:`taskmesh.process_pool.ProcessPool`
 (spawn start method) with :func:`child_main`. It ignores SIGINT (a Ctrl-C in a
 terminal reaches the whole process group; the instance decides), keeps
-SIGTERM's default action (the pool stops it that way), asks Linux to SIGKILL it
+SIGTERM's default action (the pool stops it that way; restored after each
+call, should a handler have changed it), asks Linux to SIGKILL it
 when its parent dies (``PR_SET_PDEATHSIG``) and exits at once if that parent is
 already gone. It configures structlog like the parent, imports the ``preload``
 modules, says it is ready, then runs one :class:`Call` at a time: import the
@@ -106,7 +107,7 @@ class Call:
     worker_id: str
 
     def light(self) -> Call:
-        """This call without the payload copy inside ``run`` (half the bytes to pickle)."""
+        """This call without the payload's copy inside ``run``: the payload is pickled once, not twice."""
         return self if self.run is None else replace(self, run=replace(self.run, payload=None))
 
 
@@ -126,10 +127,9 @@ def child_main(
     :param log_format: as :func:`taskmesh.logs.configure`.
     :param preload: modules to import before the first call.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Dispositions and masks survive exec: make sure the pool's SIGTERM does stop us.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    _reset_signals()
     configure(log_level, log_format)
     _die_with_parent(parent_pid)
     # A handler's own subprocesses must not hold the pipe open: the pool reads EOF as "died".
@@ -148,10 +148,16 @@ def serve(conn: Connection[ChildOutcome | str, Call]) -> None:
         except EOFError:
             return
         outcome = execute(call)
+        _reset_signals()  # a handler that ignored SIGTERM for its call must not leave us deaf to it
         try:
             conn.send(outcome)
         except OSError:  # the parent is gone; PDEATHSIG is on its way
             return
+
+
+def _reset_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _die_with_parent(parent_pid: int) -> None:
