@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+import structlog
+from structlog.testing import capture_logs
 
 from taskmesh.process_pool import HandlerRef
 
@@ -28,6 +32,18 @@ def ref(func: Callable[..., Any]) -> HandlerRef:
     found = HandlerRef.of(func)
     assert found is not None, func
     return found
+
+
+@contextlib.contextmanager
+def captured_logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """This process's structlog events of the block, at every level, whatever level the session set."""
+    saved = structlog.get_config()["wrapper_class"]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(wrapper_class=saved)
 
 
 def pid_running(pid: int) -> bool:

@@ -88,6 +88,15 @@ async def test_a_childs_start_up_and_preloads_do_not_count_against_the_timeout()
         assert returned(outcome) is True
 
 
+async def test_a_preload_that_fails_is_logged_and_the_child_serves_calls(capfd: pytest.CaptureFixture[str]) -> None:
+    async with ProcessPool(1, log_format="json", preload=["tests.process_pool.no_such_module"]) as pool:
+        assert returned(await pool.run(ref(handlers.echo), "still here", None)) == "still here"
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
+    failed = [line for line in lines if line["event"] == "handler_module_preload_failed"]
+    assert [line["module"] for line in failed] == ["tests.process_pool.no_such_module"]
+    assert failed[0]["error"] == "ModuleNotFoundError: No module named 'tests.process_pool.no_such_module'"
+
+
 def nested() -> Any:
     def inner(payload: Any) -> Any:
         return payload

@@ -16,11 +16,10 @@ from typing import Any
 
 import anyio
 import pytest
-from structlog.testing import capture_logs
 
 from taskmesh.process_pool import ChildOutcome, PoolClosedError, ProcessPool
 from tests.process_pool import handlers
-from tests.process_pool.support import ROOT, both_loops, pid_from, pid_running, ref, wait_gone
+from tests.process_pool.support import ROOT, both_loops, captured_logs, pid_from, pid_running, ref, wait_gone
 
 pytestmark = pytest.mark.anyio
 
@@ -39,7 +38,7 @@ async def test_a_timeout_stops_a_sleeping_handler_before_run_returns(tmp_path: P
 async def test_a_handler_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     async with ProcessPool(1, stop_grace_seconds=0.3) as pool:
-        with capture_logs() as logs:
+        with captured_logs() as logs:
             payload = {"pid_file": str(pid_file)}
             outcome = await pool.run(ref(handlers.ignore_sigterm_and_sleep), payload, None, timeout=0.3)
         assert (outcome.kind, outcome.error) == ("timed_out", "timed out after 0.3 s")
@@ -79,6 +78,17 @@ async def test_cancelling_the_caller_stops_the_handler_before_the_cancellation_p
         # Checked right where the cancellation arrives, before anything else could reap the child.
         assert not pid_running(pids[0])
         assert (pool.alive, pool.busy) == (0, 0)
+
+
+async def test_an_idle_child_whose_last_handler_ignored_sigterm_still_stops_at_sigterm(tmp_path: Path) -> None:
+    pool = ProcessPool(1, stop_grace_seconds=5.0)
+    payload = {"pid_file": str(tmp_path / "pid"), "seconds": 0}
+    assert (await pool.run(ref(handlers.ignore_sigterm_and_sleep), payload, None)).kind == "returned"
+    with captured_logs() as logs:
+        await pool.aclose()
+    assert [(e["event"], e["signal"], e["exit"]) for e in logs] == [
+        ("handler_process_stopped", "SIGTERM", "signal SIGTERM")
+    ]
 
 
 async def test_a_sigint_to_the_process_group_does_not_reach_the_handler(tmp_path: Path) -> None:
