@@ -262,8 +262,8 @@ class ProcessPool:
         Callers waiting for a free child get :class:`PoolClosedError`; a call in
         progress ends as ``died``.
         """
+        # Stays in _open_pools: a child still unreaped after this (stuck in the kernel) is the exit hook's.
         self._closed = True
-        _open_pools.discard(self)
         idle, self._idle = self._idle, []
         await self._stop(list(self._children), "pool_closed")
         # Busy children's pipes are closed by the calls waiting on them, which see end of file.
