@@ -179,11 +179,17 @@ def test_a_parent_exiting_without_aclose_leaves_no_child_even_one_ignoring_sigte
 
 async def test_aclose_stops_every_child_and_can_be_called_twice() -> None:
     pool = ProcessPool(2)
+    pids: set[int] = set()
+
+    async def whoami() -> None:
+        outcome = await pool.run(ref(handlers.whoami), None, None)
+        assert outcome.result_json is not None
+        pids.add(int(outcome.result_json))
+
     async with anyio.create_task_group() as tg:
         for _ in range(2):
-            tg.start_soon(pool.run, ref(handlers.echo), None, None)
-    assert pool.alive == 2
-    pids = [c.pid for c in pool._children]
+            tg.start_soon(whoami)
+    assert pool.alive == 2 and len(pids) == 2
     await pool.aclose()
     assert pool.alive == 0
     assert not any(pid_running(pid) for pid in pids)
