@@ -82,3 +82,35 @@ async def blocks_loop(payload: dict[str, Any], ctx: TaskContext) -> dict[str, An
     if ctx.attempt == 1:
         time.sleep(float(payload.get("seconds", 0)))
     return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+def _mark(payload: dict[str, Any], ctx: TaskContext, what: str) -> None:
+    from pathlib import Path
+
+    Path(payload["dir"], f"attempt{ctx.attempt}.{what}").write_text(f"{os.getpid()} {time.time()}")
+
+
+@taskmesh.task("sync_slow_first", timeout=0.5, max_retries=1)
+def sync_slow_first(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """A ``def`` handler: attempt 1 overruns its 0.5 s timeout (it sleeps ``seconds``), later ones return."""
+    _mark(payload, ctx, "start")
+    if ctx.attempt == 1:
+        time.sleep(float(payload.get("seconds", 3)))
+    _mark(payload, ctx, "end")
+    return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+@taskmesh.task("sync_sleeps")
+def sync_sleeps(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """A ``def`` handler sleeping ``seconds`` (cancel tests)."""
+    _mark(payload, ctx, "start")
+    time.sleep(float(payload.get("seconds", 60)))
+    _mark(payload, ctx, "end")
+
+
+@taskmesh.task("sync_dies_first", max_retries=2)
+def sync_dies_first(payload: dict[str, Any], ctx: TaskContext) -> int:
+    """A ``def`` handler whose process dies on attempt 1 (as a segfault or the OOM killer would end it)."""
+    if ctx.attempt == 1:
+        os._exit(3)
+    return ctx.attempt

@@ -279,6 +279,16 @@ class Settings(BaseSettings):
         default=5.0, gt=0, le=3600, validation_alias=_aliases("metrics_sample_seconds")
     )
     """How often queue depths, the oldest ready age and workers by state are sampled, seconds."""
+    sync_pool: Literal["process", "thread"] = Field(default="process", validation_alias=_aliases("sync_pool"))
+    """Where ``def`` handlers run: ``process`` (worker processes the instance can stop at a timeout or a
+    cancel; the handler must be a module-level function) or ``thread`` (threads of the instance, which
+    cannot be stopped). A handler's own ``@task(..., pool=...)`` wins."""
+    sync_processes: int = Field(default=0, ge=0, le=1024, validation_alias=_aliases("sync_processes"))
+    """Most worker processes for ``def`` handlers, started as needed; 0: one per executor of the queues."""
+    sync_stop_grace_seconds: float = Field(
+        default=2.0, gt=0, le=300, validation_alias=_aliases("sync_stop_grace_seconds")
+    )
+    """Time a stopped handler process gets between SIGTERM and SIGKILL, seconds."""
     service_restarts: int = Field(default=5, ge=0, le=1000, validation_alias=_aliases("service_restarts"))
     """Crashes a service may have within ``service_restart_window_seconds`` and still be restarted;
     one more and a critical service shuts the instance down (exit 1), an optional one stays down."""

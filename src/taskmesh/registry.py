@@ -1,7 +1,9 @@
 """Handler registry: the ``@taskmesh.task`` decorator, lookup by name, payload decoding.
 
 A handler is an ``async def`` (run on the event loop) or a plain ``def`` (run
-in a worker thread). It receives the payload as its first argument, decoded
+in a worker process of the instance's pool by default, where a timeout or a
+cancel can really stop it; in a thread with ``pool="thread"``, see
+``services/sync_handlers.py``). It receives the payload as its first argument, decoded
 into the annotated type when that is a pydantic model or a dataclass, and a
 :class:`~taskmesh.models.TaskContext` as ``ctx`` when it declares a parameter
 of that name. A payload that cannot be decoded is not retryable (design.md
@@ -34,6 +36,8 @@ class Handler:
         as a failure; ``None`` for no limit.
     :param max_retries: default retries of tasks of this name (a request's own
         ``max_retries`` wins).
+    :param pool: for a ``def`` handler, ``"process"`` or ``"thread"``; ``None`` follows the
+        instance's ``sync_pool`` setting.
     """
 
     name: str
@@ -44,6 +48,7 @@ class Handler:
     is_async: bool = False
     wants_ctx: bool = False
     payload_adapter: TypeAdapter[Any] | None = None
+    pool: str | None = None
 
     def decode(self, payload: Any) -> Any:
         """Decode ``payload`` into the handler's declared type.
@@ -93,9 +98,10 @@ class Registry:
         queue: str | None = None,
         max_retries: int | None = None,
         timeout: float | None = None,
+        pool: str | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering a handler under ``name`` (see module docs)."""
-        return task(name, queue=queue, max_retries=max_retries, timeout=timeout, registry=self)
+        return task(name, queue=queue, max_retries=max_retries, timeout=timeout, pool=pool, registry=self)
 
 
 def make_handler(
@@ -105,11 +111,12 @@ def make_handler(
     queue: str | None = None,
     max_retries: int | None = None,
     timeout: float | None = None,
+    pool: str | None = None,
 ) -> Handler:
     """Inspect ``func`` and build its :class:`Handler`.
 
     :raises ValueError: a bad name, ``max_retries`` outside 0..100, a
-        non-positive ``timeout``.
+        non-positive ``timeout``, a ``pool`` other than ``"process"`` or ``"thread"``.
     """
     if not _NAME.fullmatch(name):
         raise ValueError(f"task name {name!r} must match [A-Za-z0-9_.:-]{{1,128}}")
@@ -119,6 +126,8 @@ def make_handler(
         raise ValueError(f"max_retries must be between 0 and {MAX_RETRIES_LIMIT}")
     if timeout is not None and timeout <= 0:
         raise ValueError("timeout must be a positive number of seconds")
+    if pool not in (None, "process", "thread"):
+        raise ValueError(f"pool must be 'process' or 'thread', not {pool!r}")
     sig = inspect.signature(func)
     params = list(sig.parameters.values())
     adapter: TypeAdapter[Any] | None = None
@@ -140,6 +149,7 @@ def make_handler(
         is_async=inspect.iscoroutinefunction(func),
         wants_ctx="ctx" in sig.parameters,
         payload_adapter=adapter,
+        pool=pool,
     )
 
 
@@ -153,13 +163,18 @@ def task(
     queue: str | None = None,
     max_retries: int | None = None,
     timeout: float | None = None,
+    pool: str | None = None,
     registry: Registry | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the handler of tasks named ``name``.
 
     :param queue: the queue tasks of this name go to when a request names none.
     :param max_retries: default retry budget (0..100) of tasks of this name.
-    :param timeout: seconds before a run is cancelled and counted as a failure.
+    :param timeout: seconds before a run is stopped and counted as a failure.
+    :param pool: where a ``def`` handler runs: ``"process"`` (a worker process the instance
+        stops at a timeout or cancel) or ``"thread"`` (shares the instance's memory; cannot be
+        stopped, so a timed-out run keeps its lease until it returns); default the
+        ``sync_pool`` setting.
     :returns: the function itself, unchanged.
     :raises ValueError: invalid options (see :func:`make_handler`).
     :raises ConfigError: ``name`` is already registered to another function.
@@ -172,7 +187,7 @@ def task(
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         target = registry if registry is not None else default_registry
-        target.add(make_handler(name, func, queue=queue, max_retries=max_retries, timeout=timeout))
+        target.add(make_handler(name, func, queue=queue, max_retries=max_retries, timeout=timeout, pool=pool))
         return func
 
     return decorate

@@ -98,3 +98,13 @@ def storable_result(value: Any) -> tuple[str | None, str | None]:
         if where is not None:
             return None, f"handler result refused: {where}"
     return text.decode(), None
+
+
+def storable_json(text: str) -> tuple[str | None, str | None]:
+    """Check a result already serialised (by a handler process) the way :func:`storable_result` does.
+
+    :returns: ``(text, None)`` when it can be stored, else ``(None, why)``.
+    """
+    if "\\u0000" not in text:  # the one escape jsonb refuses; surrogates never pass orjson
+        return text, None
+    return storable_result(orjson.loads(text))

@@ -50,6 +50,7 @@ from taskmesh.logs import run_keys
 from taskmesh.loop_monitor import LoopMonitor
 from taskmesh.metrics import Metrics, current_metrics
 from taskmesh.models import Outcome, RunResult
+from taskmesh.process_pool import ProcessPool
 from taskmesh.registry import Registry
 from taskmesh.schedules import NOTIFY_CHANNEL, Schedules
 from taskmesh.services import (
@@ -65,6 +66,7 @@ from taskmesh.services import (
 from taskmesh.services.base import Outage, call_until_done
 from taskmesh.services.committer import Committer
 from taskmesh.services.supervision import RestartBudget, ServiceSpec, supervise
+from taskmesh.services.sync_handlers import SyncHandlers
 from taskmesh.services.worker_pool import QueueWorkers
 from taskmesh.shutdown_signals import ShutdownSignals
 from taskmesh.store import Stores
@@ -425,7 +427,7 @@ async def _serve(
     concurrency = {q: settings.concurrency_of(q) for q in queues}
     metrics.prepare(queues, concurrency if settings.workers_enabled else {})
     total = sum(concurrency.values())
-    # Sync handlers in thread mode run in anyio's worker threads: allow one per executor.
+    # def handlers in thread mode run in anyio's worker threads: allow one per executor.
     limiter = anyio.to_thread.current_default_thread_limiter()
     limiter.total_tokens = max(limiter.total_tokens, total)
     committer = Committer(
@@ -435,6 +437,14 @@ async def _serve(
         flush_ms=settings.commit_flush_ms,
         capacity=max(1024, 4 * total),
     )
+    processes = ProcessPool(
+        settings.sync_processes or max(1, total),
+        log_level=settings.log_level,
+        log_format="json" if settings.log_format == "auto" else settings.log_format,
+        stop_grace_seconds=settings.sync_stop_grace_seconds,
+        preload=settings.handlers,
+    )
+    sync = SyncHandlers(processes, default=settings.sync_pool, worker_id=inst.worker_id)
     pools = [
         QueueWorkers(
             queue,
@@ -448,6 +458,7 @@ async def _serve(
             stop=inst.stop,
             metrics=metrics,
             log_payloads=settings.log_payloads,
+            sync=sync,
         )
         for queue in (queues if settings.workers_enabled else [])
     ]
@@ -463,6 +474,8 @@ async def _serve(
     try:
         await _run_services(parts)
     finally:
+        with anyio.CancelScope(shield=True):
+            await processes.aclose()  # after the hand-back: a run cut off by the grace was stopped already
         with anyio.CancelScope(shield=True), anyio.move_on_after(2):
             try:
                 if settings.workers_enabled:

@@ -85,7 +85,7 @@ async def test_a_critical_service_past_its_budget_drains_hands_back_and_exits_1(
         redis_url,
         prefix,
         BREAK_SERVICE="reclaimer",
-        TASKMESH_RECLAIM_INTERVAL_SECONDS="0.3",
+        TASKMESH_RECLAIM_INTERVAL_SECONDS="1",  # crashes at about 1, 2.5 and 4.5 s: time to create the task
         TASKMESH_SERVICE_RESTARTS="2",
         TASKMESH_SHUTDOWN_GRACE_SECONDS="1",
     )

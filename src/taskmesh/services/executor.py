@@ -1,7 +1,8 @@
 """Executor: runs one claimed task's handler and decides how its run ended.
 
-:func:`execute` runs the handler (``async`` on the event loop; ``def`` through
-the instance's sync runner: a worker process, or a thread in thread mode)
+:func:`execute` runs the handler (``async`` on the event loop; ``def`` in a
+worker process of the instance's pool, or a thread in thread mode: see
+``sync_handlers.py``)
 under the handler's ``timeout``, and returns a
 :class:`~taskmesh.models.RunResult` whose texts PostgreSQL can store
 (``taskmesh.storable``). It never raises but for cancellation from outside (an
@@ -29,14 +30,13 @@ slot.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import structlog
@@ -45,33 +45,20 @@ from taskmesh.errors import NonRetryableError, PayloadDecodeError, Retry
 from taskmesh.logs import current_run, run_keys
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, Outcome, RunResult, TaskContext
+from taskmesh.process_pool import HandlerRef, PoolClosedError
 from taskmesh.registry import Handler, Registry
 from taskmesh.retry import backoff_seconds
-from taskmesh.storable import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, describe, storable_result, storable_text
+from taskmesh.services.sync_handlers import SyncHandlers
+from taskmesh.storable import (
+    MAX_ERROR_CHARS,
+    MAX_TRACEBACK_CHARS,
+    describe,
+    storable_json,
+    storable_result,
+    storable_text,
+)
 
 log = structlog.get_logger("taskmesh.executor")
-
-
-class SyncRunner(Protocol):
-    """Runs a sync handler off the event loop and stops it when the caller is cancelled."""
-
-    async def __call__(self, handler: Handler, payload: Any, kwargs: dict[str, Any], task: ClaimedTask) -> Any:
-        """Call ``handler.func(payload, **kwargs)``; its exception propagates.
-
-        Cancellation of the caller must stop the call (or, in thread mode, wait for it)
-        before it propagates: when this returns or raises, the handler no longer runs.
-        """
-        ...
-
-
-async def run_in_thread(handler: Handler, payload: Any, kwargs: dict[str, Any], task: ClaimedTask) -> Any:
-    """Thread mode: a worker thread, which cannot be stopped.
-
-    A cancelled or timed-out run therefore waits for its thread to return before
-    its end is recorded (its lease is kept meanwhile), so its retry never
-    overlaps it.
-    """
-    return await anyio.to_thread.run_sync(functools.partial(handler.func, payload, **kwargs), abandon_on_cancel=False)
 
 
 def _context(task: ClaimedTask) -> TaskContext:
@@ -115,13 +102,13 @@ async def execute(
     task: ClaimedTask,
     registry: Registry,
     cancels: dict[uuid.UUID, anyio.CancelScope] | None = None,
-    run_sync: SyncRunner = run_in_thread,
+    sync: SyncHandlers | None = None,
 ) -> RunResult:
     """Run one claimed task's handler and decide its outcome (see module docs; never raises).
 
     :param cancels: shared map task id -> the run's cancel scope, through which
         the heartbeat cancels a run whose task an operator cancelled (outcome ``cancelled``).
-    :param run_sync: how ``def`` handlers run (a process pool, or threads).
+    :param sync: how ``def`` handlers run (a process pool, or threads; default threads).
     """
     # Named so that the event-loop monitor can tell which run blocks the loop (loop_monitor.py).
     _taskmesh_run = task
@@ -130,12 +117,16 @@ async def execute(
     handler = registry.get(task.name)
     if handler is None:
         return RunResult(task, Outcome.FAILED, error=f"no handler registered for task name {task.name!r}")
+    sync = sync or _THREADS
+    if not handler.is_async:
+        ref = sync.ref(handler)
+        if ref is not None:
+            return await _in_process(task, handler, ref, sync, cancels)
     try:
         payload = handler.decode(task.payload)
     except PayloadDecodeError as exc:
-        return RunResult(
-            task, Outcome.FAILED, error=storable_text(f"payload does not fit the handler: {exc}", MAX_ERROR_CHARS)
-        )
+        error = storable_text(f"payload does not fit the handler: {exc}", MAX_ERROR_CHARS)
+        return RunResult(task, Outcome.FAILED, error=error)
     kwargs: dict[str, Any] = {"ctx": _context(task)} if handler.wants_ctx else {}
     operator = anyio.CancelScope()
     if cancels is not None:
@@ -151,7 +142,7 @@ async def execute(
             if handler.is_async:
                 value = await handler.func(payload, **kwargs)
             else:
-                value = await run_sync(handler, payload, kwargs, task)
+                value = await sync.in_thread(handler, payload, kwargs)
         duration = time.perf_counter() - started
         # A thread cannot be stopped: it returns when it is done, and the cancel that came
         # meanwhile is not "caught". It still counts as what it was.
@@ -185,6 +176,49 @@ async def execute(
     finally:
         if cancels is not None:
             cancels.pop(task.task_id, None)
+
+
+_THREADS = SyncHandlers(None, default="thread")
+"""Without a process pool (tests, the client): ``def`` handlers run in threads."""
+
+
+async def _in_process(
+    task: ClaimedTask,
+    handler: Handler,
+    ref: HandlerRef,
+    sync: SyncHandlers,
+    cancels: dict[uuid.UUID, anyio.CancelScope] | None,
+) -> RunResult:
+    """Run a ``def`` handler in a worker process; its outcome becomes the run's result.
+
+    The timeout is the pool's (it counts from the call's start in a child); a cancel
+    stops the child before the run's end is recorded.
+    """
+    _taskmesh_run = task
+    operator = anyio.CancelScope()
+    if cancels is not None:
+        cancels[task.task_id] = operator
+    try:
+        with operator:
+            outcome = await sync.in_process(ref, handler, task, _context(task) if handler.wants_ctx else None)
+    except PoolClosedError:
+        return failure(task, "handler process pool closed: the instance is stopping", retryable=True)
+    finally:
+        if cancels is not None:
+            cancels.pop(task.task_id, None)
+    if operator.cancel_called:
+        return RunResult(task, Outcome.CANCELLED, error="cancelled")
+    duration = outcome.duration_seconds
+    if outcome.kind == "returned":
+        result, refused = storable_json(outcome.result_json or "null")
+        if refused is not None:
+            return RunResult(
+                task, Outcome.FAILED, error=storable_text(refused, MAX_ERROR_CHARS), duration_seconds=duration
+            )
+        return RunResult(task, Outcome.SUCCEEDED, result=result, duration_seconds=duration)
+    error = outcome.error or outcome.kind
+    delay = outcome.retry_delay if outcome.kind == "raised" else None
+    return failure(task, error, retryable=outcome.retryable, delay=delay, duration=duration, trace=outcome.traceback)
 
 
 def _trace(exc: BaseException) -> str:
@@ -228,7 +262,7 @@ async def run_one(
     *,
     registry: Registry,
     cancels: dict[uuid.UUID, anyio.CancelScope],
-    run_sync: SyncRunner,
+    sync: SyncHandlers,
     worker_id: str,
     metrics: Metrics | None,
     debug: bool,
@@ -247,7 +281,7 @@ async def run_one(
         # logs.py adds them from this context variable (threads of sync handlers inherit it).
         token = current_run.set((task, worker_id))
         try:
-            result = await execute(task, registry, cancels, run_sync)
+            result = await execute(task, registry, cancels, sync)
         finally:
             current_run.reset(token)
         if metrics is not None:

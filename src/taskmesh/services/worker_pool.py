@@ -37,7 +37,8 @@ from taskmesh.models import ClaimedTask
 from taskmesh.registry import Registry
 from taskmesh.services.base import Outage
 from taskmesh.services.committer import Committer
-from taskmesh.services.executor import SyncRunner, debug_enabled, run_in_thread, run_one
+from taskmesh.services.executor import debug_enabled, run_one
+from taskmesh.services.sync_handlers import SyncHandlers
 from taskmesh.tasks import Tasks
 
 log = structlog.get_logger("taskmesh.worker_pool")
@@ -70,7 +71,7 @@ class QueueWorkers:
         stop: anyio.Event,
         metrics: Metrics | None = None,
         log_payloads: bool = False,
-        run_sync: SyncRunner = run_in_thread,
+        sync: SyncHandlers | None = None,
     ) -> None:
         self.queue = queue
         self.tasks = tasks
@@ -82,7 +83,7 @@ class QueueWorkers:
         self.stop = stop
         self.metrics = metrics
         self.log_payloads = log_payloads
-        self.run_sync = run_sync
+        self.sync = sync or SyncHandlers(None, default="thread", worker_id=worker_id)
         capacity = concurrency + prefetch
         self.batch_max = min(capacity, BATCH_MAX)
         self.batch_min = max(1, self.batch_max // 2)
@@ -196,7 +197,7 @@ class QueueWorkers:
                     task,
                     registry=self.registry,
                     cancels=self.cancels,
-                    run_sync=self.run_sync,
+                    sync=self.sync,
                     worker_id=self.worker_id,
                     metrics=self.metrics,
                     debug=debug,
