@@ -33,6 +33,11 @@ def start(spawn: Any, database_url: str, redis_url: str, prefix: str, **extra: s
     return proc
 
 
+def _created(proc: Proc, body: dict[str, Any]) -> dict[str, Any] | None:
+    status, answer = call(proc.port, "POST", "/api/v1/tasks", body)
+    return answer if status == 201 else None
+
+
 def metric(proc: Proc, line_start: str) -> float | None:
     import urllib.request
 
@@ -89,8 +94,9 @@ async def test_a_critical_service_past_its_budget_drains_hands_back_and_exits_1(
         TASKMESH_SERVICE_RESTARTS="2",
         TASKMESH_SHUTDOWN_GRACE_SECONDS="1",
     )
-    _, body = call(proc.port, "POST", "/api/v1/tasks", {"name": "sleepy", "payload": {"seconds": 60}})
-    tid = body["task_id"]
+    # The API may still be connecting (503) when start() returns: create as soon as it takes the task.
+    created = wait_until(lambda: _created(proc, {"name": "sleepy", "payload": {"seconds": 60}}), proc=proc)
+    tid = created["task_id"]
     t0 = time.monotonic()
     code = proc.wait(60)
     took = time.monotonic() - t0
