@@ -114,3 +114,28 @@ def sync_dies_first(payload: dict[str, Any], ctx: TaskContext) -> int:
     if ctx.attempt == 1:
         os._exit(3)
     return ctx.attempt
+
+
+@taskmesh.task("ledger_sync")
+def ledger_sync(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """The chaos ledger's ``def`` handler, run in a worker process: one JSON line per run in ``dir``.
+
+    Written when the run ends (a run whose process is killed writes nothing, as the async
+    ledger's insert does not happen then either).
+    """
+    import json
+    from pathlib import Path
+
+    start = time.time()
+    time.sleep(random.uniform(0, float(payload.get("max_sleep", 0.2))))
+    line = {"task_id": str(ctx.task_id), "attempt": ctx.attempt, "pid": os.getpid(), "started": start}
+    line["ended"] = time.time()
+    with Path(payload["dir"], f"ledger-{os.getpid()}.jsonl").open("a") as out:
+        out.write(json.dumps(line) + "\n")
+
+
+@taskmesh.task("ledger_blocking")
+async def ledger_blocking(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """The chaos ledger's handler that blocks the event loop (``time.sleep``) for part of its run."""
+    time.sleep(random.uniform(0, float(payload.get("max_block", 0.05))))
+    await ledger(payload, ctx)

@@ -1,9 +1,11 @@
 """Chaos suite: three real instances, kill -9, a Redis flush and restart, a PostgreSQL restart.
 
 The test owns its stores (an embedded PostgreSQL and an embedded Valkey it
-may restart), enqueues ``CHAOS_TASKS`` tasks (default 2,000) whose handler
-sleeps 0-200 ms and records ``(task, attempt, pid, start, end)`` in a ledger
-table, and runs three ``python -m taskmesh`` processes while it kills a random
+may restart), enqueues ``CHAOS_TASKS`` tasks (default 2,000) whose handlers
+sleep 0-200 ms and record ``(task, attempt, pid, start, end)`` in a ledger
+(a table; a file for the ``def`` handler, which runs in worker processes
+killed with their instance), a third of them blocking the event loop for up
+to 50 ms on the way, and runs three ``python -m taskmesh`` processes while it kills a random
 one with SIGKILL every few seconds (starting a replacement), flushes Redis
 once, restarts Redis once and restarts PostgreSQL once. Then it stops every
 instance with SIGTERM and checks:
@@ -19,10 +21,12 @@ make it bigger. Figures are printed at the end.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import time
+import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,12 @@ SECONDS = float(os.environ.get("CHAOS_SECONDS", "170"))
 INSTANCES = 3
 KILL_EVERY = 3.0
 LEASE = 2.0
+HANDLERS: list[tuple[str, dict[str, float]]] = [
+    ("ledger", {"max_sleep": 0.2}),
+    ("ledger_sync", {"max_sleep": 0.2}),
+    ("ledger_blocking", {"max_sleep": 0.2, "max_block": 0.05}),
+]
+"""Tasks take turns: an async handler, a def handler (worker processes), one that blocks the event loop."""
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(int(SECONDS) + 300)]
 
 
@@ -64,6 +74,8 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
 ) -> None:
     pg, valkey = owned_stores
     url = await fresh_database(pg, "chaos")
+    sync_ledger = tmp_path / "sync-ledger"
+    sync_ledger.mkdir()
     conn = await asyncpg.connect(url)
     await conn.execute(
         "CREATE TABLE ledger (task_id uuid NOT NULL, attempt int NOT NULL, pid int NOT NULL,"
@@ -95,7 +107,11 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
 
         async def enqueue(start_at: int) -> None:
             for i in range(start_at, min(start_at + 100, TASKS)):
-                await client.enqueue("ledger", {"max_sleep": 0.2}, max_retries=20, idempotency_key=f"chaos-{i}")
+                # An async handler, a def handler (in worker processes), and one that blocks the loop.
+                name, payload = HANDLERS[i % len(HANDLERS)]
+                await client.enqueue(
+                    name, {**payload, "dir": str(sync_ledger)}, max_retries=20, idempotency_key=f"chaos-{i}"
+                )
 
         async with anyio.create_task_group() as tg:
             for start_at in range(0, TASKS, 100):
@@ -154,7 +170,7 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
     conn = await asyncpg.connect(url)
     try:
         statuses = dict(await conn.fetch("SELECT status, count(*) FROM tasks GROUP BY status"))
-        rows = await conn.fetch("SELECT task_id, attempt, pid, started, ended FROM ledger ORDER BY task_id, started")
+        rows = list(await conn.fetch("SELECT task_id, attempt, pid, started, ended FROM ledger"))
         # What happened to a task that did not complete, run by run, for the failure message.
         unfinished = [
             dict(r)
@@ -167,7 +183,12 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
     finally:
         await conn.close()
 
-    entries: dict[Any, list[asyncpg.Record]] = defaultdict(list)
+    for path in sync_ledger.glob("ledger-*.jsonl"):  # the def handler's runs, one line each
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            rows.append({**entry, "task_id": uuid.UUID(entry["task_id"])})
+    rows.sort(key=lambda r: (str(r["task_id"]), r["started"]))
+    entries: dict[Any, list[Any]] = defaultdict(list)
     for row in rows:
         entries[row["task_id"]].append(row)
     overlaps = 0

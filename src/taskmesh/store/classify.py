@@ -58,8 +58,10 @@ def postgres_is_transient(exc: BaseException) -> bool:
         if not state:  # a client-side error asyncpg raised as a PostgresError
             return isinstance(exc, asyncpg.PostgresConnectionError)
         return state[:2] in TRANSIENT_SQLSTATE_CLASSES or state in TRANSIENT_SQLSTATES
-    if isinstance(exc, asyncpg.InterfaceError):
-        # "connection is closed", "pool is closing": the connection, not the call, failed.
+    if isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError):
+        # "connection is closed", "pool is closing", "cannot switch to state 12; another operation
+        # is in progress" (asyncpg's protocol state after a cancelled query, MagicStack/asyncpg#1069):
+        # the connection failed, not the call; the store drops that connection (store/sql.py).
         return True
     return isinstance(exc, OSError | TimeoutError)
 

@@ -141,13 +141,15 @@ class PgStore:
         except POSTGRES_ERRORS as exc:
             raise postgres_error("transaction", exc) from exc
 
-    async def ping(self) -> None:
+    async def ping(self, timeout: float | None = None) -> None:  # noqa: ASYNC109  # asyncpg's own, see below
         """``SELECT 1``.
 
-        :raises StoreError: PostgreSQL did not answer.
+        :param timeout: seconds; asyncpg's own timeout, which cancels the query cleanly
+            (cancelling the call from outside can leave the pooled connection confused).
+        :raises StoreError: PostgreSQL did not answer (in time).
         """
         try:
-            await self._ex.fetchval("SELECT 1")
+            await self._ex.fetchval("SELECT 1", timeout=timeout)
         except POSTGRES_ERRORS as exc:
             raise postgres_error("ping", exc) from exc
 

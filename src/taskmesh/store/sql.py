@@ -43,26 +43,36 @@ class Queries:
         self._ex = executor
         self._q = queries()
 
-    async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+    async def _call(self, method: str, name: str, args: tuple[Any, ...]) -> Any:
+        """Run block ``name`` with ``method`` (fetch, fetchrow, fetchval, execute) on the executor.
+
+        A connection whose protocol state asyncpg reports as confused is terminated, not
+        handed back to the pool for the next caller to meet the same error.
+        """
+        sql = self._q[name]
         try:
-            return await self._ex.fetch(self._q[name], *args)
+            if isinstance(self._ex, asyncpg.Pool):
+                async with self._ex.acquire() as conn:
+                    try:
+                        return await getattr(conn, method)(sql, *args)
+                    except asyncpg.InternalClientError:
+                        conn.terminate()
+                        raise
+            return await getattr(self._ex, method)(sql, *args)
         except POSTGRES_ERRORS as exc:
             raise postgres_error(name, exc) from exc
+
+    async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        result: list[asyncpg.Record] = await self._call("fetch", name, args)
+        return result
 
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
-        try:
-            return await self._ex.fetchrow(self._q[name], *args)
-        except POSTGRES_ERRORS as exc:
-            raise postgres_error(name, exc) from exc
+        result: asyncpg.Record | None = await self._call("fetchrow", name, args)
+        return result
 
     async def _fetchval(self, name: str, *args: Any) -> Any:
-        try:
-            return await self._ex.fetchval(self._q[name], *args)
-        except POSTGRES_ERRORS as exc:
-            raise postgres_error(name, exc) from exc
+        return await self._call("fetchval", name, args)
 
     async def _execute(self, name: str, *args: Any) -> str:
-        try:
-            return await self._ex.execute(self._q[name], *args)
-        except POSTGRES_ERRORS as exc:
-            raise postgres_error(name, exc) from exc
+        result: str = await self._call("execute", name, args)
+        return result

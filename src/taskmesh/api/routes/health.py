@@ -32,15 +32,20 @@ async def readyz(state: StateDep) -> Response:
 
         async def check(name: str, ping: Any) -> None:
             try:
-                with anyio.fail_after(PING_TIMEOUT_SECONDS):
-                    await ping()
+                await ping()
                 checks[name] = "ok"
             except (StoreError, TimeoutError):
                 pass
 
+        async def redis_ping() -> None:
+            with anyio.fail_after(PING_TIMEOUT_SECONDS):  # redis-py drops a connection it was cancelled on
+                await stores.redis.ping()
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(check, "postgres", stores.pg.ping)
-            tg.start_soon(check, "redis", stores.redis.ping)
+            # PostgreSQL's ping has asyncpg's own timeout: cancelling a query from outside can leave
+            # its pooled connection in a state the next caller trips over.
+            tg.start_soon(check, "postgres", lambda: stores.pg.ping(timeout=PING_TIMEOUT_SECONDS))
+            tg.start_soon(check, "redis", redis_ping)
     down = state.services.down()
     ready = not state.draining and all(v == "ok" for v in checks.values()) and not state.services.critical_down()
     body: dict[str, Any] = {"ready": ready, **checks}
