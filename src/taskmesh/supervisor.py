@@ -437,6 +437,7 @@ async def _serve(
             stop=inst.stop,
             metrics=metrics,
             log_payloads=settings.log_payloads,
+            now=clock.timestamp,
         )
         for queue in (queues if settings.workers_enabled else [])
     ]
