@@ -1,6 +1,6 @@
 # taskmesh: `make run` (dev profile on embedded servers) and `make test`.
 # Both create .venv with the first Python >= 3.11 found and install the project into it.
-# `make deploy-tools` installs the deployment tests' system tools (CI runs it before `make test`).
+# `make deploy-tools` installs the system tools some tests use (CI runs it before `make test`).
 # `make bench ARGS="--tasks 20000 --compare"` runs the benchmark (benchmarks/bench.py).
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo $$p && break; done)
@@ -27,25 +27,26 @@ run: install
 test: install
 	$(BIN)/python -m pytest
 
-# Tools of the deployment tests (tests/deploy) that PyPI does not have, for CI (.ci/run runs this
-# before `make test`) or by hand: Debian's nginx (nginx -t and requests through it),
-# systemd-analyze (verify the unit) and promtool (Prometheus config, alert rules, dashboard
-# queries). Each is installed only when missing: nginx and systemd as root with apt-get; promtool
+# Tools of the tests that PyPI does not have, for CI (.ci/run runs this before `make test`) or by
+# hand: Debian's nginx (nginx -t and requests through it), systemd-analyze (verify the unit),
+# faketime (an instance whose host clock is 10 minutes off, tests/integration/test_clock_of_record.py)
+# and promtool (Prometheus config, alert rules, dashboard queries). Each is installed only when
+# missing: nginx, systemd and faketime as root with apt-get; promtool
 # alone is unpacked from Debian's prometheus package (no Prometheus server is installed or
 # started) into /usr/local/bin as root, else into .venv/bin. Where that fails, those tests skip
 # and say why. supervisord, PyYAML and hadolint come from PyPI with the dev extra.
-DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd
+DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd faketime:faketime
 deploy-tools: | $(STAMP)
 	@missing=""; for pair in $(DEPLOY_TOOLS); do tool=$${pair%%:*}; pkg=$${pair#*:}; \
 		PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
-		echo "not installing$$missing (needs root and apt-get): the deployment tests that use it will skip"; exit 0; fi; \
-	echo "installing$$missing for the deployment tests (apt-get)"; \
+		echo "not installing$$missing (needs root and apt-get): the tests that use it will skip"; exit 0; fi; \
+	echo "installing$$missing for the tests (apt-get)"; \
 	export DEBIAN_FRONTEND=noninteractive; \
 	apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1 \
 		|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends $$missing >/dev/null 2>&1; } \
-		|| echo "could not install$$missing: the deployment tests that use it will skip"
+		|| echo "could not install$$missing: the tests that use it will skip"
 	@command -v promtool >/dev/null 2>&1 || test -x $(BIN)/promtool && exit 0; \
 	command -v apt-get >/dev/null 2>&1 || { echo "no promtool and no apt-get: its tests will skip"; exit 0; }; \
 	dest=$(CURDIR)/$(BIN); [ "$$(id -u)" = 0 ] && dest=/usr/local/bin; tmp=$$(mktemp -d); \

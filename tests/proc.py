@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,17 @@ def wait_until(check: Any, timeout: float = 20.0, proc: Proc | None = None) -> A
 
 
 class Proc:
-    """A taskmesh process started by :func:`spawn`, its HTTP port and its log file."""
+    """A taskmesh process started by :func:`spawn`, its HTTP port and its log file.
 
-    def __init__(self, popen: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    :param pid: the taskmesh process when ``popen`` is a wrapper that forked it (faketime);
+        signals go to it, and the wrapper's exit status is its own.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], port: int, log: Path, pid: int | None = None) -> None:
         self.popen = popen
         self.port = port
         self.log = log
-        self.pid = popen.pid
+        self.pid = popen.pid if pid is None else pid
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -82,7 +87,17 @@ class Proc:
         return self.popen.poll() is None
 
     def signal(self, sig: int) -> None:
-        self.popen.send_signal(sig)
+        if self.pid == self.popen.pid:
+            self.popen.send_signal(sig)
+        elif self.alive():  # the wrapper waits for its child: while it runs, the pid is still its child's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the process (and its wrapper), and reap it."""
+        self.signal(signal.SIGKILL)
+        self.popen.kill()
+        self.popen.wait()
 
     def wait(self, timeout: float) -> int:
         return self.popen.wait(timeout=timeout)
@@ -90,10 +105,15 @@ class Proc:
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Any]:
-    """Start ``python -m taskmesh ...`` with a clean environment plus ``env``; killed at teardown."""
+    """Start ``python -m taskmesh ...`` with a clean environment plus ``env``; killed at teardown.
+
+    ``wrap`` is a command the process runs under that forks it and waits for it, passing on
+    its exit status (``["faketime", "-f", "+10m"]``); the :class:`Proc` signals the forked
+    process itself, since the wrapper does not pass signals on.
+    """
     procs: list[Proc] = []
 
-    def start(*args: str, **env: str) -> Proc:
+    def start(*args: str, wrap: Sequence[str] = (), **env: str) -> Proc:
         port = free_port()
         full = {
             k: v
@@ -104,17 +124,34 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
         log = tmp_path / f"taskmesh-{len(procs)}-{port}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "taskmesh", *args], env=full, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT
+                [*wrap, sys.executable, "-m", "taskmesh", *args],
+                env=full,
+                cwd=tmp_path,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
-        proc = Proc(popen, port, log)
+        proc = Proc(popen, port, log, _forked_child(popen) if wrap else None)
         procs.append(proc)
         return proc
 
     yield start
     for proc in procs:
         if proc.alive():
-            proc.popen.kill()
-            proc.popen.wait()
+            proc.kill()
+
+
+def _forked_child(popen: subprocess.Popen[bytes], timeout: float = 5.0) -> int:
+    """The pid of the one process a wrapper forked (Linux: ``/proc/PID/task/PID/children``)."""
+    children = Path(f"/proc/{popen.pid}/task/{popen.pid}/children")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and popen.poll() is None:
+        found = children.read_text().split()
+        if found:
+            return int(found[0])
+        time.sleep(0.01)
+    popen.kill()
+    popen.wait()
+    raise AssertionError(f"{popen.args!r} forked no process within {timeout} s (exit status {popen.returncode})")
 
 
 def stop(proc: Proc, timeout: float) -> tuple[int, float, str]:

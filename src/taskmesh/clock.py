@@ -5,7 +5,8 @@ fires (issue 10): the claim checks ``run_at <= now()`` there, so an instance
 whose own clock runs ahead must not move a delayed task early or fire a
 schedule early. :class:`StoreClock` is the host's clock plus an offset measured
 against PostgreSQL (``clock_sync`` refreshes it); services that need "now"
-outside SQL (the delayed mover's scores, the scheduler) read it.
+outside SQL (the delayed mover's scores, the scheduler, the executors' queue
+wait) read it.
 
 The scheduler never reads the time itself; it asks a :class:`Clock`, so that a
 test can run a simulated hour (or a DST night) in milliseconds, and it never
@@ -104,6 +105,10 @@ class StoreClock:
     def now_ms(self) -> int:
         """PostgreSQL's time in milliseconds since the Unix epoch."""
         return int((time.time() + self.offset) * 1000)
+
+    def timestamp(self) -> float:
+        """PostgreSQL's time in seconds since the Unix epoch."""
+        return time.time() + self.offset
 
     async def sleep_until(self, when: datetime, waker: Waker) -> None:
         """Return at ``when`` by PostgreSQL's clock, or earlier when ``waker`` is woken."""

@@ -376,8 +376,10 @@ class Schedules:
     # -- the operator's side ----------------------------------------------
 
     async def list(self) -> list[dict[str, Any]]:
-        """Every schedule in the table, by name, in the API's shape."""
-        return [schedule_to_dict(r) for r in await self.pg.schedules.list()]
+        """Every schedule in the table, by name, in the API's shape (``overdue`` by PostgreSQL's clock)."""
+        rows = await self.pg.schedules.list()
+        now = await self.pg.now()
+        return [schedule_to_dict(r, now) for r in rows]
 
     async def get(self, name: str) -> dict[str, Any]:
         """One schedule in the API's shape.
@@ -387,13 +389,14 @@ class Schedules:
         row = await self.pg.schedules.get(name)
         if row is None:
             raise ScheduleNotFoundError(name)
-        return schedule_to_dict(row)
+        return schedule_to_dict(row, await self.pg.now())
 
     async def set_paused(self, name: str, paused: bool, now: datetime | None = None) -> dict[str, Any]:
         """Pause or resume a schedule; persisted until a config change of that schedule.
 
-        Resuming computes the next fire from ``now``: fires missed while paused
-        are not misfires, they are simply not made.
+        Resuming computes the next fire from ``now`` (default PostgreSQL's clock, the
+        scheduler's, not this host's): fires missed while paused are not misfires, they
+        are simply not made.
 
         :raises ScheduleNotFoundError: no row has this name.
         """
@@ -401,16 +404,17 @@ class Schedules:
             row = await tx.schedules.get_for_update(name)
             if row is None:
                 raise ScheduleNotFoundError(name)
+            now = now or await tx.now()
             if row["paused"] == paused:  # resuming an active schedule must not drop its due fires
-                return schedule_to_dict(row)
+                return schedule_to_dict(row, now)
             nxt = None
             if row["enabled"]:
-                nxt = _spec(row["cron"], row["timezone"]).next_fire(now or datetime.now(UTC))
+                nxt = _spec(row["cron"], row["timezone"]).next_fire(now)
             updated = await tx.schedules.set_paused(name, paused, nxt)
             assert updated is not None  # the row is locked: nothing deletes it meanwhile
             await tx.notify(NOTIFY_CHANNEL, name)
         log.info("schedule_paused" if paused else "schedule_resumed", schedule=name)
-        return schedule_to_dict(updated)
+        return schedule_to_dict(updated, now)
 
     async def trigger(self, name: str, idempotency_key: str | None = None) -> tuple[uuid.UUID, str, bool]:
         """Fire a schedule now, outside its spec (also when paused or disabled).

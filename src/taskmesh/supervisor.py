@@ -459,6 +459,7 @@ async def _serve(
             metrics=metrics,
             log_payloads=settings.log_payloads,
             sync=sync,
+            now=clock.timestamp,
         )
         for queue in (queues if settings.workers_enabled else [])
     ]

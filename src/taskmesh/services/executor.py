@@ -267,15 +267,19 @@ async def run_one(
     metrics: Metrics | None,
     debug: bool,
     log_payloads: bool,
+    now: Callable[[], float] = time.time,
 ) -> RunResult:
     """Execute ``task`` with its bookkeeping (metrics, the log context, the end line).
 
     A bug in the bookkeeping fails the run with ``internal error`` (retried with
     backoff, so it ends in the DLQ if it always happens), never the executor.
+
+    :param now: PostgreSQL's time in epoch seconds (``StoreClock.timestamp``): the task's
+        ``ready_at`` is its ``run_at``, by PostgreSQL's clock, so its wait is measured on that one.
     """
     try:
         if metrics is not None:
-            wait = time.time() - task.ready_at if task.ready_at is not None else None
+            wait = now() - task.ready_at if task.ready_at is not None else None
             metrics.run_started(task.queue, task.name, wait)
         # The handler's own structlog lines carry the run's keys (and its trace id) too:
         # logs.py adds them from this context variable (threads of sync handlers inherit it).

@@ -25,7 +25,9 @@ PostgreSQL and are pushed again by the reconciler.
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 
 import anyio
 import structlog
@@ -55,6 +57,7 @@ class QueueWorkers:
     :param concurrency: executors (handlers running at once).
     :param prefetch: tasks claimed ahead of free executors.
     :param stop: set by the supervisor when the instance drains.
+    :param now: PostgreSQL's time in epoch seconds (``StoreClock.timestamp``), for the queue wait.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class QueueWorkers:
         metrics: Metrics | None = None,
         log_payloads: bool = False,
         sync: SyncHandlers | None = None,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.queue = queue
         self.tasks = tasks
@@ -84,6 +88,7 @@ class QueueWorkers:
         self.metrics = metrics
         self.log_payloads = log_payloads
         self.sync = sync or SyncHandlers(None, default="thread", worker_id=worker_id)
+        self.now = now
         capacity = concurrency + prefetch
         self.batch_max = min(capacity, BATCH_MAX)
         self.batch_min = max(1, self.batch_max // 2)
@@ -202,6 +207,7 @@ class QueueWorkers:
                     metrics=self.metrics,
                     debug=debug,
                     log_payloads=self.log_payloads,
+                    now=self.now,
                 )
                 await self.committer.submit(result)
                 self.claimed.pop(task.run_id, None)

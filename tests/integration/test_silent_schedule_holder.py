@@ -1,0 +1,140 @@
+"""A scheduler gone silent while it holds a due schedule row stops no other scheduler (issue 10, break 8).
+
+The fire transaction locks the due rows ``FOR UPDATE SKIP LOCKED``; an instance cut off
+from PostgreSQL (or frozen) inside it used to keep them locked with no bound, and every
+other scheduler skipped them as locked. Now the transaction sets ``lock_timeout`` and
+``idle_in_transaction_session_timeout`` (``FIRE_IDLE_TIMEOUT_MS``, 5 s): PostgreSQL ends
+the silent holder's session, the row is free again, and another instance fires the slots.
+
+Two :class:`Schedules` on one database, each with its own pool, as two instances have
+them. Scheduler A locks the due row and goes silent inside its fire transaction (its
+``_fire_row`` waits on an event, so its connection sits idle in transaction, as a
+frozen or cut-off instance's does); scheduler B runs the real scheduler loop on the
+real clock over five five-second slots (about 27 s).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from taskmesh.clock import SystemClock, Waker
+from taskmesh.config import ScheduleSettings
+from taskmesh.errors import StoreError
+from taskmesh.metrics import Metrics
+from taskmesh.models import PushTarget
+from taskmesh.schedules import Fire, Schedules
+from taskmesh.services import scheduler
+from taskmesh.store import PgStore, Stores
+from taskmesh.tasks import Tasks
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+SLOT_SECONDS = 5
+SLOTS_AFTER = 4
+"""Slots B is watched over after the one A holds (and the one due while it holds it)."""
+
+
+class SilentHolder(Schedules):
+    """A scheduler that locks the due rows and then says nothing to PostgreSQL until ``release`` is set."""
+
+    def __init__(self, tasks: Tasks, declared: list[ScheduleSettings]) -> None:
+        super().__init__(tasks, declared)
+        self.holding = anyio.Event()
+        self.release = anyio.Event()
+
+    async def _fire_row(self, tx: Any, row: Any, now: datetime) -> tuple[list[Fire], list[PushTarget]]:
+        self.holding.set()  # the row is locked: lock_due returned it inside the open transaction
+        await self.release.wait()
+        return await super()._fire_row(tx, row, now)
+
+
+@pytest.fixture
+async def two_pools(pool: asyncpg.Pool, database_url: str) -> AsyncIterator[tuple[asyncpg.Pool, asyncpg.Pool]]:
+    """One pool per scheduler (as two instances have); the schedules table starts empty."""
+    await pool.execute("TRUNCATE schedules")
+    a = await asyncpg.create_pool(database_url, min_size=1, max_size=3)
+    b = await asyncpg.create_pool(database_url, min_size=1, max_size=3)
+    assert a is not None and b is not None
+    try:
+        yield a, b
+    finally:
+        with anyio.move_on_after(5):
+            await a.close()
+            await b.close()
+
+
+def _fire_at(key: str) -> datetime:
+    return datetime.fromisoformat(key.removeprefix("cron:five:").replace("Z", "+00:00"))
+
+
+async def test_a_scheduler_silent_while_holding_the_due_row_stops_no_other_scheduler(
+    two_pools: tuple[asyncpg.Pool, asyncpg.Pool], stores: Stores, pool: asyncpg.Pool
+) -> None:
+    declared = [ScheduleSettings(name="five", cron=f"*/{SLOT_SECONDS} * * * * *", task="report.build")]
+    pool_a, pool_b = two_pools
+    a = SilentHolder(Tasks(PgStore(pool_a), stores.redis, metrics=Metrics()), declared)
+    b = Schedules(Tasks(PgStore(pool_b), stores.redis, metrics=Metrics()), declared)
+
+    # Start just after a slot boundary, so that B's first wake-up is almost a slot away.
+    now = datetime.now(UTC)
+    boundary = now.replace(second=now.second - now.second % SLOT_SECONDS, microsecond=0)
+    await anyio.sleep((boundary + timedelta(seconds=SLOT_SECONDS, milliseconds=300) - now).total_seconds())
+    held_slot = boundary + timedelta(seconds=SLOT_SECONDS)
+    last_slot = held_slot + timedelta(seconds=SLOT_SECONDS * (SLOTS_AFTER + 1))
+    a_outcome: list[list[Fire] | StoreError] = []
+
+    async def silent_a() -> None:
+        try:
+            a_outcome.append(await a.fire_due(datetime.now(UTC)))
+        except StoreError as exc:
+            a_outcome.append(exc)
+
+    async with anyio.create_task_group() as holder:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(scheduler.run, b, SystemClock(), Waker()))
+            with anyio.fail_after(5):
+                while await b.next_due() is None:  # B synced the row and sleeps until the next slot
+                    await anyio.sleep(0.02)
+            first_wake = await b.next_due()
+            # The slot that just began is due, and A takes it (the row's next fire, as a scheduler
+            # that looked a moment ago would have left it); then A goes silent holding the row.
+            await pool.execute("UPDATE schedules SET next_fire_at = $1 WHERE name = 'five'", held_slot)
+            holder.start_soon(silent_a)
+            with anyio.fail_after(5):
+                await a.holding.wait()
+            # B runs on the real clock until the last slot of the window has had its chance.
+            await anyio.sleep((last_slot + timedelta(milliseconds=1500) - datetime.now(UTC)).total_seconds())
+            tg.cancel_scope.cancel()
+        rows = await pool.fetch(
+            "SELECT idempotency_key, created_at FROM tasks WHERE idempotency_key LIKE 'cron:five:%'"
+        )
+        a.release.set()  # A, let go at last, carries on with its fire
+        with anyio.fail_after(10):
+            while not a_outcome:
+                await anyio.sleep(0.02)
+
+    assert first_wake == held_slot + timedelta(seconds=SLOT_SECONDS)
+    made = {_fire_at(r["idempotency_key"]): r["created_at"] for r in rows}
+    slots = [held_slot + timedelta(seconds=SLOT_SECONDS * i) for i in range(SLOTS_AFTER + 2)]
+    in_window = sorted(s for s in made if held_slot <= s <= last_slot)
+    # Every slot made, but at most one: the holder's session ends FIRE_IDLE_TIMEOUT_MS after it went
+    # silent and B takes the row over within a second; before, B made none of them.
+    assert len(in_window) >= len(slots) - 1, f"B made {len(in_window)} of {len(slots)} slots: {in_window}"
+    # From the slot after the release on, each fire is on time (its task made within 1.5 s).
+    released = held_slot + timedelta(seconds=SLOT_SECONDS + 1)
+    for slot in slots:
+        if slot > released:
+            assert slot in made, (slot, sorted(made))
+            assert 0 <= (made[slot] - slot).total_seconds() < 1.5, (slot, made[slot])
+    # A finds its session ended by PostgreSQL: its late fire is refused, not made a second time.
+    [outcome] = a_outcome
+    assert isinstance(outcome, StoreError) and outcome.transient, outcome
+    after: int = await pool.fetchval("SELECT count(*) FROM tasks WHERE idempotency_key LIKE 'cron:five:%'")
+    assert after == len(rows)
