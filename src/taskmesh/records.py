@@ -15,8 +15,16 @@ import orjson
 
 
 def iso(value: datetime | None) -> str | None:
-    """An instant as ISO 8601 text (``None`` stays ``None``)."""
-    return value.isoformat() if value is not None else None
+    """An instant as ISO 8601 text (``None`` stays ``None``).
+
+    PostgreSQL's ``-infinity`` and ``infinity`` (which asyncpg reads as naive ``datetime.min``
+    and ``datetime.max``; every finite ``timestamptz`` comes aware) are rendered as such.
+    """
+    if value is None:
+        return None
+    if value.tzinfo is None and value in (datetime.min, datetime.max):
+        return "-infinity" if value == datetime.min else "infinity"
+    return value.isoformat()
 
 
 def json_value(text: str | None) -> Any:

@@ -3,9 +3,11 @@
 Design.md principle 7: bad input is refused at the edge, before anything is
 written. Limits (issue 2): names and queue names match
 ``[A-Za-z0-9_.:-]{1,128}``; priority 0..1000 (higher runs first); max_retries
-0..100; delay_seconds 0..31,536,000 (one year); payload any JSON value nested at
-most 64 levels; no string anywhere may hold a NUL character (PostgreSQL text
-and jsonb cannot store it).
+0..100; delay_seconds 0..31,536,000 (one year) and run_at within the same year
+of now, either way (issue 10, break 2: a past run_at means "now"; one older
+than a year is almost surely a mistake); payload any JSON value nested at most
+64 levels; no string anywhere may hold a NUL character (PostgreSQL text and
+jsonb cannot store it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ MAX_PAYLOAD_DEPTH = 64
 MAX_RETRIES_LIMIT = 100
 MAX_DELAY_SECONDS = 365 * 24 * 3600
 NAME_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
+RUN_AT_RANGE = (
+    "must be within 365 days of now: at most 365 days ago (a past time means now) "
+    "and at most 365 days ahead, as delay_seconds"
+)
+"""The message of a ``run_at`` outside ``now ± MAX_DELAY_SECONDS``."""
 
 StrictInt = Annotated[int, Strict()]
 
@@ -71,7 +78,9 @@ class TaskSpec(BaseModel):
     dedup_key: str | None = Field(default=None, min_length=1, max_length=512)
     max_retries: StrictInt | None = Field(default=None, ge=0, le=MAX_RETRIES_LIMIT)
     delay_seconds: float | None = Field(default=None, ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
-    run_at: datetime | None = Field(default=None, description="RFC 3339 time with an offset.")
+    run_at: datetime | None = Field(
+        default=None, description="RFC 3339 time with an offset, within 365 days of now (a past time means now)."
+    )
     tenant_id: str | None = Field(default=None, min_length=1, max_length=128)
     trace_id: str | None = Field(default=None, min_length=1, max_length=128)
 
@@ -99,14 +108,17 @@ class TaskSpec(BaseModel):
 
     @field_validator("run_at")
     @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
+    def _aware_and_near(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
             raise ValueError("must carry a UTC offset (RFC 3339), e.g. 2026-01-01T12:00:00Z")
-        if value is not None:
-            try:
-                value.astimezone(UTC)
-            except OverflowError:
-                raise ValueError("is out of range") from None
+        try:
+            ahead = (value - datetime.now(UTC)).total_seconds()
+        except OverflowError:  # year 1 or 9999 shifted by its offset: far outside the range anyway
+            raise ValueError(RUN_AT_RANGE) from None
+        if abs(ahead) > MAX_DELAY_SECONDS:
+            raise ValueError(RUN_AT_RANGE)
         return value
 
     @model_validator(mode="after")

@@ -10,8 +10,9 @@
 -- name: task_insert_many
 -- Bulk enqueue: every task and its first run in one statement (issue 4).
 -- Repeated idempotency keys (in the table or within the batch) insert nothing.
--- run_at: the given instant, else now() + the delay (0 for an immediate task), so
--- an instance whose clock runs ahead cannot park a task in the future.
+-- run_at: the given instant (a past one means now: validation allows up to a year ago), else
+-- now() + the delay (0 for an immediate task), so an instance whose clock runs ahead cannot
+-- park a task in the future.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
                          $8::int[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[])
@@ -21,7 +22,9 @@ WITH input AS (
     INSERT INTO tasks (id, name, type, queue, priority, payload, idempotency_key,
                        max_retries, status, run_at, tenant_id, trace_id)
     SELECT id, name, type, queue, priority, payload::jsonb, idempotency_key, max_retries, 'queued',
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay_s, 0))), tenant_id, trace_id
+           CASE WHEN run_at IS NULL THEN now() + make_interval(secs => COALESCE(delay_s, 0))
+                ELSE GREATEST(run_at, now()) END,  -- GREATEST skips nulls: hence the CASE
+           tenant_id, trace_id
     FROM input
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, run_at
@@ -321,8 +324,11 @@ SELECT queue, count(*) AS n FROM tasks WHERE status = 'failed' AND queue = ANY($
 
 -- name: task_sample_oldest_ready_age
 -- Seconds since the oldest queued task of a queue became runnable; 0 when none is due.
+-- A run_at of -infinity (a row taskmesh did not write) counts from the task's creation;
+-- one of infinity is never due.
 SELECT COALESCE(GREATEST(0, extract(epoch FROM now() - (
-           SELECT run_at FROM tasks WHERE status = 'queued' AND queue = $1 ORDER BY run_at LIMIT 1))), 0)::float8;
+           SELECT CASE WHEN isfinite(run_at) THEN run_at WHEN run_at < now() THEN created_at ELSE now() END
+             FROM tasks WHERE status = 'queued' AND queue = $1 ORDER BY run_at LIMIT 1))), 0)::float8;
 
 -- ======================================================================
 -- workers
