@@ -27,9 +27,12 @@ from taskmesh.registry import Registry
 from taskmesh.states import TaskStatus, TaskType
 from taskmesh.store import PgStore, RedisStore
 from taskmesh.tracing import new_trace_id
-from taskmesh.validation import TaskSpec
+from taskmesh.validation import BIG_INTEGER, TaskSpec, big_integer_path
 
 log = structlog.get_logger("taskmesh.tasks")
+
+ORJSON_BIG_INTEGER = "Integer exceeds 64-bit range"
+"""orjson's ``TypeError`` text for an integer it cannot write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +67,15 @@ class Enqueued:
 def dump_json(value: Any, field: str) -> str:
     """Serialise ``value`` for a jsonb column.
 
-    :raises InvalidTaskError: it is not JSON-serialisable (naming ``field``).
+    :raises InvalidTaskError: it is not JSON-serialisable (naming ``field``), or it holds an
+        integer beyond 64 bits, which orjson cannot write (naming its path, ``payload.customer.id``,
+        when it sits in dicts, lists and tuples; else ``field``).
     """
     try:
         return orjson.dumps(value).decode()
     except TypeError as exc:
+        if str(exc) == ORJSON_BIG_INTEGER:
+            raise InvalidTaskError(big_integer_path(value, field) or field, BIG_INTEGER) from None
         raise InvalidTaskError(field, f"is not JSON-serialisable: {exc}") from None
 
 
