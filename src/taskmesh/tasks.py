@@ -21,8 +21,8 @@ import structlog
 from taskmesh.errors import InvalidTaskError, StoreError, TaskFinishedError, TaskNotFoundError
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, PushTarget, RunResult
+from taskmesh.records import dead_letter_to_dict, task_and_latest_run
 from taskmesh.records import run_to_dict as _run_to_dict
-from taskmesh.records import task_and_latest_run, task_to_dict
 from taskmesh.registry import Registry
 from taskmesh.states import TaskStatus, TaskType
 from taskmesh.store import PgStore, RedisStore
@@ -249,8 +249,12 @@ class Tasks:
         return [_run_to_dict(r) for r in rows]
 
     async def dead_letters(self, queue: str, count: int) -> list[dict[str, Any]]:
-        """Up to ``count`` dead-lettered tasks of ``queue``, oldest first."""
-        return [task_to_dict(r) for r in await self.pg.tasks.list_failed(queue, count)]
+        """Up to ``count`` dead-lettered tasks of ``queue``, oldest first, read in one statement.
+
+        :returns: each task in the API's shape without ``payload`` (:meth:`get` has it), with
+            ``latest_run``: ``{"attempt", "status", "error", "finished_at"}`` saying why it failed.
+        """
+        return [dead_letter_to_dict(r) for r in await self.pg.tasks.list_failed_with_latest_run(queue, count)]
 
     # -- claim and finish ----------------------------------------------------------
 

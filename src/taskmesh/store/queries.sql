@@ -221,14 +221,22 @@ WHERE task_id IN (SELECT id FROM t) AND status = 'queued';
 UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
 WHERE id = $1 AND status = 'running';
 
--- name: task_list_failed
+-- name: task_list_failed_with_latest_run
 -- The dead-letter queue of one queue, oldest first (Postgres is the truth; the
--- Redis list is its mirror).
-SELECT id, name, type, queue, priority, payload::text AS payload, idempotency_key,
-       max_retries, retries, attempts, status, run_at, tenant_id, trace_id,
-       created_at, updated_at
-FROM tasks WHERE queue = $1 AND status = 'failed'
-ORDER BY updated_at, id LIMIT $2;
+-- Redis list is its mirror), through the failed partial index: every column but the
+-- payload (a listing of 1,000 tasks must not carry 1,000 payloads; GET of one task
+-- has it), and the latest run's attempt, status, error and end, joined in the same
+-- statement by the (task_id, attempt) unique index.
+SELECT t.id, t.name, t.type, t.queue, t.priority, t.idempotency_key,
+       t.max_retries, t.retries, t.attempts, t.status, t.run_at, t.tenant_id, t.trace_id,
+       t.created_at, t.updated_at,
+       r.attempt AS run_attempt, r.status AS run_status, r.error AS run_error, r.finished_at AS run_finished_at
+FROM tasks t
+LEFT JOIN LATERAL (
+    SELECT attempt, status, error, finished_at FROM task_runs WHERE task_id = t.id ORDER BY attempt DESC LIMIT 1
+) r ON true
+WHERE t.queue = $1 AND t.status = 'failed'
+ORDER BY t.updated_at, t.id LIMIT $2;
 
 -- name: task_replay_many
 -- Move up to $2 dead-lettered tasks of queue $1 back to queued, oldest first,
