@@ -116,7 +116,7 @@ async def run(
     database_url, redis_url = require_stores(settings)
     check_schedule_tasks(settings, set(registry.names()), registry.fallback is not None)
     inst = instance or Instance()
-    metrics = Metrics()
+    metrics = Metrics(task_names=registry, queues=settings.queue_names)  # bounded labels (issue 10, break 10)
     current_metrics.set(metrics)  # this task and the services it starts count their store errors here
     state = AppState(metrics=metrics, queues=list(settings.queue_names))
     inst.state = state

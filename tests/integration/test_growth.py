@@ -85,6 +85,7 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "task_sample_running_by_queue": (["default"],),
         "task_sample_failed_by_queue": (["default"],),
         "task_sample_oldest_ready_age": ("default",),
+        "task_count_queued_unserved": (["default"], 10_000),
     }
 
 

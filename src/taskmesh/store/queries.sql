@@ -338,6 +338,26 @@ SELECT COALESCE(GREATEST(0, extract(epoch FROM now() - (
            SELECT CASE WHEN isfinite(run_at) THEN run_at WHEN run_at < now() THEN created_at ELSE now() END
              FROM tasks WHERE status = 'queued' AND queue = $1 ORDER BY run_at LIMIT 1))), 0)::float8;
 
+-- name: task_count_queued_unserved
+-- Queued tasks of every queue not in $1 (the queues live workers serve), at most $2 queues:
+-- `queued` all of them, `ready` the due ones. The distinct queues are found by a loose index
+-- scan of the queued partial index (one index probe per queue, however long each backlog);
+-- only the queues outside $1 are counted, so a served backlog costs nothing.
+WITH RECURSIVE queues AS (
+    (SELECT queue FROM tasks WHERE status = 'queued' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM tasks t WHERE t.status = 'queued' AND t.queue > q.queue ORDER BY t.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, c.queued, c.ready
+FROM queues q
+CROSS JOIN LATERAL (
+    SELECT count(*)::bigint AS queued, (count(*) FILTER (WHERE t.run_at <= now()))::bigint AS ready
+    FROM tasks t WHERE t.status = 'queued' AND t.queue = q.queue
+) c
+WHERE q.queue IS NOT NULL AND q.queue <> ALL($1::text[])
+LIMIT $2;
+
 -- ======================================================================
 -- workers
 -- ======================================================================
@@ -387,6 +407,14 @@ LIMIT $1;
 
 -- name: worker_sample_by_state
 SELECT state, count(*) AS n FROM workers GROUP BY state;
+
+-- name: worker_list_served_queues
+-- The queues live instances (running or draining) work, at most $1 of them.
+SELECT DISTINCT q.queue
+FROM workers w CROSS JOIN LATERAL jsonb_object_keys(w.queues) AS q(queue)
+WHERE w.state IN ('running', 'draining')
+ORDER BY q.queue
+LIMIT $1;
 
 -- ======================================================================
 -- schedules (issue 5): declared in config, mirrored here, fired by whichever

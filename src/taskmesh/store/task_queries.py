@@ -181,6 +181,10 @@ class TaskQueries(Queries):
         """``task_sample_failed_by_queue``."""
         return {r["queue"]: r["n"] for r in await self._fetch("task_sample_failed_by_queue", list(queues))}
 
+    async def count_queued_unserved(self, served: Sequence[str], limit: int) -> list[asyncpg.Record]:
+        """``task_count_queued_unserved``: ``queue, queued, ready`` of queues not in ``served`` (at most ``limit``)."""
+        return await self._fetch("task_count_queued_unserved", list(served), limit)
+
     async def sample_oldest_ready_age(self, queue: str) -> float:
         """``task_sample_oldest_ready_age``: seconds, 0 when nothing is due."""
         return float(await self._fetchval("task_sample_oldest_ready_age", queue))

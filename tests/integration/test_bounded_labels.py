@@ -1,0 +1,108 @@
+"""Labels from clients are bounded, and a queue no instance serves is visible (issue 10, break 10).
+
+1,000 creates with random task names once grew ``/metrics`` from 144 series to
+48,178 (5.6 MB). Now a task name is a label only when a handler is registered
+under it (else ``(other)``), and a queue only when the instance is configured
+with it or a live worker serves it (else ``(unserved)``). A task sent to a queue
+no live instance serves is counted under ``taskmesh_queue_depth{queue="(unserved)",
+state="ready"}``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from taskmesh.registry import Registry
+from tests.conftest import http, wait_for
+
+pytestmark = pytest.mark.anyio
+
+TASKS = "/api/v1/tasks"
+SERIES = re.compile(r"^taskmesh_\w+(\{[^}]*\})? ", re.M)
+SERIES_GROWTH_MAX = 100
+"""New series 1,000 random names and queues may add: the (other)/(unserved) children of each family."""
+
+
+def series(text: str) -> set[str]:
+    """The ``taskmesh_`` series of an exposition (name and labels, without the value)."""
+    return {m.group(0) for m in SERIES.finditer(text)}
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split(" ")[0]))
+        if found == labels:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def create_many(client: httpx.AsyncClient, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    """POST each body to ``/api/v1/tasks``, 20 at a time; every answer must be 201."""
+    answers: list[httpx.Response] = []
+    limiter = anyio.CapacityLimiter(20)
+
+    async def one(body: dict[str, Any]) -> None:
+        async with limiter:
+            answers.append(await client.post(TASKS, json=body))
+
+    async with anyio.create_task_group() as tg:
+        for body in bodies:
+            tg.start_soon(one, body)
+    assert [r.status_code for r in answers if r.status_code != 201] == []
+    return answers
+
+
+def random_bodies(n: int) -> list[dict[str, Any]]:
+    """``n`` creates with random task names: half to the served queue ``default``, half to random queues."""
+    return [
+        {"name": f"rnd.{secrets.token_hex(6)}", "queue_name": "default" if i % 2 else f"q-{secrets.token_hex(6)}"}
+        for i in range(n)
+    ]
+
+
+async def test_a_thousand_creates_with_random_names_and_queues_add_a_bounded_number_of_series(
+    start_instance: Any, registry: Registry
+) -> None:
+    @registry.task("labels.known")
+    async def known(payload: Any) -> str:
+        return "ok"
+
+    async with start_instance(metrics_sample_seconds=0.1, worker_concurrency=8) as inst, http(inst) as client:
+        await create_many(client, [{"name": "labels.known"}])
+
+        async def known_ran() -> str | None:
+            text = (await client.get("/metrics")).text
+            labels = {"queue": "default", "task_name": "labels.known", "outcome": "succeeded"}
+            return text if value(text, "taskmesh_runs_finished_total", **labels) == 1 else None
+
+        before = series(await wait_for(known_ran))
+
+        async def settled(failed: int, unserved: int) -> str | None:
+            text = (await client.get("/metrics")).text
+            done = value(text, "taskmesh_runs_finished_total", queue="default", task_name="(other)", outcome="failed")
+            depth = value(text, "taskmesh_queue_depth", queue="(unserved)", state="ready")
+            return text if (done, depth) == (failed, unserved) else None
+
+        await create_many(client, random_bodies(1000))
+        after_first = await wait_for(lambda: settled(500, 500), timeout=30)
+        await create_many(client, random_bodies(200))
+        after_second = await wait_for(lambda: settled(600, 600), timeout=30)
+
+    grown = series(after_first) - before
+    assert len(grown) <= SERIES_GROWTH_MAX, sorted(grown)
+    assert series(after_second) - series(after_first) == set(), "new random names added series"
+    assert "rnd." not in after_second and 'queue="q-' not in after_second
+    assert value(after_second, "taskmesh_tasks_created_total", queue="default") == 601
+    assert value(after_second, "taskmesh_tasks_created_total", queue="(unserved)") == 600
+    assert value(after_second, "taskmesh_runs_started_total", queue="default", task_name="(other)") == 600
+    assert value(after_second, "taskmesh_runs_started_total", queue="default", task_name="labels.known") == 1
+    assert value(after_second, "taskmesh_queue_wait_seconds_count", queue="default", task_name="(other)") == 600
+    assert len(after_second) < 100_000, f"/metrics is {len(after_second)} bytes"
