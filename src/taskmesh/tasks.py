@@ -55,13 +55,15 @@ class Enqueued:
     """Answer of :meth:`Tasks.enqueue`.
 
     ``created`` is ``False`` when the idempotency key named an existing task,
-    whose id and current status are returned.
+    whose id and current status are returned. ``queue`` is the queue a created
+    task went to (the request's, or its handler's default); ``None`` when deduplicated.
     """
 
     task_id: uuid.UUID
     status: str
     created: bool
     trace_id: str | None = None
+    queue: str | None = None
 
 
 def dump_json(value: Any, field: str) -> str:
@@ -201,7 +203,7 @@ class Tasks:
         for spec, task_id, trace, (queue, _, _) in zip(specs, ids, traces, prepared, strict=True):
             row = created.get(task_id)
             if row is not None:
-                out.append(Enqueued(task_id, TaskStatus.QUEUED, created=True, trace_id=trace))
+                out.append(Enqueued(task_id, TaskStatus.QUEUED, created=True, trace_id=trace, queue=queue))
                 targets.append(PushTarget(task_id, queue, spec.priority, row["run_at"] if row["delayed"] else None))
                 if self.metrics:
                     self.metrics.task_created(queue)

@@ -4,8 +4,10 @@
 48,178 (5.6 MB). Now a task name is a label only when a handler is registered
 under it (else ``(other)``), and a queue only when the instance is configured
 with it or a live worker serves it (else ``(unserved)``). A task sent to a queue
-no live instance serves is counted under ``taskmesh_queue_depth{queue="(unserved)",
-state="ready"}``.
+no live instance serves is still stored, but the create answer warns, the
+sampler counts it under ``taskmesh_queue_depth{queue="(unserved)",
+state="ready"}`` and ``GET /api/v1/workers`` lists the queue in
+``unserved_queues``.
 """
 
 from __future__ import annotations
@@ -106,3 +108,68 @@ async def test_a_thousand_creates_with_random_names_and_queues_add_a_bounded_num
     assert value(after_second, "taskmesh_runs_started_total", queue="default", task_name="labels.known") == 1
     assert value(after_second, "taskmesh_queue_wait_seconds_count", queue="default", task_name="(other)") == 600
     assert len(after_second) < 100_000, f"/metrics is {len(after_second)} bytes"
+
+
+async def test_a_task_sent_to_a_queue_no_instance_serves_is_visible_in_the_answer_the_depth_and_the_workers_listing(
+    start_instance: Any, registry: Registry
+) -> None:
+    @registry.task("visible.job")
+    async def job(payload: Any) -> str:
+        return "ok"
+
+    warning = "queue 'defualt' is served by no live instance"
+    async with start_instance(metrics_sample_seconds=0.1, queue_names=["default", "emails"]) as inst:
+        async with http(inst) as client:
+            typos = [await client.post(TASKS, json={"name": "visible.job", "queue_name": "defualt"}) for _ in range(3)]
+            served = await client.post(TASKS, json={"name": "visible.job", "queue_name": "emails"})
+            batch = await client.post(
+                f"{TASKS}:batch",
+                json={
+                    "tasks": [
+                        {"name": "visible.job", "queue_name": "default"},
+                        {"name": "visible.job", "queue_name": "defualt"},
+                        {"name": "visible.job", "queue_name": "other"},
+                        {"name": "visible.job", "queue_name": "defualt", "dedup_key": "k"},
+                        {"name": "visible.job", "queue_name": "defualt", "dedup_key": "k"},
+                    ]
+                },
+            )
+
+            async def sampled() -> str | None:
+                text = (await client.get("/metrics")).text
+                depth = value(text, "taskmesh_queue_depth", queue="(unserved)", state="ready")
+                return text if depth == 6 else None
+
+            text = await wait_for(sampled)
+            listing = (await client.get("/api/v1/workers")).json()
+
+            # A second instance starts serving the typo: it is no longer unserved anywhere.
+            async with start_instance(queue_names=["defualt"]):
+                fixed = await client.post(TASKS, json={"name": "visible.job", "queue_name": "defualt"})
+
+                async def drained() -> Any:
+                    body = (await client.get("/api/v1/workers")).json()
+                    return body if body["unserved_queues"] == [{"queue": "other", "queued": 1}] else None
+
+                await wait_for(drained, timeout=15)
+
+                async def one_left() -> bool:
+                    text = (await client.get("/metrics")).text
+                    return value(text, "taskmesh_queue_depth", queue="(unserved)", state="ready") == 1
+
+                await wait_for(one_left)
+
+    for r in typos:
+        assert r.status_code == 201
+        assert r.json()["warnings"] == [warning]
+    assert served.status_code == 201 and "warnings" not in served.json()
+    results = batch.json()["results"]
+    assert ["warnings" in item for item in results] == [False, True, True, True, False]
+    assert results[1]["warnings"] == [warning]
+    assert results[2]["warnings"] == ["queue 'other' is served by no live instance"]
+    assert results[4]["status"] == "deduplicated"
+    assert value(text, "taskmesh_tasks_created_total", queue="(unserved)") == 6
+    assert 'queue="defualt"' not in text
+    assert listing["unserved_queues"] == [{"queue": "defualt", "queued": 5}, {"queue": "other", "queued": 1}]
+    assert [w["queues"] for w in listing["workers"]] == [{"default": 1, "emails": 1}]
+    assert fixed.status_code == 201

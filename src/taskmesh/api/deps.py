@@ -5,20 +5,24 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import orjson
+import structlog
 from fastapi import Depends, Request
 from pydantic import BaseModel
 from starlette.responses import Response
 
 from taskmesh.api.state import AppState
-from taskmesh.errors import BadJsonError, InvalidTaskError, NotReadyError
+from taskmesh.errors import BadJsonError, InvalidTaskError, NotReadyError, StoreError
 from taskmesh.schedules import Schedules
 from taskmesh.store import Stores
 from taskmesh.tasks import Tasks
 from taskmesh.tracing import trace_id_from_headers
 from taskmesh.validation import NAME_REGEX, TaskSpec, may_hold_big_integers
+
+log = structlog.get_logger("taskmesh.api")
 
 _NAME = re.compile(NAME_REGEX)
 _LONG_DIGITS = re.compile(rb"[0-9]{16}")
@@ -130,6 +134,27 @@ def check_queue(queue: str) -> None:
 def is_name(value: str) -> bool:
     """Whether ``value`` could be a task, queue or schedule name."""
     return _NAME.fullmatch(value) is not None
+
+
+async def unserved_warnings(state: AppState, queues: Iterable[str]) -> dict[str, str]:
+    """A warning for each of ``queues`` that no live instance serves (issue 10, break 10).
+
+    A task sent there waits until a worker is started for its queue (a typo such as
+    ``defualt`` waits for ever); the create still succeeds and says so. The served set is
+    cached (:class:`~taskmesh.api.state.ServedQueues`). When PostgreSQL cannot say, there
+    are no warnings (the task is stored already; the answer must not turn into an error).
+
+    :returns: ``{queue: "queue 'defualt' is served by no live instance"}`` for the unserved ones.
+    """
+    wanted = set(queues)
+    if not wanted or state.stores is None:
+        return {}
+    try:
+        served = await state.served.get(state.stores.pg)
+    except StoreError as exc:
+        log.warning("served_queues_unknown", error=str(exc))
+        return {}
+    return {q: f"queue {q!r} is served by no live instance" for q in sorted(wanted - served)}
 
 
 def with_trace(spec: TaskSpec, request: Request) -> TaskSpec:
