@@ -17,10 +17,13 @@ import secrets
 from typing import Any
 
 import anyio
+import asyncpg
 import httpx
 import pytest
 
+from taskmesh.api.state import ServedQueues
 from taskmesh.registry import Registry
+from taskmesh.store import Stores
 from tests.conftest import http, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -158,6 +161,9 @@ async def test_a_task_sent_to_a_queue_no_instance_serves_is_visible_in_the_answe
                     return value(text, "taskmesh_queue_depth", queue="(unserved)", state="ready") == 1
 
                 await wait_for(one_left)
+                # Served by a live worker now: the queue is a label of its own on this instance too.
+                await client.post(TASKS, json={"name": "visible.job", "queue_name": "defualt"})
+                after = (await client.get("/metrics")).text
 
     for r in typos:
         assert r.status_code == 201
@@ -173,3 +179,19 @@ async def test_a_task_sent_to_a_queue_no_instance_serves_is_visible_in_the_answe
     assert listing["unserved_queues"] == [{"queue": "defualt", "queued": 5}, {"queue": "other", "queued": 1}]
     assert [w["queues"] for w in listing["workers"]] == [{"default": 1, "emails": 1}]
     assert fixed.status_code == 201
+    assert value(after, "taskmesh_tasks_created_total", queue="defualt") == 1
+
+
+async def test_the_served_queues_are_read_once_per_ttl_and_the_instances_own_always_count(
+    stores: Stores, pool: asyncpg.Pool
+) -> None:
+    served = ServedQueues(own=frozenset({"mine"}), ttl=0.3)
+    assert await served.get(stores.pg) == {"mine"}
+    await pool.execute(
+        """INSERT INTO workers (id, host, pid, queues, version, state)
+           VALUES ('w-1', 'h', 1, '{"emails": 2, "reports": 1}', 'v', 'running'),
+                  ('w-2', 'h', 2, '{"gone": 1}', 'v', 'stopped')"""
+    )
+    assert await served.get(stores.pg) == {"mine"}, "read again within the ttl"
+    await anyio.sleep(0.35)
+    assert await served.get(stores.pg) == {"mine", "emails", "reports"}

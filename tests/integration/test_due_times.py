@@ -11,6 +11,7 @@ run by a live instance, which keeps serving.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -116,7 +117,7 @@ async def test_the_client_refuses_run_at_out_of_range_with_the_same_message(
     await assert_nothing_written(pool, redis_client, keys, "client")
 
 
-async def test_a_hand_inserted_task_due_at_minus_infinity_is_run_and_the_instance_keeps_serving(
+async def test_hand_inserted_tasks_due_at_minus_infinity_are_run_and_the_instance_keeps_serving(
     start_instance: Any, registry: Registry, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     ran: list[Any] = []
@@ -126,26 +127,30 @@ async def test_a_hand_inserted_task_due_at_minus_infinity_is_run_and_the_instanc
         ran.append(payload)
         return "done"
 
-    task_id = uuid.uuid4()
+    # One id is pushed by hand; the other is left for the reconciler to find and push.
+    pushed, found = uuid.uuid4(), uuid.uuid4()
     async with start_instance(metrics_sample_seconds=0.1, reconcile_interval_seconds=0.2) as inst, http(inst) as client:
-        await pool.execute(
-            """INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at)
-               VALUES ($1, 'legacy.job', 'immediate', 'default', 0, '{"k": 1}', 3, 'queued', '-infinity')""",
-            task_id,
-        )
-        await pool.execute("INSERT INTO task_runs (task_id, attempt, status) VALUES ($1, 1, 'queued')", task_id)
-        # The sampler and the reconciler meet the row before the fetcher does.
+        for task_id, k in ((pushed, 1), (found, 2)):
+            await pool.execute(
+                """INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at)
+                   VALUES ($1, 'legacy.job', 'immediate', 'default', 0, $2::text::jsonb, 3, 'queued', '-infinity')""",
+                task_id,
+                f'{{"k": {k}}}',
+            )
+            await pool.execute("INSERT INTO task_runs (task_id, attempt, status) VALUES ($1, 1, 'queued')", task_id)
+        # The sampler meets the rows before the fetcher does.
         await wait_for(lambda: _sampled_age(client), timeout=5)
-        await redis_client.zadd(keys.ready("default"), {str(task_id): ready_score(0, 0)})
+        await redis_client.zadd(keys.ready("default"), {str(pushed): ready_score(0, 0)})
 
-        async def completed() -> dict[str, Any] | None:
+        async def completed(task_id: uuid.UUID) -> dict[str, Any] | None:
             body: dict[str, Any] = (await client.get(f"{TASKS}/{task_id}")).json()
             return body if body["task"]["status"] == "completed" else None
 
-        body = await wait_for(completed, timeout=15)
-        assert body["latest_run"]["status"] == "succeeded"
-        assert body["task"]["run_at"] == "-infinity"
-        assert ran == [{"k": 1}]
+        for task_id in (pushed, found):
+            body = await wait_for(functools.partial(completed, task_id), timeout=15)
+            assert body["latest_run"]["status"] == "succeeded"
+            assert body["task"]["run_at"] == "-infinity"
+        assert sorted(p["k"] for p in ran) == [1, 2]
         ready = await client.get("/readyz")
         assert ready.status_code == 200, ready.text
         metrics = (await client.get("/metrics")).text
