@@ -98,8 +98,10 @@ class Client:
         :param payload: any JSON-serialisable value (default ``{}``).
         :param priority: 0..1000, higher runs first.
         :param delay_seconds: run no earlier than this many seconds from now.
-        :param run_at: run no earlier than this time (aware datetime or RFC 3339).
-        :raises InvalidTaskError: same rules and messages as the HTTP API; nothing is written.
+        :param run_at: run no earlier than this time (aware datetime or RFC 3339), within 365 days
+            of now either way (a past time means now).
+        :raises InvalidTaskError: same rules and messages as the HTTP API (an integer beyond 64 bits
+            in ``payload`` names its path: ``payload.customer.id``); nothing is written.
         """
         return (
             await self.enqueue_detailed(

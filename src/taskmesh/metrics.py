@@ -6,6 +6,16 @@ test) owns its own :class:`Metrics` with its own registry; every family is
 listed in :attr:`Metrics.catalog`, from which ``docs/metrics.md`` is generated
 (``python -m taskmesh.metrics_doc > docs/metrics.md``; a test keeps them equal).
 
+Task names and queues come from clients, so they are bounded (issue 10, break 10:
+1,000 random names once grew ``/metrics`` from 144 series to 48,178): a task name
+is a label only when a handler is registered under it, else it counts as
+``(other)`` (also when the dev profile's fallback handler runs it); a queue only
+when this instance is configured with it or a live worker serves it (the sampler
+refreshes those from the ``workers`` table, at most 1,000), else ``(unserved)``.
+Neither value can be a name (names match ``[A-Za-z0-9_.:-]``). Every family with
+a ``queue`` or ``task_name`` label is written through :meth:`Metrics.queue_label`
+and :meth:`Metrics.task_label`.
+
 Gauges marked *cluster-wide* (queue depths, oldest ready age, workers) are
 read from Redis and PostgreSQL by every instance's sampler every
 ``metrics_sample_seconds``, not at scrape time: aggregate them across
@@ -15,7 +25,7 @@ instances with ``max by (queue)``, not ``sum``.
 from __future__ import annotations
 
 import platform
-from collections.abc import Sequence
+from collections.abc import Container, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -69,7 +79,23 @@ HTTP_REFUSAL_REASONS = ("headers_too_large", "read_timeout", "too_many_connectio
 OUTCOME_LABELS = {"retry": "retrying"}
 """Executor outcomes under their metric names (the rest keep their value)."""
 
-__all__ = ["DURATION_BUCKETS", "HTTP_REFUSAL_REASONS", "MetricInfo", "Metrics", "current_metrics"]
+OTHER_TASK = "(other)"
+"""The ``task_name`` label of every task name no handler is registered under."""
+UNSERVED_QUEUE = "(unserved)"
+"""The ``queue`` label of every queue this instance is not configured with and no live worker serves."""
+SERVED_QUEUES_MAX = 1000
+"""Most queues served by other instances that get a label of their own (the rest are ``(unserved)``)."""
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "HTTP_REFUSAL_REASONS",
+    "OTHER_TASK",
+    "SERVED_QUEUES_MAX",
+    "UNSERVED_QUEUE",
+    "MetricInfo",
+    "Metrics",
+    "current_metrics",
+]
 
 
 @dataclass(frozen=True)
@@ -88,9 +114,18 @@ Set by the supervisor in its own task, so instances sharing a process stay apart
 
 
 class Metrics:
-    """The instance's metric families (see ``docs/metrics.md`` for the list)."""
+    """The instance's metric families (see ``docs/metrics.md`` for the list).
 
-    def __init__(self) -> None:
+    :param task_names: the task names that are labels of their own (the registry: it is
+        asked on each use, so handlers registered later count); any other is ``(other)``.
+    :param queues: the queues this instance is configured with (``queue_names``), labels of
+        their own; so are those :meth:`set_served_queues` names. Any other is ``(unserved)``.
+    """
+
+    def __init__(self, *, task_names: Container[str] = frozenset(), queues: Iterable[str] = ()) -> None:
+        self._task_names = task_names
+        self._own_queues = frozenset(queues)
+        self._queues = self._own_queues
         self.registry = CollectorRegistry()
         self.catalog: list[MetricInfo] = []
         c, g, h = self._counter, self._gauge, self._histogram
@@ -125,7 +160,8 @@ class Metrics:
         # Queues (cluster-wide, sampled).
         self.queue_depth = g(
             "taskmesh_queue_depth",
-            "Tasks by state: ready and delayed (Redis), running and dead_letter (PostgreSQL); cluster-wide, sampled.",
+            "Tasks by state: ready and delayed (Redis), running and dead_letter (PostgreSQL); cluster-wide, sampled. "
+            'queue="(unserved)", state="ready": due queued tasks of every queue no live worker serves.',
             "queue",
             "state",
         )
@@ -226,6 +262,7 @@ class Metrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
+        # Keyed by label values (bounded), never by raw names.
         self._finished: dict[tuple[str, str, str], Counter] = {}
         self._durations: dict[tuple[str, str], Histogram] = {}
         self._started: dict[tuple[str, str], Counter] = {}
@@ -245,10 +282,35 @@ class Metrics:
         self.catalog.append(MetricInfo(name, "histogram", labels, doc))
         return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
 
+    # -- bounded labels ------------------------------------------------------------
+
+    def task_label(self, name: str) -> str:
+        """``name`` when a handler is registered under it, else ``(other)``."""
+        return name if name in self._task_names else OTHER_TASK
+
+    def queue_label(self, queue: str) -> str:
+        """``queue`` when this instance is configured with it or a live worker serves it, else ``(unserved)``."""
+        return queue if queue in self._queues else UNSERVED_QUEUE
+
+    def set_served_queues(self, queues: Iterable[str]) -> None:
+        """The queues live workers serve now (replacing the last set; at most :data:`SERVED_QUEUES_MAX`).
+
+        Series of a queue that stops being served stay until the process restarts (they stop
+        moving); the set only decides which new values become labels.
+        """
+        served: set[str] = set()
+        for queue in queues:
+            if len(served) >= SERVED_QUEUES_MAX:
+                break
+            served.add(queue)
+        self._queues = self._own_queues | served
+
     # -- hot-path helpers (label children cached: these run per task) ----------
 
     def prepare(self, queues: Sequence[str], concurrency: dict[str, int]) -> None:
-        """Create the per-queue series at 0 (so ``rate()`` and alerts work before the first event)."""
+        """Create the per-queue series at 0 (so ``rate()`` and alerts work before the first event),
+        and the ``(unserved)`` ready depth."""
+        self.queue_depth.labels(UNSERVED_QUEUE, "ready")
         for queue in queues:
             self.tasks_created.labels(queue)
             self.in_flight.labels(queue).set(0)
@@ -261,38 +323,42 @@ class Metrics:
 
     def run_started(self, queue: str, task_name: str, wait_seconds: float | None) -> None:
         """Count a run whose handler starts, and observe how long its task waited (seconds)."""
-        key = (queue, task_name)
+        key = (self.queue_label(queue), self.task_label(task_name))
         counter = self._started.get(key)
         if counter is None:
-            counter = self._started[key] = self.runs_started.labels(queue, task_name)
+            counter = self._started[key] = self.runs_started.labels(*key)
         counter.inc()
         if wait_seconds is not None:
             hist = self._waits.get(key)
             if hist is None:
-                hist = self._waits[key] = self.queue_wait.labels(queue, task_name)
+                hist = self._waits[key] = self.queue_wait.labels(*key)
             hist.observe(max(0.0, wait_seconds))
 
     def run_finished(self, queue: str, task_name: str, outcome: str, duration_seconds: float | None) -> None:
         """Count a finished run by outcome (``retry`` is exposed as ``retrying``) and observe its duration."""
-        outcome = OUTCOME_LABELS.get(outcome, outcome)
-        key = (queue, task_name, outcome)
+        labels = (self.queue_label(queue), self.task_label(task_name))
+        key = (*labels, OUTCOME_LABELS.get(outcome, outcome))
         counter = self._finished.get(key)
         if counter is None:
-            counter = self._finished[key] = self.runs_finished.labels(queue, task_name, outcome)
+            counter = self._finished[key] = self.runs_finished.labels(*key)
         counter.inc()
         if duration_seconds is not None:
-            hist = self._durations.get((queue, task_name))
+            hist = self._durations.get(labels)
             if hist is None:
-                hist = self._durations[(queue, task_name)] = self.run_duration.labels(queue, task_name)
+                hist = self._durations[labels] = self.run_duration.labels(*labels)
             hist.observe(duration_seconds)
 
     def task_created(self, queue: str) -> None:
         """Count a created task."""
-        self.tasks_created.labels(queue).inc()
+        self.tasks_created.labels(self.queue_label(queue)).inc()
 
     def task_deduplicated(self, queue: str) -> None:
         """Count an enqueue answered by an existing task."""
-        self.tasks_deduplicated.labels(queue).inc()
+        self.tasks_deduplicated.labels(self.queue_label(queue)).inc()
+
+    def tasks_repushed_to(self, queue: str, count: int) -> None:
+        """Count queued tasks of ``queue`` pushed again into Redis."""
+        self.tasks_repushed.labels(self.queue_label(queue)).inc(count)
 
     def store_failed(self, store: str) -> None:
         """Count one failed store call (``postgres`` or ``redis``)."""
@@ -311,6 +377,11 @@ class Metrics:
             "this file equal to what the code exposes. Every instance serves them at `/metrics`, also",
             "with the API off. *Cluster-wide, sampled* gauges are read from Redis and PostgreSQL by",
             "each instance every `metrics_sample_seconds`: aggregate them with `max by (queue)`.",
+            "",
+            "Labels are bounded. `task_name` is a name a handler is registered under, else `(other)`",
+            "(also for tasks the dev profile's fallback handler runs); `queue` is one of the instance's",
+            "`queue_names` or a queue a live worker serves (at most 1,000), else `(unserved)`. Neither",
+            "value can be a name, so a client sending random names or queues adds no series.",
             "",
             "| name | type | labels | meaning |",
             "| --- | --- | --- | --- |",

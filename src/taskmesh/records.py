@@ -15,8 +15,16 @@ import orjson
 
 
 def iso(value: datetime | None) -> str | None:
-    """An instant as ISO 8601 text (``None`` stays ``None``)."""
-    return value.isoformat() if value is not None else None
+    """An instant as ISO 8601 text (``None`` stays ``None``).
+
+    PostgreSQL's ``-infinity`` and ``infinity`` (which asyncpg reads as naive ``datetime.min``
+    and ``datetime.max``; every finite ``timestamptz`` comes aware) are rendered as such.
+    """
+    if value is None:
+        return None
+    if value.tzinfo is None and value in (datetime.min, datetime.max):
+        return "-infinity" if value == datetime.min else "infinity"
+    return value.isoformat()
 
 
 def json_value(text: str | None) -> Any:
@@ -33,15 +41,18 @@ def json_value(text: str | None) -> Any:
         return json.loads(text)
 
 
-def task_to_dict(row: Any) -> dict[str, Any]:
-    """A ``tasks`` row (or a joined row with its columns) in the API's shape."""
-    return {
+def task_to_dict(row: Any, *, payload: bool = True) -> dict[str, Any]:
+    """A ``tasks`` row (or a joined row with its columns) in the API's shape.
+
+    :param payload: include ``payload`` (the row then has the column); lists leave it out.
+    """
+    out = {
         "id": str(row["id"]),
         "name": row["name"],
         "type": row["type"],
         "queue_name": row["queue"],
         "priority": row["priority"],
-        "payload": json_value(row["payload"]),
+        "payload": json_value(row["payload"]) if payload else None,
         "dedup_key": row["idempotency_key"],
         "max_retries": row["max_retries"],
         "retries": row["retries"],
@@ -53,6 +64,29 @@ def task_to_dict(row: Any) -> dict[str, Any]:
         "created_at": iso(row["created_at"]),
         "updated_at": iso(row["updated_at"]),
     }
+    if not payload:
+        del out["payload"]
+    return out
+
+
+def dead_letter_to_dict(row: Any) -> dict[str, Any]:
+    """A ``task_list_failed_with_latest_run`` row: the task without its payload, and why it failed.
+
+    :returns: the task's fields but ``payload``, plus ``latest_run``: ``{"attempt", "status",
+        "error", "finished_at"}`` (``None`` for a task without a run, which taskmesh never writes).
+    """
+    out = task_to_dict(row, payload=False)
+    out["latest_run"] = (
+        {
+            "attempt": row["run_attempt"],
+            "status": row["run_status"],
+            "error": row["run_error"],
+            "finished_at": iso(row["run_finished_at"]),
+        }
+        if row["run_attempt"] is not None
+        else None
+    )
+    return out
 
 
 _RUN_COLUMNS = (

@@ -88,6 +88,10 @@ class Registry:
         """The handler for ``name``, else the fallback, else ``None``."""
         return self._handlers.get(name, self.fallback)
 
+    def __contains__(self, name: object) -> bool:
+        """Whether a handler is registered under ``name`` (the fallback does not count)."""
+        return name in self._handlers
+
     def names(self) -> list[str]:
         return sorted(self._handlers)
 

@@ -42,7 +42,7 @@ import structlog
 from taskmesh import __version__, emergency, notify
 from taskmesh.api.app import create_app
 from taskmesh.api.server import HttpLimits, Server, bind_http, make_server
-from taskmesh.api.state import AppState
+from taskmesh.api.state import AppState, ServedQueues
 from taskmesh.clock import StoreClock
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
 from taskmesh.errors import MigrationError, ServiceFailedError, StoreError
@@ -119,9 +119,10 @@ async def run(
     check_schedule_tasks(settings, set(registry.names()), registry.fallback is not None)
     inst = instance or Instance()
     inst.budget = RestartBudget(settings.service_restarts, settings.service_restart_window_seconds)
-    metrics = Metrics()
+    metrics = Metrics(task_names=registry, queues=settings.queue_names)  # bounded labels (issue 10, break 10)
     current_metrics.set(metrics)  # this task and the services it starts count their store errors here
-    state = AppState(metrics=metrics, queues=list(settings.queue_names))
+    own = frozenset(settings.queue_names) if settings.workers_enabled else frozenset[str]()
+    state = AppState(metrics=metrics, queues=list(settings.queue_names), served=ServedQueues(own=own))
     inst.state = state
     sock = bind_http(settings.http_host, settings.http_port)
     inst.port = sock.getsockname()[1]

@@ -21,15 +21,18 @@ import structlog
 from taskmesh.errors import InvalidTaskError, StoreError, TaskFinishedError, TaskNotFoundError
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, PushTarget, RunResult
+from taskmesh.records import dead_letter_to_dict, task_and_latest_run
 from taskmesh.records import run_to_dict as _run_to_dict
-from taskmesh.records import task_and_latest_run, task_to_dict
 from taskmesh.registry import Registry
 from taskmesh.states import TaskStatus, TaskType
 from taskmesh.store import PgStore, RedisStore
 from taskmesh.tracing import new_trace_id
-from taskmesh.validation import TaskSpec
+from taskmesh.validation import BIG_INTEGER, TaskSpec, big_integer_path
 
 log = structlog.get_logger("taskmesh.tasks")
+
+ORJSON_BIG_INTEGER = "Integer exceeds 64-bit range"
+"""orjson's ``TypeError`` text for an integer it cannot write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,23 +55,29 @@ class Enqueued:
     """Answer of :meth:`Tasks.enqueue`.
 
     ``created`` is ``False`` when the idempotency key named an existing task,
-    whose id and current status are returned.
+    whose id and current status are returned. ``queue`` is the queue a created
+    task went to (the request's, or its handler's default); ``None`` when deduplicated.
     """
 
     task_id: uuid.UUID
     status: str
     created: bool
     trace_id: str | None = None
+    queue: str | None = None
 
 
 def dump_json(value: Any, field: str) -> str:
     """Serialise ``value`` for a jsonb column.
 
-    :raises InvalidTaskError: it is not JSON-serialisable (naming ``field``).
+    :raises InvalidTaskError: it is not JSON-serialisable (naming ``field``), or it holds an
+        integer beyond 64 bits, which orjson cannot write (naming its path, ``payload.customer.id``,
+        when it sits in dicts, lists and tuples; else ``field``).
     """
     try:
         return orjson.dumps(value).decode()
     except TypeError as exc:
+        if str(exc) == ORJSON_BIG_INTEGER:
+            raise InvalidTaskError(big_integer_path(value, field) or field, BIG_INTEGER) from None
         raise InvalidTaskError(field, f"is not JSON-serialisable: {exc}") from None
 
 
@@ -194,7 +203,7 @@ class Tasks:
         for spec, task_id, trace, (queue, _, _) in zip(specs, ids, traces, prepared, strict=True):
             row = created.get(task_id)
             if row is not None:
-                out.append(Enqueued(task_id, TaskStatus.QUEUED, created=True, trace_id=trace))
+                out.append(Enqueued(task_id, TaskStatus.QUEUED, created=True, trace_id=trace, queue=queue))
                 targets.append(PushTarget(task_id, queue, spec.priority, row["run_at"] if row["delayed"] else None))
                 if self.metrics:
                     self.metrics.task_created(queue)
@@ -242,8 +251,12 @@ class Tasks:
         return [_run_to_dict(r) for r in rows]
 
     async def dead_letters(self, queue: str, count: int) -> list[dict[str, Any]]:
-        """Up to ``count`` dead-lettered tasks of ``queue``, oldest first."""
-        return [task_to_dict(r) for r in await self.pg.tasks.list_failed(queue, count)]
+        """Up to ``count`` dead-lettered tasks of ``queue``, oldest first, read in one statement.
+
+        :returns: each task in the API's shape without ``payload`` (:meth:`get` has it), with
+            ``latest_run``: ``{"attempt", "status", "error", "finished_at"}`` saying why it failed.
+        """
+        return [dead_letter_to_dict(r) for r in await self.pg.tasks.list_failed_with_latest_run(queue, count)]
 
     # -- claim and finish ----------------------------------------------------------
 

@@ -3,9 +3,12 @@
 Design.md principle 7: bad input is refused at the edge, before anything is
 written. Limits (issue 2): names and queue names match
 ``[A-Za-z0-9_.:-]{1,128}``; priority 0..1000 (higher runs first); max_retries
-0..100; delay_seconds 0..31,536,000 (one year); payload any JSON value nested at
-most 64 levels; no string anywhere may hold a NUL character (PostgreSQL text
-and jsonb cannot store it).
+0..100; delay_seconds 0..31,536,000 (one year) and run_at within the same year
+of now, either way (issue 10, break 2: a past run_at means "now"; one older
+than a year is almost surely a mistake); payload any JSON value nested at most
+64 levels, its integers within 64 bits (-2^63 .. 2^64-1: orjson, which writes
+and reads payloads, rounds wider ones to floats); no string anywhere may hold a
+NUL character (PostgreSQL text and jsonb cannot store it).
 """
 
 from __future__ import annotations
@@ -22,18 +25,30 @@ MAX_PAYLOAD_DEPTH = 64
 MAX_RETRIES_LIMIT = 100
 MAX_DELAY_SECONDS = 365 * 24 * 3600
 NAME_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
+RUN_AT_RANGE = (
+    "must be within 365 days of now: at most 365 days ago (a past time means now) "
+    "and at most 365 days ahead, as delay_seconds"
+)
+"""The message of a ``run_at`` outside ``now ± MAX_DELAY_SECONDS``."""
+INT_MIN = -(2**63)
+INT_MAX = 2**64 - 1
+BIG_INTEGER = "integer beyond 64 bits (-2^63 .. 2^64-1); send it as a string"
+"""The message of an integer orjson cannot hold (it would be rounded to a float)."""
+EXACT_FLOAT_LIMIT = 2**53
+"""Integral floats at least this large may be integer literals orjson rounded (see :func:`may_hold_big_integers`)."""
 
 StrictInt = Annotated[int, Strict()]
 
 
 def check_json(value: Any, path: str, max_depth: int = MAX_PAYLOAD_DEPTH) -> None:
-    """Refuse JSON that PostgreSQL cannot store or that nests too deeply.
+    """Refuse JSON that PostgreSQL cannot store, that nests too deeply, or whose integers orjson cannot hold.
 
-    :param value: a decoded JSON value (dict, list, str, number, bool, None).
+    :param value: a decoded JSON value (dict, list or tuple, str, number, bool, None).
     :param path: field name used in the error (``payload``).
     :param max_depth: most levels of nested arrays/objects (a scalar is depth 0).
-    :raises InvalidTaskError: ``payload: nested deeper than 64 levels`` or
-        ``payload.a.b: contains a NUL character``.
+    :raises InvalidTaskError: ``payload: nested deeper than 64 levels``,
+        ``payload.a.b: contains a NUL character`` or
+        ``payload.customer.id: integer beyond 64 bits (-2^63 .. 2^64-1); send it as a string``.
     """
     stack: list[tuple[Any, str, int]] = [(value, path, 0)]
     while stack:
@@ -41,6 +56,9 @@ def check_json(value: Any, path: str, max_depth: int = MAX_PAYLOAD_DEPTH) -> Non
         if isinstance(item, str):
             if "\x00" in item:
                 raise InvalidTaskError(where, "contains a NUL character")
+        elif isinstance(item, int):
+            if not INT_MIN <= item <= INT_MAX and not isinstance(item, bool):
+                raise InvalidTaskError(where, BIG_INTEGER)
         elif isinstance(item, dict):
             if depth >= max_depth:
                 raise InvalidTaskError(path, f"nested deeper than {max_depth} levels")
@@ -48,10 +66,47 @@ def check_json(value: Any, path: str, max_depth: int = MAX_PAYLOAD_DEPTH) -> Non
                 if "\x00" in k:
                     raise InvalidTaskError(f"{where}.{k!r}", "key contains a NUL character")
                 stack.append((v, f"{where}.{k}", depth + 1))
-        elif isinstance(item, list):
+        elif isinstance(item, list | tuple):
             if depth >= max_depth:
                 raise InvalidTaskError(path, f"nested deeper than {max_depth} levels")
             stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+
+
+def big_integer_path(value: Any, path: str) -> str | None:
+    """Where ``value`` holds an integer beyond 64 bits (``payload.customer.id``), or ``None``.
+
+    Walks dicts, lists and tuples (what orjson serialises as objects and arrays).
+    """
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, int) and not isinstance(item, bool) and not INT_MIN <= item <= INT_MAX:
+            return where
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}") for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+    return None
+
+
+def may_hold_big_integers(value: Any) -> bool:
+    """Whether orjson's parse ``value`` holds an integral float of magnitude at least 2^53.
+
+    orjson reads an integer literal beyond 64 bits as a float, silently rounded; such a
+    float is integral and at least 2^53. Only then does the body need a second, exact
+    parse (``json.loads``) to tell an integer from a genuine float like ``1e300``.
+    """
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if abs(item) >= EXACT_FLOAT_LIMIT and item.is_integer():
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 class TaskSpec(BaseModel):
@@ -71,7 +126,9 @@ class TaskSpec(BaseModel):
     dedup_key: str | None = Field(default=None, min_length=1, max_length=512)
     max_retries: StrictInt | None = Field(default=None, ge=0, le=MAX_RETRIES_LIMIT)
     delay_seconds: float | None = Field(default=None, ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
-    run_at: datetime | None = Field(default=None, description="RFC 3339 time with an offset.")
+    run_at: datetime | None = Field(
+        default=None, description="RFC 3339 time with an offset, within 365 days of now (a past time means now)."
+    )
     tenant_id: str | None = Field(default=None, min_length=1, max_length=128)
     trace_id: str | None = Field(default=None, min_length=1, max_length=128)
 
@@ -99,14 +156,17 @@ class TaskSpec(BaseModel):
 
     @field_validator("run_at")
     @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
+    def _aware_and_near(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
             raise ValueError("must carry a UTC offset (RFC 3339), e.g. 2026-01-01T12:00:00Z")
-        if value is not None:
-            try:
-                value.astimezone(UTC)
-            except OverflowError:
-                raise ValueError("is out of range") from None
+        try:
+            ahead = (value - datetime.now(UTC)).total_seconds()
+        except OverflowError:  # year 1 or 9999 shifted by its offset: far outside the range anyway
+            raise ValueError(RUN_AT_RANGE) from None
+        if abs(ahead) > MAX_DELAY_SECONDS:
+            raise ValueError(RUN_AT_RANGE)
         return value
 
     @model_validator(mode="after")

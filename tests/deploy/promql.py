@@ -19,6 +19,7 @@ __all__ = [
     "CLUSTER_WIDE",
     "CONTRACT",
     "LABEL_VALUES",
+    "RESERVED_LABEL_VALUES",
     "Selector",
     "contract_problems",
     "grouping_labels",
@@ -96,6 +97,13 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("taskmesh_http_refused_total", "reason"): frozenset({"headers_too_large", "read_timeout", "too_many_connections"}),
 }
 """Closed label values: an equality or alternation matcher on these must name only these."""
+
+RESERVED_LABEL_VALUES: dict[str, str] = {"queue": "(unserved)", "task_name": "(other)"}
+"""The one value every queue, and every task name, outside the bounded set is counted under
+(issue 10, break 10): ``queue`` and ``task_name`` are open labels, but only registered task
+names and served queues get a value of their own; no name can take these (names match
+``[A-Za-z0-9_.:-]``). A rule or panel may match them; ``taskmesh_queue_depth`` has
+``queue="(unserved)"`` only with ``state="ready"``."""
 
 CLUSTER_WIDE = ("taskmesh_queue_depth", "taskmesh_queue_oldest_ready_age_seconds", "taskmesh_workers")
 """Gauges every instance samples from the stores: aggregate with ``max``, never ``sum``."""

@@ -26,3 +26,43 @@ def test_the_worker_states_the_alerts_name_are_the_ones_the_sampler_sets() -> No
     from taskmesh.states import WorkerState
 
     assert {s.value for s in WorkerState} == promql.LABEL_VALUES[("taskmesh_workers", "state")]
+
+
+def test_unregistered_names_and_unserved_queues_are_counted_under_the_reserved_values() -> None:
+    import re
+
+    from taskmesh.metrics import OTHER_TASK, UNSERVED_QUEUE
+    from taskmesh.validation import NAME_REGEX
+
+    assert promql.RESERVED_LABEL_VALUES == {"queue": UNSERVED_QUEUE, "task_name": OTHER_TASK}
+    assert not any(re.fullmatch(NAME_REGEX, v) for v in promql.RESERVED_LABEL_VALUES.values())
+    families = {info.name: info.labels for info in Metrics().catalog}
+    bounded = {name for name, labels in families.items() if {"queue", "task_name"} & set(labels)}
+    m = Metrics(task_names={"known"}, queues=["default"])
+    m.task_created("nope")
+    m.task_deduplicated("nope")
+    m.tasks_repushed_to("nope", 1)
+    m.run_started("nope", "nope", 0.1)
+    m.run_finished("nope", "nope", "failed", 0.1)
+    m.prepare(["default"], {"default": 1})
+    exposed: dict[str, set[tuple[str, str]]] = {}
+    for family in text_string_to_metric_families(m.render().decode()):
+        for sample in family.samples:
+            for label in ("queue", "task_name"):
+                if label in sample.labels:
+                    exposed.setdefault(label, set()).add((family.name, sample.labels[label]))
+    assert {v for _, v in exposed["queue"]} == {"default", "(unserved)"}
+    assert {v for _, v in exposed["task_name"]} == {"(other)"}
+    assert bounded == {
+        "taskmesh_tasks_created_total",
+        "taskmesh_tasks_deduplicated_total",
+        "taskmesh_runs_started_total",
+        "taskmesh_runs_finished_total",
+        "taskmesh_run_duration_seconds",
+        "taskmesh_queue_wait_seconds",
+        "taskmesh_queue_depth",
+        "taskmesh_queue_oldest_ready_age_seconds",
+        "taskmesh_in_flight",
+        "taskmesh_concurrency",
+        "taskmesh_tasks_repushed_total",
+    }, "a new family with a queue or task_name label: write it through Metrics.queue_label/task_label"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -40,7 +41,7 @@ async def test_the_client_enqueues_reads_and_deduplicates(
         ({"payload": {"a": "x\x00y"}}, "payload.a: contains a NUL character"),
         ({"payload": {1, 2}}, "payload: is not JSON-serialisable: Type is not JSON serializable: set"),
         ({"run_at": "2026-01-01T00:00:00"}, "run_at: must carry a UTC offset (RFC 3339), e.g. 2026-01-01T12:00:00Z"),
-        ({"delay_seconds": 1, "run_at": "2026-01-01T00:00:00Z"}, "give delay_seconds or run_at, not both"),
+        ({"delay_seconds": 1, "run_at": datetime.now(UTC).isoformat()}, "give delay_seconds or run_at, not both"),
     ],
 )
 async def test_the_client_refuses_bad_input_like_the_api_and_writes_nothing(

@@ -74,7 +74,7 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "run_finish_many": (one, one, ["succeeded"], [None], ['"ok"'], [0.0], [None], "w-1"),
         "run_reclaim_expired": (30.0, 500),
         "worker_heartbeat": ("w-1", "h", 1, "{}", "v", "running", 30.0, one),
-        "task_list_failed": ("default", 50),
+        "task_list_failed_with_latest_run": ("default", 1000),
         "task_replay_many": ("default", 10, None),
         "task_list_queued_after": ("default", now, ids[0], 5.0, 1000),
         "task_list_failed_ids": ("default", 1000),
@@ -85,6 +85,7 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "task_sample_running_by_queue": (["default"],),
         "task_sample_failed_by_queue": (["default"],),
         "task_sample_oldest_ready_age": ("default",),
+        "task_count_queued_unserved": (["default"], 10_000),
     }
 
 
@@ -143,6 +144,6 @@ async def test_retention_deletes_old_finished_tasks_in_batches_and_keeps_live_on
     keep_failed = {"completed": 7 * 86400.0, "cancelled": 7 * 86400.0, "failed": 90 * 86400.0}
     deleted = await retention.run_once(tasks.pg, keep_failed, batch=5000, max_batches=100)
     assert deleted == {"completed": HISTORY * 3 // 5, "cancelled": HISTORY // 5}
-    left = dict(await pool.fetch("SELECT status, count(*) FROM tasks GROUP BY status"))
+    left = {r["status"]: r["n"] for r in await pool.fetch("SELECT status, count(*) AS n FROM tasks GROUP BY status")}
     assert left == {"failed": HISTORY // 5, "queued": 100, "running": 100}
     assert await pool.fetchval("SELECT count(*) FROM task_runs") == HISTORY // 5 + 200

@@ -48,7 +48,11 @@ async def test_an_api_only_instance_takes_tasks_but_runs_none(
     async with start_instance(workers_enabled=False) as inst, http(inst) as client:
         r = await client.post("/api/v1/tasks", json={"name": "roles.work"})
         assert r.status_code == 201
-        assert (await client.get("/api/v1/workers")).json() == {"workers": []}
+        assert r.json()["warnings"] == ["queue 'default' is served by no live instance"]
+        assert (await client.get("/api/v1/workers")).json() == {
+            "workers": [],
+            "unserved_queues": [{"queue": "default", "queued": 1}],
+        }
         assert (await client.get("/readyz")).status_code == 200
         task, run = await tasks.get(r.json()["task_id"])
         assert task["status"] == "queued" and run is not None and run["status"] == "queued"

@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import orjson
+import structlog
 from fastapi import Depends, Request
 from pydantic import BaseModel
 from starlette.responses import Response
 
 from taskmesh.api.state import AppState
-from taskmesh.errors import BadJsonError, InvalidTaskError, NotReadyError
+from taskmesh.errors import BadJsonError, InvalidTaskError, NotReadyError, StoreError
 from taskmesh.schedules import Schedules
 from taskmesh.store import Stores
 from taskmesh.tasks import Tasks
 from taskmesh.tracing import trace_id_from_headers
-from taskmesh.validation import NAME_REGEX, TaskSpec
+from taskmesh.validation import NAME_REGEX, TaskSpec, may_hold_big_integers
+
+log = structlog.get_logger("taskmesh.api")
 
 _NAME = re.compile(NAME_REGEX)
+_LONG_DIGITS = re.compile(rb"[0-9]{16}")
+"""A run of 16 digits: the shortest literal of an integer of at least 2^53 (9007199254740992)."""
 
 
 def get_state(request: Request) -> AppState:
@@ -79,17 +86,29 @@ def body_schema(model: type[BaseModel], *, required: bool = True) -> dict[str, A
 async def read_json(request: Request, nested_field: str) -> Any:
     """Parse the body; nesting beyond orjson's limit is reported on ``nested_field`` (422).
 
+    orjson reads an integer beyond 64 bits as a float, silently rounded. When the body has
+    a run of 16 digits and its parse holds an integral float of at least 2^53 (the only way
+    such a literal comes out), the body is parsed again by the standard library, which keeps
+    integers exact, so that validation (``check_json``) refuses them naming their path; a
+    genuine float such as ``1e300`` stays a float. Other bodies take orjson's parse as is.
+
     :raises BadJsonError: not JSON (400).
     :raises InvalidTaskError: nested too deeply (422).
     """
     body = await request.body()
     try:
-        return orjson.loads(body)
+        data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         reason = str(exc).lower()
         if "depth limit" in reason or "recursion" in reason:  # orjson's own nesting limit (1024)
             raise InvalidTaskError(nested_field, "nested deeper than 64 levels") from None
         raise BadJsonError(str(exc)) from None
+    if _LONG_DIGITS.search(body) is None or not may_hold_big_integers(data):
+        return data
+    try:
+        return json.loads(body)  # valid JSON (orjson took it); only its numbers may read differently
+    except RecursionError:
+        raise InvalidTaskError(nested_field, "nested deeper than 64 levels") from None
 
 
 def parse_task_id(raw: str) -> uuid.UUID:
@@ -115,6 +134,27 @@ def check_queue(queue: str) -> None:
 def is_name(value: str) -> bool:
     """Whether ``value`` could be a task, queue or schedule name."""
     return _NAME.fullmatch(value) is not None
+
+
+async def unserved_warnings(state: AppState, queues: Iterable[str]) -> dict[str, str]:
+    """A warning for each of ``queues`` that no live instance serves (issue 10, break 10).
+
+    A task sent there waits until a worker is started for its queue (a typo such as
+    ``defualt`` waits for ever); the create still succeeds and says so. The served set is
+    cached (:class:`~taskmesh.api.state.ServedQueues`). When PostgreSQL cannot say, there
+    are no warnings (the task is stored already; the answer must not turn into an error).
+
+    :returns: ``{queue: "queue 'defualt' is served by no live instance"}`` for the unserved ones.
+    """
+    wanted = set(queues)
+    if not wanted or state.stores is None:
+        return {}
+    try:
+        served = await state.served.get(state.stores.pg)
+    except StoreError as exc:
+        log.warning("served_queues_unknown", error=str(exc))
+        return {}
+    return {q: f"queue {q!r} is served by no live instance" for q in sorted(wanted - served)}
 
 
 def with_trace(spec: TaskSpec, request: Request) -> TaskSpec:

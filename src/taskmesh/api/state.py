@@ -2,14 +2,55 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from taskmesh.clock import Waker
 from taskmesh.metrics import Metrics
 from taskmesh.schedules import Schedules
 from taskmesh.services.supervision import ServiceStates
-from taskmesh.store import Stores
+from taskmesh.store import PgStore, Stores
 from taskmesh.tasks import Tasks
+
+SERVED_CACHE_SECONDS = 5.0
+"""How long creates trust the last read of which queues live workers serve."""
+SERVED_QUEUES_READ = 10_000
+"""Most served queues read (more than any deployment has)."""
+
+
+@dataclass
+class ServedQueues:
+    """The queues live (running or draining) workers serve, read at most every ``ttl`` seconds.
+
+    Creates ask it whether their queue is served (issue 10, break 10), so it must stay cheap:
+    one read of the ``workers`` table per ``ttl`` however many creates, while other creates
+    keep the last answer. Before the first read completes every caller reads.
+
+    :param own: the queues this instance serves itself (its ``queue_names`` when its workers are
+        on): served whatever the table says (before its first heartbeat, or after a stale read).
+    :param ttl: seconds a read is trusted.
+    """
+
+    own: frozenset[str] = frozenset()
+    ttl: float = SERVED_CACHE_SECONDS
+    _queues: frozenset[str] = frozenset()
+    _read_at: float | None = None
+    _reading: bool = False
+
+    async def get(self, pg: PgStore) -> frozenset[str]:
+        """The served queues, read again when the last read is older than ``ttl``.
+
+        :raises StoreError: PostgreSQL failed (the next call reads again).
+        """
+        stale = self._read_at is None or time.monotonic() - self._read_at >= self.ttl
+        if self._read_at is None or (stale and not self._reading):
+            self._reading = True
+            try:
+                self._queues = frozenset(await pg.workers.served_queues(SERVED_QUEUES_READ))
+                self._read_at = time.monotonic()
+            finally:
+                self._reading = False
+        return self._queues | self.own
 
 
 @dataclass
@@ -22,6 +63,7 @@ class AppState:
 
     metrics: Metrics
     queues: list[str]
+    served: ServedQueues = field(default_factory=ServedQueues)
     stores: Stores | None = None
     tasks: Tasks | None = None
     schedules: Schedules | None = None

@@ -80,7 +80,7 @@ async def _push(tasks: Tasks, targets: Sequence[PushTarget]) -> int:
     pushed = await tasks.redis.push_missing(targets)
     if tasks.metrics is not None:
         for queue, n in Counter(t.queue for t in pushed).items():
-            tasks.metrics.tasks_repushed.labels(queue).inc(n)
+            tasks.metrics.tasks_repushed_to(queue, n)
     return len(pushed)
 
 

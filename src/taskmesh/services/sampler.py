@@ -6,7 +6,15 @@ cost ten): ready and delayed sizes from Redis (one pipeline), running and
 dead-lettered counts, the age of the oldest runnable task per queue and
 workers by state from PostgreSQL (each through a partial index, so the cost
 does not grow with the history). This instance's in-flight runs per queue come
-from ``in_flight()``.
+from ``in_flight()``. The queues are the instance's own (``queue_names``), which
+are always labels of their own.
+
+It also reads which queues live workers serve: they become labels of their
+own (:meth:`Metrics.set_served_queues`, at most 1,000), and the due queued
+tasks of every other queue are summed into
+``taskmesh_queue_depth{queue="(unserved)", state="ready"}``, so a task sent to
+a queue no instance works (a typo: ``defualt``) shows without one series per
+typo (issue 10, break 10).
 
 These are cluster-wide facts that every instance reports: aggregate them with
 ``max by (queue)``. A failing store is handled by the periodic loop
@@ -17,10 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from taskmesh.metrics import Metrics
+from taskmesh.metrics import UNSERVED_QUEUE, Metrics
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.states import WorkerState
 from taskmesh.store import Stores
+
+QUEUES_READ = 10_000
+"""Most served queues one sample reads, and most unserved queues whose tasks it counts (each an index probe)."""
 
 
 async def run_once(
@@ -38,6 +49,10 @@ async def run_once(
     failed = await stores.pg.tasks.sample_failed_by_queue(queues)
     ages = {queue: await stores.pg.tasks.sample_oldest_ready_age(queue) for queue in queues}
     workers = await stores.pg.workers.sample_by_state()
+    served = await stores.pg.workers.served_queues(QUEUES_READ)
+    metrics.set_served_queues(served)  # the first SERVED_QUEUES_MAX become labels
+    unserved = await stores.pg.tasks.count_queued_unserved(served, QUEUES_READ)
+    metrics.queue_depth.labels(UNSERVED_QUEUE, "ready").set(sum(r["ready"] for r in unserved))
     for queue in queues:
         metrics.queue_depth.labels(queue, "running").set(running.get(queue, 0))
         metrics.queue_depth.labels(queue, "dead_letter").set(failed.get(queue, 0))

@@ -10,8 +10,9 @@
 -- name: task_insert_many
 -- Bulk enqueue: every task and its first run in one statement (issue 4).
 -- Repeated idempotency keys (in the table or within the batch) insert nothing.
--- run_at: the given instant, else now() + the delay (0 for an immediate task), so
--- an instance whose clock runs ahead cannot park a task in the future.
+-- run_at: the given instant (a past one means now: validation allows up to a year ago), else
+-- now() + the delay (0 for an immediate task), so an instance whose clock runs ahead cannot
+-- park a task in the future.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
                          $8::int[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[])
@@ -21,7 +22,9 @@ WITH input AS (
     INSERT INTO tasks (id, name, type, queue, priority, payload, idempotency_key,
                        max_retries, status, run_at, tenant_id, trace_id)
     SELECT id, name, type, queue, priority, payload::jsonb, idempotency_key, max_retries, 'queued',
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay_s, 0))), tenant_id, trace_id
+           CASE WHEN run_at IS NULL THEN now() + make_interval(secs => COALESCE(delay_s, 0))
+                ELSE GREATEST(run_at, now()) END,  -- GREATEST skips nulls: hence the CASE
+           tenant_id, trace_id
     FROM input
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, run_at
@@ -218,14 +221,22 @@ WHERE task_id IN (SELECT id FROM t) AND status = 'queued';
 UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
 WHERE id = $1 AND status = 'running';
 
--- name: task_list_failed
+-- name: task_list_failed_with_latest_run
 -- The dead-letter queue of one queue, oldest first (Postgres is the truth; the
--- Redis list is its mirror).
-SELECT id, name, type, queue, priority, payload::text AS payload, idempotency_key,
-       max_retries, retries, attempts, status, run_at, tenant_id, trace_id,
-       created_at, updated_at
-FROM tasks WHERE queue = $1 AND status = 'failed'
-ORDER BY updated_at, id LIMIT $2;
+-- Redis list is its mirror), through the failed partial index: every column but the
+-- payload (a listing of 1,000 tasks must not carry 1,000 payloads; GET of one task
+-- has it), and the latest run's attempt, status, error and end, joined in the same
+-- statement by the (task_id, attempt) unique index.
+SELECT t.id, t.name, t.type, t.queue, t.priority, t.idempotency_key,
+       t.max_retries, t.retries, t.attempts, t.status, t.run_at, t.tenant_id, t.trace_id,
+       t.created_at, t.updated_at,
+       r.attempt AS run_attempt, r.status AS run_status, r.error AS run_error, r.finished_at AS run_finished_at
+FROM tasks t
+LEFT JOIN LATERAL (
+    SELECT attempt, status, error, finished_at FROM task_runs WHERE task_id = t.id ORDER BY attempt DESC LIMIT 1
+) r ON true
+WHERE t.queue = $1 AND t.status = 'failed'
+ORDER BY t.updated_at, t.id LIMIT $2;
 
 -- name: task_replay_many
 -- Move up to $2 dead-lettered tasks of queue $1 back to queued, oldest first,
@@ -321,8 +332,31 @@ SELECT queue, count(*) AS n FROM tasks WHERE status = 'failed' AND queue = ANY($
 
 -- name: task_sample_oldest_ready_age
 -- Seconds since the oldest queued task of a queue became runnable; 0 when none is due.
+-- A run_at of -infinity (a row taskmesh did not write) counts from the task's creation;
+-- one of infinity is never due.
 SELECT COALESCE(GREATEST(0, extract(epoch FROM now() - (
-           SELECT run_at FROM tasks WHERE status = 'queued' AND queue = $1 ORDER BY run_at LIMIT 1))), 0)::float8;
+           SELECT CASE WHEN isfinite(run_at) THEN run_at WHEN run_at < now() THEN created_at ELSE now() END
+             FROM tasks WHERE status = 'queued' AND queue = $1 ORDER BY run_at LIMIT 1))), 0)::float8;
+
+-- name: task_count_queued_unserved
+-- Queued tasks of every queue not in $1 (the queues live workers serve), at most $2 queues:
+-- `queued` all of them, `ready` the due ones. The distinct queues are found by a loose index
+-- scan of the queued partial index (one index probe per queue, however long each backlog);
+-- only the queues outside $1 are counted, so a served backlog costs nothing.
+WITH RECURSIVE queues AS (
+    (SELECT queue FROM tasks WHERE status = 'queued' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM tasks t WHERE t.status = 'queued' AND t.queue > q.queue ORDER BY t.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, c.queued, c.ready
+FROM queues q
+CROSS JOIN LATERAL (
+    SELECT count(*)::bigint AS queued, (count(*) FILTER (WHERE t.run_at <= now()))::bigint AS ready
+    FROM tasks t WHERE t.status = 'queued' AND t.queue = q.queue
+) c
+WHERE q.queue IS NOT NULL AND q.queue <> ALL($1::text[])
+LIMIT $2;
 
 -- ======================================================================
 -- workers
@@ -373,6 +407,14 @@ LIMIT $1;
 
 -- name: worker_sample_by_state
 SELECT state, count(*) AS n FROM workers GROUP BY state;
+
+-- name: worker_list_served_queues
+-- The queues live instances (running or draining) work, at most $1 of them.
+SELECT DISTINCT q.queue
+FROM workers w CROSS JOIN LATERAL jsonb_object_keys(w.queues) AS q(queue)
+WHERE w.state IN ('running', 'draining')
+ORDER BY q.queue
+LIMIT $1;
 
 -- ======================================================================
 -- schedules (issue 5): declared in config, mirrored here, fired by whichever

@@ -20,6 +20,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -49,6 +50,26 @@ FOREIGN_LOG_EVERY_SECONDS = 60.0
 def wall_ms() -> int:
     """This host's clock in milliseconds since the Unix epoch."""
     return time.time_ns() // 1_000_000
+
+
+FAR_FUTURE_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z: the due time of a task whose ``run_at`` is ``infinity``."""
+
+
+def due_ms(at: datetime) -> int | None:
+    """A due time in milliseconds since the Unix epoch; ``None`` for one that is due at any time.
+
+    asyncpg reads PostgreSQL's ``-infinity`` and ``infinity`` as naive ``datetime.min`` and
+    ``datetime.max`` (every finite ``timestamptz`` comes aware): a row taskmesh did not write
+    may hold them. ``-infinity`` and any instant Python cannot place are due now; ``infinity``
+    is :data:`FAR_FUTURE_MS`.
+    """
+    if at.tzinfo is None:
+        return FAR_FUTURE_MS if at == datetime.max else None
+    try:
+        return int(at.timestamp() * 1000)
+    except (OverflowError, ValueError):
+        return None
 
 
 @cache
@@ -145,10 +166,11 @@ class RedisStore:
         now = self.now_ms()
         for t in targets:
             tid = str(t.task_id)
-            if t.due_at is None:
+            due = None if t.due_at is None else due_ms(t.due_at)
+            if due is None:
                 ready.setdefault(t.queue, {})[tid] = ready_score(t.priority, now)
             else:
-                delayed.setdefault(t.queue, {})[tid] = delayed_score(int(t.due_at.timestamp() * 1000), t.priority)
+                delayed.setdefault(t.queue, {})[tid] = delayed_score(due, t.priority)
             n += 1
         if not n:
             return 0
@@ -163,13 +185,11 @@ class RedisStore:
 
     async def push_ready_or_delayed(self, targets: Iterable[PushTarget]) -> int:
         """Like :meth:`push`, but a target whose due time has passed goes to ready."""
-        cutoff = self.now_ms() / 1000
-        fixed = [
-            PushTarget(t.task_id, t.queue, t.priority, None)
-            if t.due_at is not None and t.due_at.timestamp() <= cutoff
-            else t
-            for t in targets
-        ]
+        cutoff = self.now_ms()
+        fixed = []
+        for t in targets:
+            due = None if t.due_at is None else due_ms(t.due_at)
+            fixed.append(t if due is not None and due > cutoff else PushTarget(t.task_id, t.queue, t.priority, None))
         return await self.push(fixed)
 
     async def push_missing(self, targets: Sequence[PushTarget]) -> list[PushTarget]:

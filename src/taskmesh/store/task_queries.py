@@ -127,9 +127,13 @@ class TaskQueries(Queries):
         """``task_request_cancel``."""
         await self._execute("task_request_cancel", task_id)
 
-    async def list_failed(self, queue: str, limit: int) -> list[asyncpg.Record]:
-        """``task_list_failed``: the queue's dead-lettered tasks, oldest first."""
-        return await self._fetch("task_list_failed", queue, limit)
+    async def list_failed_with_latest_run(self, queue: str, limit: int) -> list[asyncpg.Record]:
+        """``task_list_failed_with_latest_run``: the queue's dead-lettered tasks, oldest first.
+
+        :returns: the task columns but ``payload``, and the latest run's as ``run_attempt``,
+            ``run_status``, ``run_error``, ``run_finished_at`` (``None`` without a run).
+        """
+        return await self._fetch("task_list_failed_with_latest_run", queue, limit)
 
     async def replay_many(self, queue: str, count: int, priority: int | None) -> list[asyncpg.Record]:
         """``task_replay_many``: ``id, queue, priority`` of the tasks moved back to queued."""
@@ -176,6 +180,10 @@ class TaskQueries(Queries):
     async def sample_failed_by_queue(self, queues: Sequence[str]) -> dict[str, int]:
         """``task_sample_failed_by_queue``."""
         return {r["queue"]: r["n"] for r in await self._fetch("task_sample_failed_by_queue", list(queues))}
+
+    async def count_queued_unserved(self, served: Sequence[str], limit: int) -> list[asyncpg.Record]:
+        """``task_count_queued_unserved``: ``queue, queued, ready`` of queues not in ``served`` (at most ``limit``)."""
+        return await self._fetch("task_count_queued_unserved", list(served), limit)
 
     async def sample_oldest_ready_age(self, queue: str) -> float:
         """``task_sample_oldest_ready_age``: seconds, 0 when nothing is due."""

@@ -52,3 +52,7 @@ class WorkerQueries(Queries):
     async def sample_by_state(self) -> dict[str, int]:
         """``worker_sample_by_state``: rows per state."""
         return {r["state"]: r["n"] for r in await self._fetch("worker_sample_by_state")}
+
+    async def served_queues(self, limit: int) -> Sequence[str]:
+        """``worker_list_served_queues``: the queues live (running or draining) instances work, at most ``limit``."""
+        return [r["queue"] for r in await self._fetch("worker_list_served_queues", limit)]

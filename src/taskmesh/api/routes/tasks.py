@@ -8,7 +8,16 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from taskmesh.api.deps import TasksDep, body_schema, json_response, parse_task_id, read_json, with_trace
+from taskmesh.api.deps import (
+    StateDep,
+    TasksDep,
+    body_schema,
+    json_response,
+    parse_task_id,
+    read_json,
+    unserved_warnings,
+    with_trace,
+)
 from taskmesh.api.problems import problem
 from taskmesh.errors import InvalidTaskError
 from taskmesh.states import TaskStatus
@@ -29,12 +38,17 @@ class BatchRequest(BaseModel):
 
 
 class Created(BaseModel):
-    """Answer of ``POST /api/v1/tasks``."""
+    """Answer of ``POST /api/v1/tasks``.
+
+    ``warnings`` (only when there is one): the task was stored, but no live instance serves
+    its queue, so it waits until one does (``queue 'defualt' is served by no live instance``).
+    """
 
     task_id: str
     status: str
     trace_id: str | None = None
     deduplicated: bool = False
+    warnings: list[str] | None = None
 
 
 @router.post(
@@ -44,13 +58,19 @@ class Created(BaseModel):
     openapi_extra=body_schema(TaskSpec),
     summary="Create a task (200 with the existing task_id when dedup_key repeats)",
 )
-async def create_task(request: Request, tasks: TasksDep) -> Response:
-    """Validate and store one task, then push it (201; 200 when its ``dedup_key`` repeats)."""
+async def create_task(request: Request, tasks: TasksDep, state: StateDep) -> Response:
+    """Validate and store one task, then push it (201; 200 when its ``dedup_key`` repeats).
+
+    The 201 answer carries ``warnings`` when no live instance serves the task's queue.
+    """
     spec = with_trace(parse_task_spec(await read_json(request, "payload")), request)
     result = await tasks.enqueue(spec)
-    body = {"task_id": str(result.task_id), "status": result.status, "trace_id": result.trace_id}
+    body: dict[str, Any] = {"task_id": str(result.task_id), "status": result.status, "trace_id": result.trace_id}
     if not result.created:
         return json_response({**body, "deduplicated": True}, 200)
+    warnings = await unserved_warnings(state, [result.queue] if result.queue else [])
+    if warnings:
+        body["warnings"] = list(warnings.values())
     return json_response(body, 201, headers={"Location": f"/api/v1/tasks/{result.task_id}"})
 
 
@@ -87,8 +107,11 @@ def _parse_batch(data: Any) -> tuple[list[TaskSpec], list[int], list[dict[str, A
     openapi_extra=body_schema(BatchRequest),
     summary="Create up to 1,000 tasks with one statement; each item's outcome is reported",
 )
-async def create_batch(request: Request, tasks: TasksDep) -> Response:
-    """Store the valid items of a batch (all or none when ``atomic``) and report each item."""
+async def create_batch(request: Request, tasks: TasksDep, state: StateDep) -> Response:
+    """Store the valid items of a batch (all or none when ``atomic``) and report each item.
+
+    A created item whose queue no live instance serves carries ``warnings``, as a single create.
+    """
     specs, positions, results, atomic = _parse_batch(await read_json(request, "tasks"))
     rejected = len(results) - len(specs)
     if atomic and rejected:
@@ -101,6 +124,7 @@ async def create_batch(request: Request, tasks: TasksDep) -> Response:
             results=[r or {"index": i, "status": "not stored"} for i, r in enumerate(results)],
         )
     outcomes = await tasks.enqueue_many([with_trace(s, request) for s in specs])
+    warnings = await unserved_warnings(state, {o.queue for o in outcomes if o.queue})
     for i, outcome in zip(positions, outcomes, strict=True):
         results[i] = {
             "index": i,
@@ -108,6 +132,8 @@ async def create_batch(request: Request, tasks: TasksDep) -> Response:
             "task_id": str(outcome.task_id),
             "trace_id": outcome.trace_id,
         }
+        if outcome.queue in warnings:
+            results[i]["warnings"] = [warnings[outcome.queue]]
     created = sum(1 for o in outcomes if o.created)
     return json_response(
         {"created": created, "deduplicated": len(outcomes) - created, "rejected": rejected, "results": results}

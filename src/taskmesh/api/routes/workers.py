@@ -1,6 +1,8 @@
-"""Worker routes: the registered instances."""
+"""Worker routes: the registered instances, and the queues none of them serves."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import APIRouter
 from starlette.responses import Response
@@ -11,12 +13,22 @@ from taskmesh.records import iso, json_value
 router = APIRouter()
 
 WORKERS_LISTED = 100
+UNSERVED_LISTED = 100
+UNSERVED_QUEUES_READ = 10_000
 
 
-@router.get("/api/v1/workers", summary="Registered instances, live first, with their in-flight runs")
+@router.get(
+    "/api/v1/workers",
+    summary="Registered instances, live first, with their in-flight runs; queued tasks no live instance serves",
+)
 async def list_workers(stores: StoresDep) -> Response:
-    """Up to 100 instances, live ones first."""
+    """Up to 100 instances, live ones first, and ``unserved_queues``: up to 100 queues holding
+    queued tasks that no live (running or draining) instance serves, most tasks first,
+    as ``{"queue", "queued"}``."""
     rows = await stores.pg.workers.list(WORKERS_LISTED)
+    served = await stores.pg.workers.served_queues(UNSERVED_QUEUES_READ)
+    waiting = await stores.pg.tasks.count_queued_unserved(served, UNSERVED_QUEUES_READ)
+    unserved = sorted(({"queue": r["queue"], "queued": r["queued"]} for r in waiting), key=_most_first)
     workers = [
         {
             "id": r["id"],
@@ -32,4 +44,8 @@ async def list_workers(stores: StoresDep) -> Response:
         }
         for r in rows
     ]
-    return json_response({"workers": workers})
+    return json_response({"workers": workers, "unserved_queues": unserved[:UNSERVED_LISTED]})
+
+
+def _most_first(item: dict[str, Any]) -> tuple[int, str]:
+    return -item["queued"], item["queue"]

@@ -1,0 +1,202 @@
+"""Labels from clients are bounded, and a queue no instance serves is visible (issue 10, break 10).
+
+1,000 creates with random task names once grew ``/metrics`` from 144 series to
+48,178 (5.6 MB). Now a task name is a label only when a handler is registered
+under it (else ``(other)``), and a queue only when the instance is configured
+with it or a live worker serves it (else ``(unserved)``). A task sent to a queue
+no live instance serves is still stored, but the create answer warns, the
+sampler counts it under ``taskmesh_queue_depth{queue="(unserved)",
+state="ready"}`` and ``GET /api/v1/workers`` lists the queue in
+``unserved_queues``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any
+
+import anyio
+import asyncpg
+import httpx
+import pytest
+
+from taskmesh.api.state import ServedQueues
+from taskmesh.registry import Registry
+from taskmesh.store import Stores
+from tests.conftest import http, wait_for
+
+pytestmark = pytest.mark.anyio
+
+TASKS = "/api/v1/tasks"
+SERIES = re.compile(r"^taskmesh_\w+(\{[^}]*\})? ", re.M)
+SERIES_GROWTH_MAX = 100
+"""New series 1,000 random names and queues may add: the (other)/(unserved) children of each family."""
+
+
+def series(text: str) -> set[str]:
+    """The ``taskmesh_`` series of an exposition (name and labels, without the value)."""
+    return {m.group(0) for m in SERIES.finditer(text)}
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split(" ")[0]))
+        if found == labels:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def create_many(client: httpx.AsyncClient, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    """POST each body to ``/api/v1/tasks``, 20 at a time; every answer must be 201."""
+    answers: list[httpx.Response] = []
+    limiter = anyio.CapacityLimiter(20)
+
+    async def one(body: dict[str, Any]) -> None:
+        async with limiter:
+            answers.append(await client.post(TASKS, json=body))
+
+    async with anyio.create_task_group() as tg:
+        for body in bodies:
+            tg.start_soon(one, body)
+    assert [r.status_code for r in answers if r.status_code != 201] == []
+    return answers
+
+
+def random_bodies(n: int) -> list[dict[str, Any]]:
+    """``n`` creates with random task names: half to the served queue ``default``, half to random queues."""
+    return [
+        {"name": f"rnd.{secrets.token_hex(6)}", "queue_name": "default" if i % 2 else f"q-{secrets.token_hex(6)}"}
+        for i in range(n)
+    ]
+
+
+async def test_a_thousand_creates_with_random_names_and_queues_add_a_bounded_number_of_series(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    @registry.task("labels.known")
+    async def known(payload: Any) -> str:
+        return "ok"
+
+    async with start_instance(metrics_sample_seconds=0.1, worker_concurrency=8) as inst, http(inst) as client:
+        await create_many(client, [{"name": "labels.known"}])
+
+        async def known_ran() -> str | None:
+            text = (await client.get("/metrics")).text
+            labels = {"queue": "default", "task_name": "labels.known", "outcome": "succeeded"}
+            return text if value(text, "taskmesh_runs_finished_total", **labels) == 1 else None
+
+        before = series(await wait_for(known_ran))
+
+        async def settled(failed: int) -> str | None:
+            """/metrics once the served queue's random tasks all failed (no handler) and a sample saw them."""
+            if await pool.fetchval("SELECT count(*) FROM tasks WHERE status = 'failed'") != failed:
+                return None
+            text = (await client.get("/metrics")).text
+            return text if value(text, "taskmesh_queue_depth", queue="default", state="dead_letter") == failed else None
+
+        await create_many(client, random_bodies(1000))
+        after_first = await wait_for(lambda: settled(500), timeout=30)
+        await create_many(client, random_bodies(200))
+        after_second = await wait_for(lambda: settled(600), timeout=30)
+
+    grown = series(after_first) - before
+    assert len(grown) <= SERIES_GROWTH_MAX, f"{len(grown)} new series, {len(after_first)} bytes"
+    assert series(after_second) - series(after_first) == set(), "new random names added series"
+    assert value(after_second, "taskmesh_queue_depth", queue="(unserved)", state="ready") == 600
+    labels = {"queue": "default", "task_name": "(other)", "outcome": "failed"}
+    assert value(after_second, "taskmesh_runs_finished_total", **labels) == 600
+    assert "rnd." not in after_second and 'queue="q-' not in after_second
+    assert value(after_second, "taskmesh_tasks_created_total", queue="default") == 601
+    assert value(after_second, "taskmesh_tasks_created_total", queue="(unserved)") == 600
+    assert value(after_second, "taskmesh_runs_started_total", queue="default", task_name="(other)") == 600
+    assert value(after_second, "taskmesh_runs_started_total", queue="default", task_name="labels.known") == 1
+    assert value(after_second, "taskmesh_queue_wait_seconds_count", queue="default", task_name="(other)") == 600
+    assert len(after_second) < 100_000, f"/metrics is {len(after_second)} bytes"
+
+
+async def test_a_task_sent_to_a_queue_no_instance_serves_is_visible_in_the_answer_the_depth_and_the_workers_listing(
+    start_instance: Any, registry: Registry
+) -> None:
+    @registry.task("visible.job")
+    async def job(payload: Any) -> str:
+        return "ok"
+
+    warning = "queue 'defualt' is served by no live instance"
+    async with start_instance(metrics_sample_seconds=0.1, queue_names=["default", "emails"]) as inst:
+        async with http(inst) as client:
+            typos = [await client.post(TASKS, json={"name": "visible.job", "queue_name": "defualt"}) for _ in range(3)]
+            served = await client.post(TASKS, json={"name": "visible.job", "queue_name": "emails"})
+            batch = await client.post(
+                f"{TASKS}:batch",
+                json={
+                    "tasks": [
+                        {"name": "visible.job", "queue_name": "default"},
+                        {"name": "visible.job", "queue_name": "defualt"},
+                        {"name": "visible.job", "queue_name": "other"},
+                        {"name": "visible.job", "queue_name": "defualt", "dedup_key": "k"},
+                        {"name": "visible.job", "queue_name": "defualt", "dedup_key": "k"},
+                    ]
+                },
+            )
+
+            for r in typos:
+                assert r.status_code == 201
+                assert r.json()["warnings"] == [warning]
+
+            async def sampled() -> str | None:
+                text = (await client.get("/metrics")).text
+                depth = value(text, "taskmesh_queue_depth", queue="(unserved)", state="ready")
+                return text if depth == 6 else None
+
+            text = await wait_for(sampled)
+            listing = (await client.get("/api/v1/workers")).json()
+
+            # A second instance starts serving the typo: it is no longer unserved anywhere.
+            async with start_instance(queue_names=["defualt"]):
+                fixed = await client.post(TASKS, json={"name": "visible.job", "queue_name": "defualt"})
+
+                async def drained() -> Any:
+                    body = (await client.get("/api/v1/workers")).json()
+                    return body if body["unserved_queues"] == [{"queue": "other", "queued": 1}] else None
+
+                await wait_for(drained, timeout=15)
+
+                async def one_left() -> bool:
+                    text = (await client.get("/metrics")).text
+                    return value(text, "taskmesh_queue_depth", queue="(unserved)", state="ready") == 1
+
+                await wait_for(one_left)
+                # Served by a live worker now: the queue is a label of its own on this instance too.
+                await client.post(TASKS, json={"name": "visible.job", "queue_name": "defualt"})
+                after = (await client.get("/metrics")).text
+
+    assert served.status_code == 201 and "warnings" not in served.json()
+    results = batch.json()["results"]
+    assert ["warnings" in item for item in results] == [False, True, True, True, False]
+    assert results[1]["warnings"] == [warning]
+    assert results[2]["warnings"] == ["queue 'other' is served by no live instance"]
+    assert results[4]["status"] == "deduplicated"
+    assert value(text, "taskmesh_tasks_created_total", queue="(unserved)") == 6
+    assert 'queue="defualt"' not in text
+    assert listing["unserved_queues"] == [{"queue": "defualt", "queued": 5}, {"queue": "other", "queued": 1}]
+    assert [w["queues"] for w in listing["workers"]] == [{"default": 1, "emails": 1}]
+    assert fixed.status_code == 201
+    assert value(after, "taskmesh_tasks_created_total", queue="defualt") == 1
+
+
+async def test_the_served_queues_are_read_once_per_ttl_and_the_instances_own_always_count(
+    stores: Stores, pool: asyncpg.Pool
+) -> None:
+    served = ServedQueues(own=frozenset({"mine"}), ttl=0.3)
+    assert await served.get(stores.pg) == {"mine"}
+    await pool.execute(
+        """INSERT INTO workers (id, host, pid, queues, version, state)
+           VALUES ('w-1', 'h', 1, '{"emails": 2, "reports": 1}', 'v', 'running'),
+                  ('w-2', 'h', 2, '{"gone": 1}', 'v', 'stopped')"""
+    )
+    assert await served.get(stores.pg) == {"mine"}, "read again within the ttl"
+    await anyio.sleep(0.35)
+    assert await served.get(stores.pg) == {"mine", "emails", "reports"}

@@ -1,0 +1,174 @@
+"""Due times (issue 10, break 2): one range for ``run_at`` and ``delay_seconds``, and rows no one validated.
+
+``run_at`` must lie within one year of now, in either direction: a past time
+means "now", one older than a year is refused as a mistake, and one more than a
+year ahead is refused like ``delay_seconds`` over 31,536,000. The refusal is a
+422 naming ``run_at`` with the range in its message, from the API and from the
+Python client alike, and nothing is written. A task whose ``run_at`` is
+``-infinity`` (a row taskmesh did not write, inserted by hand) is claimed and
+run by a live instance, which keeps serving.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from taskmesh.client import Client
+from taskmesh.errors import InvalidTaskError
+from taskmesh.registry import Registry
+from taskmesh.store.keys import Keys, ready_score
+from tests.conftest import http, wait_for
+from tests.integration.test_api_bad_input import assert_nothing_written, assert_problem, bad_task
+
+pytestmark = pytest.mark.anyio
+
+RANGE = (
+    "must be within 365 days of now: at most 365 days ago (a past time means now) "
+    "and at most 365 days ahead, as delay_seconds"
+)
+TASKS = "/api/v1/tasks"
+
+
+def at(delta: timedelta) -> str:
+    """Now plus ``delta`` as RFC 3339 text in UTC."""
+    return (datetime.now(UTC) + delta).isoformat().replace("+00:00", "Z")
+
+
+def out_of_range_cases() -> list[Any]:
+    year = timedelta(days=365)
+    return [
+        bad_task(
+            "run_at year 1 (was stored as -infinity)", {"name": "x", "run_at": "0001-01-01T00:00:00Z"}, "run_at", RANGE
+        ),
+        bad_task(
+            "run_at year 9999 (parked for 8,000 years)",
+            {"name": "x", "run_at": "9999-12-31T23:59:59Z"},
+            "run_at",
+            RANGE,
+        ),
+        bad_task(
+            "run_at a year and a day ahead", {"name": "x", "run_at": at(year + timedelta(days=1))}, "run_at", RANGE
+        ),
+        bad_task(
+            "run_at a year and a day ago", {"name": "x", "run_at": at(-year - timedelta(days=1))}, "run_at", RANGE
+        ),
+        bad_task(
+            "type delayed, run_at too far ahead",
+            {"name": "x", "type": "delayed", "run_at": "2999-01-01T00:00:00Z"},
+            "run_at",
+            RANGE,
+        ),
+    ]
+
+
+async def test_run_at_outside_one_year_of_now_is_refused_with_the_range_and_nothing_is_written(
+    start_instance: Any, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        for bad in out_of_range_cases():
+            r = await client.request(bad.method, bad.path, **bad.request)
+            assert_problem(r, bad)
+            await assert_nothing_written(pool, redis_client, keys, bad.case)
+        r = await client.post(
+            f"{TASKS}:batch", json={"tasks": [{"name": "x", "run_at": "9999-12-31T23:59:59Z"}], "atomic": True}
+        )
+        assert r.status_code == 422, r.text
+        assert r.json()["errors"] == [{"field": "tasks[0].run_at", "message": RANGE}]
+        await assert_nothing_written(pool, redis_client, keys, "atomic batch")
+
+
+async def test_run_at_within_a_year_either_way_is_accepted_and_a_past_one_is_ready_now(
+    start_instance: Any, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        past = await client.post(TASKS, json={"name": "x", "run_at": at(-timedelta(days=364))})
+        ahead = await client.post(TASKS, json={"name": "x", "run_at": at(timedelta(days=364))})
+        most = await client.post(TASKS, json={"name": "x", "delay_seconds": 31_536_000})
+    assert (past.status_code, ahead.status_code, most.status_code) == (201, 201, 201), (past.text, ahead.text)
+    ready = await redis_client.zrange(keys.ready("default"), 0, -1)
+    delayed = await redis_client.zrange(keys.delayed("default"), 0, -1)
+    assert ready == [past.json()["task_id"]]
+    assert sorted(delayed) == sorted([ahead.json()["task_id"], most.json()["task_id"]])
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 3
+    # A past run_at is stored as the creation time: the task waited no year, and sorts as new.
+    row = await pool.fetchrow("SELECT run_at, created_at FROM tasks WHERE id = $1", uuid.UUID(past.json()["task_id"]))
+    assert row is not None and row["run_at"] >= row["created_at"]
+
+
+async def test_the_client_refuses_run_at_out_of_range_with_the_same_message(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    async with Client(database_url, redis_url, redis_prefix=prefix, registry=Registry()) as client:
+        for run_at in ("0001-01-01T00:00:00Z", datetime(9999, 12, 31, tzinfo=UTC)):
+            with pytest.raises(InvalidTaskError) as caught:
+                await client.enqueue("x", run_at=run_at)
+            assert (caught.value.field, caught.value.message) == ("run_at", RANGE)
+        with pytest.raises(InvalidTaskError) as caught:
+            await client.enqueue_many([{"name": "x"}, {"name": "x", "run_at": "2999-01-01T00:00:00Z"}])
+        assert (caught.value.field, caught.value.message) == ("tasks[1].run_at", RANGE)
+    await assert_nothing_written(pool, redis_client, keys, "client")
+
+
+async def test_hand_inserted_tasks_due_at_minus_infinity_are_run_and_the_instance_keeps_serving(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    ran: list[Any] = []
+
+    @registry.task("legacy.job")
+    async def job(payload: Any) -> str:
+        ran.append(payload)
+        return "done"
+
+    # One id is pushed by hand; the other is left for the reconciler to find and push.
+    pushed, found = uuid.uuid4(), uuid.uuid4()
+    async with start_instance(metrics_sample_seconds=0.1, reconcile_interval_seconds=0.2) as inst, http(inst) as client:
+        for task_id, k in ((pushed, 1), (found, 2)):
+            await pool.execute(
+                """INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at)
+                   VALUES ($1, 'legacy.job', 'immediate', 'default', 0, $2::text::jsonb, 3, 'queued', '-infinity')""",
+                task_id,
+                f'{{"k": {k}}}',
+            )
+            await pool.execute("INSERT INTO task_runs (task_id, attempt, status) VALUES ($1, 1, 'queued')", task_id)
+        # The sampler meets the rows before the fetcher does.
+        await wait_for(lambda: _sampled_age(client), timeout=5)
+        await redis_client.zadd(keys.ready("default"), {str(pushed): ready_score(0, 0)})
+
+        async def completed(task_id: uuid.UUID) -> dict[str, Any] | None:
+            body: dict[str, Any] = (await client.get(f"{TASKS}/{task_id}")).json()
+            return body if body["task"]["status"] == "completed" else None
+
+        for task_id in (pushed, found):
+            body = await wait_for(functools.partial(completed, task_id), timeout=15)
+            assert body["latest_run"]["status"] == "succeeded"
+            assert body["task"]["run_at"] == "-infinity"
+        assert sorted(p["k"] for p in ran) == [1, 2]
+        ready = await client.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        metrics = (await client.get("/metrics")).text
+        assert inst.state is not None and inst.state.services.down() == {}
+        assert not [line for line in metrics.splitlines() if line.startswith("taskmesh_service_restarts_total{")]
+        error_ticks = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("taskmesh_service_ticks_total{") and 'outcome="error"' in line
+        ]
+        assert error_ticks == []
+    assert inst.failed is None
+
+
+async def _sampled_age(client: httpx.AsyncClient) -> bool:
+    """Whether the sampler has reported an age for the default queue's oldest ready task (the -infinity one)."""
+    text = (await client.get("/metrics")).text
+    for line in text.splitlines():
+        if line.startswith('taskmesh_queue_oldest_ready_age_seconds{queue="default"}'):
+            return float(line.rsplit(" ", 1)[1]) > 0
+    return False
