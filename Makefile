@@ -1,5 +1,5 @@
-# taskmesh: `make run` (dev profile on embedded servers) and `make test`.
-# Both create .venv with the first Python >= 3.11 found and install the project into it.
+# taskmesh: `make run` (dev profile on embedded servers), `make lint` and `make test`.
+# Each creates .venv with the first Python >= 3.11 found and install the project into it.
 # `make deploy-tools` installs the system tools some tests use (CI runs it before `make test`).
 # `make bench ARGS="--tasks 20000 --compare"` runs the benchmark (benchmarks/bench.py).
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
@@ -57,6 +57,7 @@ deploy-tools: | $(STAMP)
 
 lint: install
 	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/ruff format --check src tests examples benchmarks
 	$(BIN)/mypy
 
 # The benchmark is not part of the package: it runs from the repository root, where `benchmarks` imports.

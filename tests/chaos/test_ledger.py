@@ -169,8 +169,12 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
 
     conn = await asyncpg.connect(url)
     try:
-        statuses = dict(await conn.fetch("SELECT status, count(*) FROM tasks GROUP BY status"))
-        rows = list(await conn.fetch("SELECT task_id, attempt, pid, started, ended FROM ledger"))
+        statuses: dict[str, int] = {
+            status: count for status, count in await conn.fetch("SELECT status, count(*) FROM tasks GROUP BY status")
+        }
+        rows: list[asyncpg.Record | dict[str, Any]] = list(
+            await conn.fetch("SELECT task_id, attempt, pid, started, ended FROM ledger")
+        )
         # What happened to a task that did not complete, run by run, for the failure message.
         unfinished = [
             dict(r)

@@ -63,6 +63,7 @@ async def test_sigterm_ends_an_instance_whose_loop_a_handler_blocks_and_its_run_
     assert [e["reason"] for e in events if e["event"] == "shutdown_emergency"] == ["deadline"]
     assert [e["count"] for e in events if e["event"] == "emergency_hand_back"] == [1]
     row = await pool.fetchrow("SELECT status, retries FROM tasks WHERE id = $1", tid)
+    assert row is not None
     assert (row["status"], row["retries"]) == ("queued", 0)  # handed back, no retry spent
     b = start(spawn, database_url, redis_url, prefix)
     done = wait_until(lambda: task_status(b.port, tid)["task"]["status"] == "completed" and task_status(b.port, tid))

@@ -8,6 +8,7 @@ its new run killed as ``cancelled`` (the request was never cleared).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import anyio
@@ -103,7 +104,7 @@ async def test_a_failed_run_keeps_its_traceback_bounded_and_shows_it_in_the_runs
         longer = {"depth": 2, "pad": 3000}  # a 42 KB message: the traceback is longer than its bound
         deeper = (await client.post("/api/v1/tasks", json={"name": "traced", "payload": longer})).json()
         for t in (shallow, deeper):
-            await wait_for(lambda t=t: _status_is(client, t["task_id"], "failed"))
+            await wait_for(functools.partial(_status_is, client, t["task_id"], "failed"))
         [short] = (await client.get(f"/api/v1/tasks/{shallow['task_id']}/runs")).json()["runs"]
         [long] = (await client.get(f"/api/v1/tasks/{deeper['task_id']}/runs")).json()["runs"]
     assert short["error"] == "RuntimeError: lookup failed"

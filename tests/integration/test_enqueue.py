@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from taskmesh.registry import Registry
 from taskmesh.services import delayed_mover, reconciler
 from taskmesh.store import RedisStore, Stores
 from taskmesh.store.keys import DELAYED_PRIORITY_SLOTS, Keys
@@ -160,7 +161,7 @@ async def test_claiming_one_id_twice_at_once_gives_it_to_exactly_one_claimer(tas
 
 
 async def test_the_delayed_task_is_not_claimable_early_through_the_instance(
-    start_instance: Any, registry: Any, pool: asyncpg.Pool
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
 ) -> None:
     ran_at: list[float] = []
 

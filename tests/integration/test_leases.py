@@ -60,6 +60,7 @@ async def test_an_expired_run_of_a_dead_worker_is_retried_with_backoff(
     assert await reclaimer.run_once(tasks, lease_seconds=1) == {"queued": 1}
     row = await pool.fetchrow("SELECT status, retries, run_at FROM tasks WHERE id = $1", task.task_id)
     run = await pool.fetchrow("SELECT * FROM task_runs WHERE id = $1", task.run_id)
+    assert row is not None and run is not None
     assert row["status"] == "queued" and row["retries"] == 1
     assert run["status"] == "retrying" and run["error"] == "lease expired"
     wait = (run["next_retry_at"] - run["finished_at"]).total_seconds()

@@ -33,7 +33,8 @@ async def test_a_worker_only_instance_serves_health_and_metrics_but_no_api(
 
         async def done() -> bool:
             task, _ = await tasks.get(enqueued.task_id)
-            return task["status"] == "completed"
+            status: str = task["status"]
+            return status == "completed"
 
         await wait_for(done)
 

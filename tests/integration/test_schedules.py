@@ -82,7 +82,7 @@ async def test_every_minute_over_a_simulated_hour_fires_sixty_tasks(make: Callab
         await wait_for(lambda: s.next_due())
         for minute in range(1, 61):
             clock.set(T0.replace(microsecond=0) + timedelta(minutes=minute, milliseconds=200))
-            await wait_for(lambda m=minute: _count_is(s, m))  # type: ignore[misc]
+            await wait_for(functools.partial(_count_is, s, minute))
         tg.cancel_scope.cancel()
     keys = await cron_keys(s.pg.pool)
     assert len(keys) == 60 == len(set(keys))
@@ -91,11 +91,13 @@ async def test_every_minute_over_a_simulated_hour_fires_sixty_tasks(make: Callab
     assert fires_of(s, "every-minute", "fired") == 60
     assert fires_of(s, "every-minute", "misfire_skipped") == 0
     row = await s.pg.pool.fetchrow("SELECT type, status, name, queue FROM tasks LIMIT 1")
+    assert row is not None
     assert dict(row) == {"type": "cron", "status": "queued", "name": "report.build", "queue": "default"}
 
 
 async def _count_is(s: Schedules, n: int) -> bool:
-    return await s.pg.pool.fetchval("SELECT count(*) FROM tasks") == n
+    count: int = await s.pg.pool.fetchval("SELECT count(*) FROM tasks")
+    return count == n
 
 
 async def test_the_scheduler_sleeps_until_the_next_fire_and_not_before(make: Callable[..., Schedules]) -> None:
@@ -167,6 +169,7 @@ async def test_misfire_policies_after_a_three_hour_outage(
     assert fires_of(s, "every-minute", "misfire_fired") == expected
     assert fires_of(s, "every-minute", "misfire_skipped") == 180 - expected
     row = await s.pg.pool.fetchrow("SELECT next_fire_at FROM schedules")
+    assert row is not None
     assert row["next_fire_at"] == datetime(2026, 6, 1, 15, 1, tzinfo=UTC)
 
 

@@ -105,8 +105,10 @@ async def test_a_critical_service_past_its_budget_drains_hands_back_and_exits_1(
     assert took < 30
     # Graceful: the run was handed back (no retry spent), the worker row says stopped.
     row = await pool.fetchrow("SELECT status, retries FROM tasks WHERE id = $1", tid)
+    assert row is not None
     assert (row["status"], row["retries"]) == ("queued", 0)
     run = await pool.fetchrow("SELECT status, error FROM task_runs WHERE task_id = $1 AND attempt = 1", tid)
+    assert run is not None
     assert run["error"] == "interrupted: instance shut down before the run finished"
     assert await pool.fetchval("SELECT array_agg(state) FROM workers") == ["stopped"]
     events = [e["event"] for e in proc.events()]

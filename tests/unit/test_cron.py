@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from taskmesh.cron import CronSpec, CronSpecError
+from taskmesh.cron import CronSpec
+from taskmesh.errors import CronSpecError
 from taskmesh.schedules import fire_key, plan_fires
 
 
