@@ -38,11 +38,24 @@ def start(spawn: Any, database_url: str, redis_url: str, prefix: str) -> Proc:
     return proc
 
 
+def create_blocking_task(proc: Proc) -> dict[str, Any]:
+    """Create a task whose handler blocks the loop for 120 s; it runs half a second later.
+
+    Delayed so that the instance answers the request first: an immediate task may start, and
+    block the loop, before the answer is written, and the request would time out.
+    """
+    status, body = call(
+        proc.port, "POST", "/api/v1/tasks", {"name": "blocks_loop", "payload": {"seconds": 120}, "delay_seconds": 0.5}
+    )
+    assert status == 201 and isinstance(body, dict), body
+    return body
+
+
 async def test_sigterm_ends_an_instance_whose_loop_a_handler_blocks_and_its_run_finishes_elsewhere(
     spawn: Any, database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool
 ) -> None:
     a = start(spawn, database_url, redis_url, prefix)
-    _, body = call(a.port, "POST", "/api/v1/tasks", {"name": "blocks_loop", "payload": {"seconds": 120}})
+    body = create_blocking_task(a)
     tid = body["task_id"]
     # The loop is blocked, so a's API cannot answer: ask PostgreSQL.
     for _ in range(100):
@@ -74,7 +87,7 @@ async def test_a_second_sigterm_ends_a_blocked_instance_at_once(
     spawn: Any, database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool
 ) -> None:
     a = start(spawn, database_url, redis_url, prefix)
-    _, body = call(a.port, "POST", "/api/v1/tasks", {"name": "blocks_loop", "payload": {"seconds": 120}})
+    body = create_blocking_task(a)
     tid = body["task_id"]
     for _ in range(100):
         if await pool.fetchval("SELECT status FROM tasks WHERE id = $1", tid) == "running":
