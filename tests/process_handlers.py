@@ -128,7 +128,9 @@ def ledger_sync(payload: dict[str, Any], ctx: TaskContext) -> None:
 
     start = time.time()
     time.sleep(random.uniform(0, float(payload.get("max_sleep", 0.2))))
-    line = {"task_id": str(ctx.task_id), "attempt": ctx.attempt, "pid": os.getpid(), "started": start}
+    # The instance's pid (this process's parent): the chaos test explains a repeated run by the
+    # instance it killed, and a killed instance takes its handler processes with it.
+    line = {"task_id": str(ctx.task_id), "attempt": ctx.attempt, "pid": os.getppid(), "started": start}
     line["ended"] = time.time()
     with Path(payload["dir"], f"ledger-{os.getpid()}.jsonl").open("a") as out:
         out.write(json.dumps(line) + "\n")
