@@ -37,6 +37,22 @@ class ClaimedTask:
     defect: str | None = None
     """Why this version cannot run the claimed row (its payload is unreadable): the run fails at once."""
 
+    def context(self) -> TaskContext:
+        """The :class:`TaskContext` a handler of this run is given (everything but the payload)."""
+        return TaskContext(
+            task_id=self.task_id,
+            run_id=self.run_id,
+            name=self.name,
+            queue=self.queue,
+            priority=self.priority,
+            attempt=self.attempt,
+            retries=self.retries,
+            max_retries=self.max_retries,
+            idempotency_key=self.idempotency_key,
+            trace_id=self.trace_id,
+            tenant_id=self.tenant_id,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RunResult:

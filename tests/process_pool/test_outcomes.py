@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from taskmesh.models import ClaimedTask, TaskContext
+from taskmesh.models import ClaimedTask
 from taskmesh.process_child import MAX_TRACEBACK_BYTES
 from taskmesh.process_pool import ProcessPool
 from tests.process_pool import handlers
@@ -49,22 +49,6 @@ def claimed(attempt: int = 2) -> ClaimedTask:
     )
 
 
-def context_of(task: ClaimedTask) -> TaskContext:
-    return TaskContext(
-        task_id=task.task_id,
-        run_id=task.run_id,
-        name=task.name,
-        queue=task.queue,
-        priority=task.priority,
-        attempt=task.attempt,
-        retries=task.retries,
-        max_retries=task.max_retries,
-        idempotency_key=task.idempotency_key,
-        trace_id=task.trace_id,
-        tenant_id=task.tenant_id,
-    )
-
-
 @both_loops
 async def test_a_returned_value_comes_back_as_json_text() -> None:
     payload = {"a": [1, "x", None], "b": 2.5}
@@ -91,7 +75,7 @@ async def test_a_payload_that_does_not_fit_the_model_is_a_non_retryable_failure(
 
 async def test_ctx_is_passed_to_a_handler_that_declares_it(pool: ProcessPool) -> None:
     task = claimed(attempt=3)
-    outcome = await pool.run(ref(handlers.with_ctx), None, context_of(task), run=task, worker_id="w-1")
+    outcome = await pool.run(ref(handlers.with_ctx), None, task.context(), run=task, worker_id="w-1")
     assert outcome.kind == "returned" and outcome.result_json is not None
     assert json.loads(outcome.result_json) == {"attempt": 3, "task_id": str(task.task_id)}
 

@@ -44,7 +44,7 @@ import structlog
 from taskmesh.errors import NonRetryableError, PayloadDecodeError, Retry
 from taskmesh.logs import current_run, run_keys
 from taskmesh.metrics import Metrics
-from taskmesh.models import ClaimedTask, Outcome, RunResult, TaskContext
+from taskmesh.models import ClaimedTask, Outcome, RunResult
 from taskmesh.process_pool import HandlerRef, PoolClosedError
 from taskmesh.registry import Handler, Registry
 from taskmesh.retry import backoff_seconds
@@ -59,22 +59,6 @@ from taskmesh.storable import (
 )
 
 log = structlog.get_logger("taskmesh.executor")
-
-
-def _context(task: ClaimedTask) -> TaskContext:
-    return TaskContext(
-        task_id=task.task_id,
-        run_id=task.run_id,
-        name=task.name,
-        queue=task.queue,
-        priority=task.priority,
-        attempt=task.attempt,
-        retries=task.retries,
-        max_retries=task.max_retries,
-        idempotency_key=task.idempotency_key,
-        trace_id=task.trace_id,
-        tenant_id=task.tenant_id,
-    )
 
 
 def failure(
@@ -127,7 +111,7 @@ async def execute(
     except PayloadDecodeError as exc:
         error = storable_text(f"payload does not fit the handler: {exc}", MAX_ERROR_CHARS)
         return RunResult(task, Outcome.FAILED, error=error)
-    kwargs: dict[str, Any] = {"ctx": _context(task)} if handler.wants_ctx else {}
+    kwargs: dict[str, Any] = {"ctx": task.context()} if handler.wants_ctx else {}
     operator = anyio.CancelScope()
     if cancels is not None:
         cancels[task.task_id] = operator
@@ -200,7 +184,7 @@ async def _in_process(
         cancels[task.task_id] = operator
     try:
         with operator:
-            outcome = await sync.in_process(ref, handler, task, _context(task) if handler.wants_ctx else None)
+            outcome = await sync.in_process(ref, handler, task, task.context() if handler.wants_ctx else None)
     except PoolClosedError:
         return failure(task, "handler process pool closed: the instance is stopping", retryable=True)
     finally:
