@@ -170,6 +170,11 @@ class Metrics:
             "Age of the oldest runnable queued task (0 when none); cluster-wide, sampled.",
             "queue",
         )
+        self.queue_paused = g(
+            "taskmesh_queue_paused",
+            "1 while the queue is paused (no instance claims its tasks), else 0; cluster-wide, sampled.",
+            "queue",
+        )
         # This instance.
         self.in_flight = g("taskmesh_in_flight", "Runs this instance is executing now.", "queue")
         self.concurrency = g("taskmesh_concurrency", "Executors this instance runs.", "queue")
@@ -318,6 +323,7 @@ class Metrics:
             for state in ("ready", "delayed", "running", "dead_letter"):
                 self.queue_depth.labels(queue, state)
             self.queue_oldest_ready_age.labels(queue)
+            self.queue_paused.labels(queue)
         for store in ("postgres", "redis"):
             self.store_errors.labels(store)
 

@@ -139,3 +139,18 @@ def run_to_dict(row: Any, prefix: str = "") -> dict[str, Any]:
 def task_and_latest_run(row: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Split a ``task_get_with_latest_run`` row into the task and its latest run (``None``: no run yet)."""
     return task_to_dict(row), (run_to_dict(row, prefix="run_") if row["run_id"] is not None else None)
+
+
+def pause_to_dict(queue: str, row: Any) -> dict[str, Any]:
+    """A queue's pause state in the API's shape: ``{"queue", "paused", "paused_at", "reason"}``.
+
+    :param row: a ``queues`` row (``name, paused_at, paused_reason``), or ``None`` for a queue
+        never paused (running).
+    """
+    paused_at = row["paused_at"] if row is not None else None
+    return {
+        "queue": queue,
+        "paused": paused_at is not None,
+        "paused_at": iso(paused_at),
+        "reason": row["paused_reason"] if paused_at is not None else None,
+    }

@@ -264,7 +264,8 @@ class Tasks:
         """Claim popped ids in one conditional UPDATE (design.md principle 3).
 
         Ids that are no longer queued (claimed elsewhere, duplicates) are dropped
-        quietly; ids not due yet go back to the delayed set. A claimed row this
+        quietly; ids not due yet go back to the delayed set, and those of a paused
+        queue (none is claimed there) back to the ready set. A claimed row this
         version cannot read (a payload that is not JSON) is still returned, with
         ``defect`` saying why, so that its run is failed, not lost.
         """
@@ -273,20 +274,23 @@ class Tasks:
             return []
         rows = await self.pg.tasks.claim_many(uuids, queue, worker_id, lease_seconds)
         if len(rows) < len(uuids):
-            await self._return_not_due(uuids, {r["id"] for r in rows})
+            await self._return_unclaimed(uuids, {r["id"] for r in rows})
         return [_claimed(r) for r in rows]
 
-    async def _return_not_due(self, popped: Sequence[uuid.UUID], claimed: set[uuid.UUID]) -> None:
-        """Put popped-but-not-due ids back into the delayed set, so that they run when due.
+    async def _return_unclaimed(self, popped: Sequence[uuid.UUID], claimed: set[uuid.UUID]) -> None:
+        """Push popped ids that are still queued back, so that they run when they can.
 
-        Only queued tasks whose ``run_at`` is still ahead (by PostgreSQL's clock)
-        qualify: an id pushed early by a race. Everything else that was not
-        claimed is dropped quietly.
+        A queued task the claim refused is either not due yet (an id pushed early by a
+        race: back to the delayed set, by PostgreSQL's clock) or in a paused queue (back
+        to the ready set, for when the queue resumes). Everything else that was not
+        claimed (claimed elsewhere, cancelled, finished) is dropped quietly.
         """
         unclaimed = [i for i in popped if i not in claimed]
-        rows = await self.pg.tasks.list_not_due(unclaimed)
+        rows = await self.pg.tasks.list_unclaimed_queued(unclaimed)
         if rows:
-            await self.push([PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows])
+            await self.push(
+                [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"] if r["delayed"] else None) for r in rows]
+            )
 
     async def finish(self, results: Sequence[RunResult], worker_id: str) -> int:
         """Write a batch of run results in one statement, then update Redis.

@@ -46,6 +46,7 @@ CONTRACT: dict[str, Family] = {
     "taskmesh_queue_wait_seconds": Family("histogram", ("queue", "task_name")),
     "taskmesh_queue_depth": Family("gauge", ("queue", "state")),
     "taskmesh_queue_oldest_ready_age_seconds": Family("gauge", ("queue",)),
+    "taskmesh_queue_paused": Family("gauge", ("queue",)),
     "taskmesh_in_flight": Family("gauge", ("queue",)),
     "taskmesh_concurrency": Family("gauge", ("queue",)),
     "taskmesh_workers": Family("gauge", ("state",)),
@@ -105,7 +106,12 @@ names and served queues get a value of their own; no name can take these (names 
 ``[A-Za-z0-9_.:-]``). A rule or panel may match them; ``taskmesh_queue_depth`` has
 ``queue="(unserved)"`` only with ``state="ready"``."""
 
-CLUSTER_WIDE = ("taskmesh_queue_depth", "taskmesh_queue_oldest_ready_age_seconds", "taskmesh_workers")
+CLUSTER_WIDE = (
+    "taskmesh_queue_depth",
+    "taskmesh_queue_oldest_ready_age_seconds",
+    "taskmesh_queue_paused",
+    "taskmesh_workers",
+)
 """Gauges every instance samples from the stores: aggregate with ``max``, never ``sum``."""
 
 

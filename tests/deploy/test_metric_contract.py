@@ -62,6 +62,7 @@ def test_unregistered_names_and_unserved_queues_are_counted_under_the_reserved_v
         "taskmesh_queue_wait_seconds",
         "taskmesh_queue_depth",
         "taskmesh_queue_oldest_ready_age_seconds",
+        "taskmesh_queue_paused",
         "taskmesh_in_flight",
         "taskmesh_concurrency",
         "taskmesh_tasks_repushed_total",

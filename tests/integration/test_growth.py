@@ -70,7 +70,7 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "task_exists": (ids[0],),
         "run_list_by_task": (ids[0],),
         "task_claim_many": (ids, "default", "w-1", 30.0),
-        "task_list_not_due": (ids,),
+        "task_list_unclaimed_queued": (ids,),
         "run_finish_many": (one, one, ["succeeded"], [None], ['"ok"'], [0.0], [None], "w-1"),
         "run_reclaim_expired": (30.0, 500),
         "worker_heartbeat": ("w-1", "h", 1, "{}", "v", "running", 30.0, one),

@@ -6,12 +6,12 @@ import json
 import re
 import uuid
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import orjson
 import structlog
 from fastapi import Depends, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from taskmesh.api.state import AppState
@@ -20,11 +20,12 @@ from taskmesh.schedules import Schedules
 from taskmesh.store import Stores
 from taskmesh.tasks import Tasks
 from taskmesh.tracing import trace_id_from_headers
-from taskmesh.validation import NAME_REGEX, TaskSpec, may_hold_big_integers
+from taskmesh.validation import NAME_REGEX, TaskSpec, field_errors, may_hold_big_integers
 
 log = structlog.get_logger("taskmesh.api")
 
 _NAME = re.compile(NAME_REGEX)
+M = TypeVar("M", bound=BaseModel)
 _LONG_DIGITS = re.compile(rb"[0-9]{16}")
 """A run of 16 digits: the shortest literal of an integer of at least 2^53 (9007199254740992)."""
 
@@ -109,6 +110,24 @@ async def read_json(request: Request, nested_field: str) -> Any:
         return json.loads(body)  # valid JSON (orjson took it); only its numbers may read differently
     except RecursionError:
         raise InvalidTaskError(nested_field, "nested deeper than 64 levels") from None
+
+
+async def parse_body(request: Request, model: type[M], *, optional: bool = False) -> M:
+    """The body as ``model``: a JSON object whose fields ``model`` validates.
+
+    :param optional: an empty body counts as ``{}``.
+    :raises BadJsonError: not JSON (400).
+    :raises InvalidTaskError: not an object (``body: must be a JSON object``), or a field
+        ``model`` refuses (422 naming it; every refusal in ``errors``).
+    """
+    data: Any = {} if optional and not (await request.body()).strip() else await read_json(request, "body")
+    if not isinstance(data, dict):
+        raise InvalidTaskError("body", "must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = field_errors(exc)
+        raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
 
 
 def parse_task_id(raw: str) -> uuid.UUID:

@@ -3,8 +3,8 @@
 Every ``interval`` seconds (``metrics_sample_seconds``, 5), not per scrape (a
 scrape must not cost a query per queue, and ten Prometheus servers must not
 cost ten): ready and delayed sizes from Redis (one pipeline), running and
-dead-lettered counts, the age of the oldest runnable task per queue and
-workers by state from PostgreSQL (each through a partial index, so the cost
+dead-lettered counts, the age of the oldest runnable task per queue, whether
+each queue is paused, and workers by state from PostgreSQL (each through a partial index, so the cost
 does not grow with the history). This instance's in-flight runs per queue come
 from ``in_flight()``. The queues are the instance's own (``queue_names``), which
 are always labels of their own.
@@ -49,6 +49,7 @@ async def run_once(
     failed = await stores.pg.tasks.sample_failed_by_queue(queues)
     ages = {queue: await stores.pg.tasks.sample_oldest_ready_age(queue) for queue in queues}
     workers = await stores.pg.workers.sample_by_state()
+    paused = {r["name"] for r in await stores.pg.queues.list_paused(QUEUES_READ)}
     served = await stores.pg.workers.served_queues(QUEUES_READ)
     metrics.set_served_queues(served)  # the first SERVED_QUEUES_MAX become labels
     unserved = await stores.pg.tasks.count_queued_unserved(served, QUEUES_READ)
@@ -57,6 +58,7 @@ async def run_once(
         metrics.queue_depth.labels(queue, "running").set(running.get(queue, 0))
         metrics.queue_depth.labels(queue, "dead_letter").set(failed.get(queue, 0))
         metrics.queue_oldest_ready_age.labels(queue).set(ages[queue])
+        metrics.queue_paused.labels(queue).set(1 if queue in paused else 0)
     for state in {*WorkerState, *workers}:
         metrics.workers.labels(str(state)).set(workers.get(state, 0))
     if in_flight is not None:

@@ -5,7 +5,15 @@ as slots are free), claims them in PostgreSQL with one conditional UPDATE, and
 puts each :class:`~taskmesh.models.ClaimedTask` on the queue's channel; ids
 whose claim fails (already claimed, not queued) are dropped quietly, ids not
 due yet go back to the delayed set. It stops at the top of its loop once
-``stop`` is set (within ``pop_timeout`` seconds). It is a supervised service
+``stop`` is set (within ``pop_timeout`` seconds).
+
+A **paused** queue (issue 11: a row in ``queues``) is refused by the claim
+statement itself, on every instance, from the pause's commit on; its popped
+ids go back to the ready set. A pop whose ids were all refused makes the
+fetcher ask PostgreSQL whether the queue is paused; while it is, the fetcher
+pops nothing and asks again every ``RESUME_POLL_SECONDS`` (logs
+``queue_pause_seen`` and ``queue_resume_seen``). A running queue costs no
+read at all; a paused one, one primary-key read per 0.5 s per instance. It is a supervised service
 (``fetcher:<queue>``, critical): a bug in it restarts it, never the executors.
 
 The **executors** (``concurrency`` of them) take tasks from the channel, run
@@ -49,6 +57,8 @@ BATCH_MAX = 100
 """Most ids popped and claimed at once."""
 GATHER_SECONDS = 0.002
 POP_TIMEOUT_SECONDS = 1.0
+RESUME_POLL_SECONDS = 0.5
+"""How often a fetcher of a paused queue asks whether it was resumed."""
 
 
 class QueueWorkers:
@@ -99,6 +109,8 @@ class QueueWorkers:
         self.started: set[uuid.UUID] = set()
         """Run ids whose handler started."""
         self.cancels: dict[uuid.UUID, anyio.CancelScope] = {}
+        self.paused = False
+        """Whether the queue was paused when the fetcher last asked (it then pops nothing)."""
         self._outage = Outage(f"fetcher:{queue}")
 
     # -- the fetcher -------------------------------------------------------------
@@ -106,6 +118,9 @@ class QueueWorkers:
     async def fetch(self) -> None:
         """Claim and hand on tasks until ``stop`` is set (the supervised service)."""
         while not self.stop.is_set():
+            if self.paused:
+                await self._wait_for_resume()
+                continue
             await self.slots.acquire()
             if self.stop.is_set():  # waited for a free executor while shutdown began
                 self.slots.release()
@@ -146,7 +161,37 @@ class QueueWorkers:
         ids = await self.tasks.redis.pop_ready(self.queue, count, POP_TIMEOUT_SECONDS)
         if not ids:
             return []
-        return await self.tasks.claim(self.queue, ids, self.worker_id, self.lease_seconds)
+        claimed = await self.tasks.claim(self.queue, ids, self.worker_id, self.lease_seconds)
+        if not claimed:  # every id refused: claimed elsewhere, or the queue was paused
+            await self._read_pause()
+        return claimed
+
+    async def _read_pause(self) -> None:
+        """Ask PostgreSQL whether the queue is paused; log when that changed.
+
+        :raises StoreError: PostgreSQL failed (the last answer stands).
+        """
+        row = await self.tasks.pg.queues.get_pause(self.queue)
+        paused = row is not None and row["paused_at"] is not None
+        if paused != self.paused:
+            log.info("queue_pause_seen" if paused else "queue_resume_seen", queue=self.queue)
+        self.paused = paused
+
+    async def _wait_for_resume(self) -> None:
+        """Wait ``RESUME_POLL_SECONDS`` (less when ``stop`` is set), then ask whether the queue resumed."""
+        with anyio.move_on_after(RESUME_POLL_SECONDS):
+            await self.stop.wait()
+        if self.stop.is_set():
+            return
+        try:
+            await self._read_pause()
+        except StoreError as exc:
+            if exc.transient:
+                await self._outage.failed(exc)
+            else:
+                log.error("fetch_failed", queue=self.queue, operation=exc.operation, error=str(exc))
+            return
+        self._outage.recovered()
 
     async def _gather_slots(self, most: int, enough: int) -> int:
         """Take up to ``most`` more free slots; wait up to 2 ms while fewer than ``enough``.

@@ -1,6 +1,6 @@
 """The PostgreSQL store: the asyncpg pool, transactions, migrations, and the typed queries.
 
-:class:`PgStore` is the only holder of the pool. Its ``tasks``, ``workers`` and
+:class:`PgStore` is the only holder of the pool. Its ``tasks``, ``workers``, ``queues`` and
 ``schedules`` attributes run the named blocks of ``queries.sql`` (one method
 per block); :meth:`PgStore.transaction` gives the same attributes bound to
 one connection inside one transaction. Every failure is a
@@ -30,6 +30,7 @@ import structlog
 
 from taskmesh.errors import MigrationError
 from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
+from taskmesh.store.queue_queries import QueueQueries
 from taskmesh.store.schedule_queries import ScheduleQueries
 from taskmesh.store.sql import Executor, queries
 from taskmesh.store.task_queries import TaskQueries
@@ -70,6 +71,7 @@ class PgStore:
         self.tasks = TaskQueries(ex)
         self.workers = WorkerQueries(ex)
         self.schedules = ScheduleQueries(ex)
+        self.queues = QueueQueries(ex)
 
     @classmethod
     async def connect(cls, database_url: str, size: int = 10) -> PgStore:

@@ -63,8 +63,8 @@ FROM task_runs WHERE task_id = $1 ORDER BY attempt;
 
 -- name: task_claim_many
 -- Design.md principle 3: one conditional UPDATE claims the batch; a task that
--- is no longer queued (claimed elsewhere, cancelled) or not yet due (a stray
--- id pushed early) is simply not returned.
+-- is no longer queued (claimed elsewhere, cancelled), not yet due (a stray
+-- id pushed early) or in a paused queue (issue 11) is simply not returned.
 -- The claimed attempt's run row is created, or its queued row taken over.
 -- `status || ''` keeps the planner off the partial index of queued tasks: with a
 -- cached generic plan it would otherwise scan every queued task of the queue
@@ -73,6 +73,7 @@ WITH claimed AS (
     UPDATE tasks
     SET status = 'running', attempts = attempts + 1, updated_at = now()
     WHERE id = ANY($1::uuid[]) AND queue = $2 AND status || '' = 'queued' AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM queues p WHERE p.name = $2 AND p.paused_at IS NOT NULL)
     RETURNING id, name, queue, priority, payload::text AS payload, attempts, retries,
               max_retries, idempotency_key, trace_id, tenant_id, run_at
 ), runs AS (
@@ -87,10 +88,11 @@ WITH claimed AS (
 )
 SELECT c.*, runs.id AS run_id FROM claimed c JOIN runs ON runs.task_id = c.id;
 
--- name: task_list_not_due
--- Of ids whose claim failed, the queued ones that are not due yet (a stray or early id).
-SELECT id, queue, priority, run_at FROM tasks
-WHERE id = ANY($1::uuid[]) AND status = 'queued' AND run_at > now();
+-- name: task_list_unclaimed_queued
+-- Of ids whose claim failed, the ones still queued: not due yet (a stray or early id; `delayed`)
+-- or due in a paused queue. Claimed elsewhere, cancelled or finished ones are not returned.
+SELECT id, queue, priority, run_at, run_at > now() AS delayed FROM tasks
+WHERE id = ANY($1::uuid[]) AND status = 'queued';
 
 -- name: run_finish_many
 -- Write a batch of run results and their tasks' next state in one statement.
@@ -471,3 +473,28 @@ RETURNING *;
 
 -- name: schedule_set_last_task
 UPDATE schedules SET last_task_id = $2, updated_at = now() WHERE name = $1;
+
+-- ======================================================================
+-- queues (issue 11): pause and resume, persisted; a queue without a row runs.
+-- ======================================================================
+
+-- name: queue_pause
+-- Pause a queue (idempotent: a paused queue keeps its first paused_at; a new reason replaces the old).
+INSERT INTO queues (name, paused_at, paused_reason) VALUES ($1, now(), $2)
+ON CONFLICT (name) DO UPDATE
+SET paused_at = COALESCE(queues.paused_at, now()),
+    paused_reason = COALESCE(EXCLUDED.paused_reason, queues.paused_reason),
+    updated_at = now()
+RETURNING name, paused_at, paused_reason;
+
+-- name: queue_resume
+UPDATE queues SET paused_at = NULL, paused_reason = NULL, updated_at = now()
+WHERE name = $1
+RETURNING name, paused_at, paused_reason;
+
+-- name: queue_get_pause
+SELECT name, paused_at, paused_reason FROM queues WHERE name = $1;
+
+-- name: queue_list_paused
+-- Paused queues by name, at most $1.
+SELECT name, paused_at, paused_reason FROM queues WHERE paused_at IS NOT NULL ORDER BY name LIMIT $1;

@@ -79,9 +79,9 @@ class TaskQueries(Queries):
         """``task_claim_many``: the claimed tasks with their new ``run_id`` (design.md principle 3)."""
         return await self._fetch("task_claim_many", list(ids), queue, worker_id, lease_seconds)
 
-    async def list_not_due(self, ids: Sequence[uuid.UUID]) -> list[asyncpg.Record]:
-        """``task_list_not_due``: of ``ids``, the queued tasks whose ``run_at`` is still ahead."""
-        return await self._fetch("task_list_not_due", list(ids))
+    async def list_unclaimed_queued(self, ids: Sequence[uuid.UUID]) -> list[asyncpg.Record]:
+        """``task_list_unclaimed_queued``: of ``ids``, the tasks still queued (``delayed``: not due yet)."""
+        return await self._fetch("task_list_unclaimed_queued", list(ids))
 
     async def finish_many(
         self,

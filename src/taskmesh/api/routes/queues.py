@@ -1,18 +1,60 @@
-"""Queue routes: the dead-letter queue of a queue, and replaying from it."""
+"""Queue routes: pausing and resuming a queue; its dead-letter queue, and replaying from it."""
 
 from __future__ import annotations
 
+import structlog
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from taskmesh.api.deps import TasksDep, body_schema, check_queue, json_response, read_json
+from taskmesh.api.deps import StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
 from taskmesh.errors import InvalidTaskError
-from taskmesh.validation import StrictInt, field_errors
+from taskmesh.records import pause_to_dict
+from taskmesh.validation import StrictInt, check_json
+
+log = structlog.get_logger("taskmesh.api")
 
 router = APIRouter()
 
 DLQ_COUNT_MAX = 1000
+PAUSE_REASON_MAX = 500
+
+
+class PauseRequest(BaseModel):
+    """Body of ``POST /api/v1/queues/{queue}/pause`` (optional): why, for the other operators."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, min_length=1, max_length=PAUSE_REASON_MAX)
+
+
+@router.post(
+    "/api/v1/queues/{queue}/pause",
+    openapi_extra=body_schema(PauseRequest, required=False),
+    summary="Pause a queue: no instance claims its tasks until it is resumed (enqueue goes on)",
+)
+async def pause_queue(queue: str, request: Request, stores: StoresDep) -> Response:
+    """Pause ``queue`` (any valid name: a queue may be paused before it has tasks or workers).
+
+    Persisted in PostgreSQL: every instance's claim refuses the queue's tasks from the commit on,
+    also after restarts. Running runs finish. Pausing a paused queue keeps its ``paused_at``.
+    """
+    check_queue(queue)
+    req = await parse_body(request, PauseRequest, optional=True)
+    if req.reason is not None:
+        check_json(req.reason, "reason")
+    row = await stores.pg.queues.pause(queue, req.reason)
+    log.info("queue_paused", queue=queue, reason=req.reason)
+    return json_response(pause_to_dict(queue, row))
+
+
+@router.post("/api/v1/queues/{queue}/resume", summary="Resume a paused queue (a running one stays running)")
+async def resume_queue(queue: str, stores: StoresDep) -> Response:
+    """Resume ``queue``: instances serving it claim again within a second."""
+    check_queue(queue)
+    await stores.pg.queues.resume(queue)
+    log.info("queue_resumed", queue=queue)
+    return json_response(pause_to_dict(queue, None))
 
 
 class ReplayRequest(BaseModel):
@@ -42,13 +84,6 @@ async def get_dlq(queue: str, tasks: TasksDep, count: str = "50") -> Response:
 async def replay(queue: str, request: Request, tasks: TasksDep) -> Response:
     """Move up to ``count`` dead-lettered tasks back to ready with a fresh retry budget."""
     check_queue(queue)
-    data = await read_json(request, "body")
-    if not isinstance(data, dict):
-        raise InvalidTaskError("body", "must be a JSON object")
-    try:
-        req = ReplayRequest.model_validate(data)
-    except ValidationError as exc:
-        errors = field_errors(exc)
-        raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
+    req = await parse_body(request, ReplayRequest)
     ids = await tasks.replay(queue, req.count, req.override_priority)
     return json_response({"queue": queue, "count": len(ids), "replayed": ids})

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from taskmesh.api.deps import SchedulesDep, StateDep, body_schema, is_name, json_response, read_json
-from taskmesh.errors import InvalidTaskError, ScheduleNotFoundError
-from taskmesh.validation import check_json, field_errors
+from taskmesh.api.deps import SchedulesDep, StateDep, body_schema, is_name, json_response, parse_body
+from taskmesh.errors import ScheduleNotFoundError
+from taskmesh.validation import check_json
 
 router = APIRouter()
 
@@ -50,17 +48,9 @@ async def get_schedule(name: str, schedules: SchedulesDep) -> Response:
 async def trigger_schedule(name: str, request: Request, schedules: SchedulesDep, state: StateDep) -> Response:
     """Make one task of the schedule now, also while it is paused."""
     name = _named(name)
-    body = await request.body()
-    data: Any = {} if not body.strip() else await read_json(request, "body")
-    if not isinstance(data, dict):
-        raise InvalidTaskError("body", "must be a JSON object")
-    if isinstance(data.get("idempotency_key"), str):
-        check_json(data["idempotency_key"], "idempotency_key")
-    try:
-        req = TriggerRequest.model_validate(data)
-    except ValidationError as exc:
-        errors = field_errors(exc)
-        raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
+    req = await parse_body(request, TriggerRequest, optional=True)
+    if req.idempotency_key is not None:
+        check_json(req.idempotency_key, "idempotency_key")
     task_id, key, created = await schedules.trigger(name, req.idempotency_key)
     state.schedule_waker.wake()
     answer = {"schedule": name, "task_id": str(task_id), "idempotency_key": key, "created": created}

@@ -8,13 +8,14 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from taskmesh.api.deps import StoresDep, json_response
-from taskmesh.records import iso, json_value
+from taskmesh.records import iso, json_value, pause_to_dict
 
 router = APIRouter()
 
 WORKERS_LISTED = 100
 UNSERVED_LISTED = 100
 UNSERVED_QUEUES_READ = 10_000
+PAUSED_LISTED = 1000
 
 
 @router.get(
@@ -24,10 +25,12 @@ UNSERVED_QUEUES_READ = 10_000
 async def list_workers(stores: StoresDep) -> Response:
     """Up to 100 instances, live ones first, and ``unserved_queues``: up to 100 queues holding
     queued tasks that no live (running or draining) instance serves, most tasks first,
-    as ``{"queue", "queued"}``."""
+    as ``{"queue", "queued"}``; and ``paused_queues``: up to 1,000 paused queues by name, as
+    ``{"queue", "paused", "paused_at", "reason"}``."""
     rows = await stores.pg.workers.list(WORKERS_LISTED)
     served = await stores.pg.workers.served_queues(UNSERVED_QUEUES_READ)
     waiting = await stores.pg.tasks.count_queued_unserved(served, UNSERVED_QUEUES_READ)
+    paused = await stores.pg.queues.list_paused(PAUSED_LISTED)
     unserved = sorted(({"queue": r["queue"], "queued": r["queued"]} for r in waiting), key=_most_first)
     workers = [
         {
@@ -44,7 +47,13 @@ async def list_workers(stores: StoresDep) -> Response:
         }
         for r in rows
     ]
-    return json_response({"workers": workers, "unserved_queues": unserved[:UNSERVED_LISTED]})
+    return json_response(
+        {
+            "workers": workers,
+            "unserved_queues": unserved[:UNSERVED_LISTED],
+            "paused_queues": [pause_to_dict(r["name"], r) for r in paused],
+        }
+    )
 
 
 def _most_first(item: dict[str, Any]) -> tuple[int, str]:
