@@ -56,6 +56,22 @@ class TaskFinishedError(TaskmeshError):
         self.action = action
 
 
+class TaskStateError(TaskmeshError):
+    """The task is in a state the operation does not apply to (retry a running task, delete a queued one).
+
+    :param task_id: the task's id, as text.
+    :param status: the status it has.
+    :param action: what was asked (``retry``, ``delete``).
+    :param hint: what to do instead, for the message.
+    """
+
+    def __init__(self, task_id: str, status: str, action: str, hint: str) -> None:
+        super().__init__(f"task {task_id} is {status}; {hint}")
+        self.task_id = task_id
+        self.status = status
+        self.action = action
+
+
 class ScheduleNotFoundError(TaskmeshError, LookupError):
     """No schedule has this name (in the ``schedules`` table)."""
 

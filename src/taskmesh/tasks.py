@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import structlog
 
-from taskmesh.errors import InvalidTaskError, StoreError, TaskFinishedError, TaskNotFoundError
+from taskmesh.errors import InvalidTaskError, StoreError, TaskFinishedError, TaskNotFoundError, TaskStateError
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, PushTarget, RunResult
 from taskmesh.records import dead_letter_to_dict, task_and_latest_run
@@ -64,6 +64,17 @@ class Enqueued:
     created: bool
     trace_id: str | None = None
     queue: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Retried:
+    """Answer of :meth:`Tasks.retry`: the task queued again, where, and what it was."""
+
+    task_id: uuid.UUID
+    status: str
+    queue: str
+    priority: int
+    previous_status: str
 
 
 def dump_json(value: Any, field: str) -> str:
@@ -386,6 +397,62 @@ class Tasks:
                 log.warning("redis_forget_failed", task_id=str(task_id), error=str(exc))
             return Cancelled(task_id, TaskStatus.CANCELLED, status)
         return Cancelled(task_id, TaskStatus.RUNNING, status)
+
+    async def retry(self, task_id: uuid.UUID, priority: int | None = None, queue: str | None = None) -> Retried:
+        """Move one failed or cancelled task back to queued, due now, with a fresh retry budget.
+
+        Its next run is a new attempt (``attempts`` goes on counting); a failed task leaves
+        its queue's DLQ mirror. ``priority`` and ``queue`` change the task when given.
+
+        :raises TaskNotFoundError: no task has this id.
+        :raises TaskStateError: it is queued, running or completed (only a failed or
+            cancelled task is retried; a queued or running one is retried by itself).
+        """
+        async with self.pg.transaction() as tx:
+            row = await tx.tasks.lock_status(task_id)
+            if row is None:
+                raise TaskNotFoundError(str(task_id))
+            if row["status"] not in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+                raise TaskStateError(
+                    str(task_id), row["status"], "retry", "only a failed or cancelled task can be retried"
+                )
+            moved = await tx.tasks.retry_one(task_id, priority, queue)
+            assert moved is not None  # the row is locked in a retryable state
+        try:
+            await self.redis.forget(row["queue"], str(task_id))
+            await self.push([PushTarget(task_id, moved["queue"], moved["priority"], None)])
+        except StoreError as exc:  # the reconciler pushes it; a stray DLQ entry is dropped by its sweep
+            log.warning("redis_push_failed", tasks=1, error=str(exc))
+        log.info("task_retried", task_id=str(task_id), queue=moved["queue"], priority=moved["priority"])
+        return Retried(task_id, TaskStatus.QUEUED, moved["queue"], moved["priority"], row["status"])
+
+    async def delete(self, task_id: uuid.UUID) -> str:
+        """Delete one finished task (completed, failed or cancelled) and its runs.
+
+        :returns: the status it had.
+        :raises TaskNotFoundError: no task has this id.
+        :raises TaskStateError: it is queued or running (cancel it first).
+        """
+        async with self.pg.transaction() as tx:
+            row = await tx.tasks.lock_status(task_id)
+            if row is None:
+                raise TaskNotFoundError(str(task_id))
+            if row["status"] in (TaskStatus.QUEUED, TaskStatus.RUNNING):
+                raise TaskStateError(
+                    str(task_id),
+                    row["status"],
+                    "delete",
+                    "only a finished task can be deleted: cancel it first (POST /api/v1/tasks/{id}/cancel)",
+                )
+            deleted = await tx.tasks.delete_one_finished(task_id)
+            assert deleted is not None  # the row is locked in a finished state
+        if row["status"] == TaskStatus.FAILED:
+            try:
+                await self.redis.forget(row["queue"], str(task_id))
+            except StoreError as exc:  # the reconciler's DLQ sweep drops the stray id
+                log.warning("redis_forget_failed", task_id=str(task_id), error=str(exc))
+        log.info("task_deleted", task_id=str(task_id), status=row["status"])
+        return str(row["status"])
 
     async def replay(self, queue: str, count: int, override_priority: int | None = None) -> list[str]:
         """Move up to ``count`` dead-lettered tasks back to ready, oldest first.

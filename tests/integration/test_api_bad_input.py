@@ -299,7 +299,7 @@ BAD_ROUTES = [
     no_errors("unknown route under the API", "GET", "/api/v1/nope", 404, "Not Found"),
     no_errors("POST to a task", "POST", f"{TASKS}/{UNKNOWN_ID}", 405, "Method Not Allowed"),
     no_errors("PUT to the task list", "PUT", TASKS, 405, "Method Not Allowed"),
-    no_errors("DELETE of a task", "DELETE", f"{TASKS}/{UNKNOWN_ID}", 405, "Method Not Allowed"),
+    no_errors("PATCH of a task", "PATCH", f"{TASKS}/{UNKNOWN_ID}", 405, "Method Not Allowed"),
 ]
 
 

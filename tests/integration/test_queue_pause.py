@@ -136,7 +136,7 @@ async def test_fetchers_of_a_paused_queue_stop_popping_and_only_ask_twice_a_seco
     start_instance: Any, registry: Registry, pool: asyncpg.Pool
 ) -> None:
     ran, _ = register(registry)
-    async with start_instance() as a, start_instance() as b, http(a) as client:
+    async with start_instance() as a, start_instance(), http(a) as client:
         assert (await client.post(PAUSE)).status_code == 200
         await create(client, "pause.job", 20)
         await anyio.sleep(1.5)  # each fetcher meets a refused claim (or not) and settles

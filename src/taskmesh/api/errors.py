@@ -7,6 +7,7 @@
 | ``TaskNotFoundError`` | 404 | Task not found |
 | ``ScheduleNotFoundError`` | 404 | Schedule not found |
 | ``TaskFinishedError`` | 409 | Task already finished |
+| ``TaskStateError`` | 409 | Task state conflict |
 | ``NotReadyError`` | 503 | Not ready |
 | ``StoreError``, transient | 503 | Store unavailable (names the store) |
 | ``StoreError``, not transient; anything else | 500 | Internal error (logged with its traceback) |
@@ -33,6 +34,7 @@ from taskmesh.errors import (
     StoreError,
     TaskFinishedError,
     TaskNotFoundError,
+    TaskStateError,
 )
 from taskmesh.storable import describe
 
@@ -64,6 +66,10 @@ def _finished(exc: Any) -> Response:
     return problem(409, "Task already finished", str(exc))
 
 
+def _state_conflict(exc: Any) -> Response:
+    return problem(409, "Task state conflict", str(exc))
+
+
 def _not_ready(exc: Any) -> Response:
     return problem(503, "Not ready", "the instance is still connecting to PostgreSQL and Redis")
 
@@ -79,6 +85,7 @@ ERROR_TABLE: list[tuple[type[Exception], Callable[[Any], Response]]] = [
     (TaskNotFoundError, _task_not_found),
     (ScheduleNotFoundError, _schedule_not_found),
     (TaskFinishedError, _finished),
+    (TaskStateError, _state_conflict),
     (NotReadyError, _not_ready),
     (StarletteHTTPException, _http),
 ]

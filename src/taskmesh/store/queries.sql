@@ -265,6 +265,32 @@ WITH picked AS (
 )
 SELECT id, queue, priority FROM upd;
 
+-- name: task_lock_status
+-- The task's status and queue, its row locked until the transaction ends (retry, delete).
+SELECT status, queue FROM tasks WHERE id = $1 FOR UPDATE;
+
+-- name: task_retry_one
+-- Move one failed or cancelled task back to queued (issue 11): a fresh retry budget, due now,
+-- in queue $3 and at priority $2 when they are not null; a cancel request of the cycle that
+-- ended is forgotten. Its next attempt's run row is queued, as a replay's is.
+WITH upd AS (
+    UPDATE tasks t
+    SET status = 'queued', retries = 0, priority = COALESCE($2, t.priority), queue = COALESCE($3, t.queue),
+        run_at = now(), cancel_requested_at = NULL, updated_at = now()
+    WHERE t.id = $1 AND t.status IN ('failed', 'cancelled')
+    RETURNING t.id, t.queue, t.priority, t.attempts
+), runs AS (
+    INSERT INTO task_runs (task_id, attempt, status)
+    SELECT id, attempts + 1, 'queued' FROM upd
+    ON CONFLICT (task_id, attempt) DO NOTHING
+)
+SELECT id, queue, priority FROM upd;
+
+-- name: task_delete_one_finished
+-- Delete one finished task (completed, failed or cancelled) and, by the foreign key, its runs.
+DELETE FROM tasks WHERE id = $1 AND status IN ('completed', 'failed', 'cancelled')
+RETURNING status, queue;
+
 -- name: task_list_queued_after
 -- Queued tasks of queue $1 after the keyset cursor ($2 run_at, $3 id; null: from the start),
 -- unchanged for $4 seconds (0: all), in (run_at, id) order through tasks_queued_key_idx: the

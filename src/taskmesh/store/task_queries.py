@@ -135,6 +135,19 @@ class TaskQueries(Queries):
         """
         return await self._fetch("task_list_failed_with_latest_run", queue, limit)
 
+    async def lock_status(self, task_id: uuid.UUID) -> asyncpg.Record | None:
+        """``task_lock_status``: ``status, queue`` with the row locked; ``None`` when no task has the id."""
+        return await self._fetchrow("task_lock_status", task_id)
+
+    async def retry_one(self, task_id: uuid.UUID, priority: int | None, queue: str | None) -> asyncpg.Record | None:
+        """``task_retry_one``: ``id, queue, priority`` of the task moved back to queued, ``None`` if it was not
+        failed or cancelled."""
+        return await self._fetchrow("task_retry_one", task_id, priority, queue)
+
+    async def delete_one_finished(self, task_id: uuid.UUID) -> asyncpg.Record | None:
+        """``task_delete_one_finished``: ``status, queue`` of the deleted task, ``None`` if it was not finished."""
+        return await self._fetchrow("task_delete_one_finished", task_id)
+
     async def replay_many(self, queue: str, count: int, priority: int | None) -> list[asyncpg.Record]:
         """``task_replay_many``: ``id, queue, priority`` of the tasks moved back to queued."""
         return await self._fetch("task_replay_many", queue, count, priority)

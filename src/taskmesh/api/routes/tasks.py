@@ -1,4 +1,4 @@
-"""Task routes: create (one or a batch), read, list runs, cancel."""
+"""Task routes: create (one or a batch), read, list runs, cancel, retry, delete."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from taskmesh.api.deps import (
     TasksDep,
     body_schema,
     json_response,
+    parse_body,
     parse_task_id,
     read_json,
     unserved_warnings,
@@ -21,7 +22,7 @@ from taskmesh.api.deps import (
 from taskmesh.api.problems import problem
 from taskmesh.errors import InvalidTaskError
 from taskmesh.states import TaskStatus
-from taskmesh.validation import TaskSpec, parse_task_spec
+from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, parse_task_spec
 
 router = APIRouter()
 
@@ -165,3 +166,44 @@ async def cancel_task(task_id: str, tasks: TasksDep) -> Response:
     if done.status == TaskStatus.CANCELLED:
         return json_response({"task_id": str(tid), "status": "cancelled"})
     return json_response({"task_id": str(tid), "status": "running", "cancel_requested": True}, 202)
+
+
+class RetryRequest(BaseModel):
+    """Body of ``POST /api/v1/tasks/{task_id}/retry`` (optional): a new priority or queue."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    priority: StrictInt | None = Field(default=None, ge=0, le=1000)
+    queue_name: str | None = Field(default=None, pattern=NAME_REGEX)
+
+
+@router.post(
+    "/api/v1/tasks/{task_id}/retry",
+    openapi_extra=body_schema(RetryRequest, required=False),
+    summary="Queue a failed or cancelled task again with a fresh retry budget (409 for any other state)",
+)
+async def retry_task(task_id: str, request: Request, tasks: TasksDep) -> Response:
+    """Move a failed or cancelled task back to queued, due now; optionally to a new priority or queue."""
+    tid = parse_task_id(task_id)
+    req = await parse_body(request, RetryRequest, optional=True)
+    done = await tasks.retry(tid, req.priority, req.queue_name)
+    return json_response(
+        {
+            "task_id": str(tid),
+            "status": done.status,
+            "queue_name": done.queue,
+            "priority": done.priority,
+            "previous_status": done.previous_status,
+        }
+    )
+
+
+@router.delete(
+    "/api/v1/tasks/{task_id}",
+    status_code=204,
+    summary="Delete a finished task and its runs (409 while it is queued or running)",
+)
+async def delete_task(task_id: str, tasks: TasksDep) -> Response:
+    """Delete a completed, failed or cancelled task with every run (204, no body)."""
+    await tasks.delete(parse_task_id(task_id))
+    return Response(status_code=204)
