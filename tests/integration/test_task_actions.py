@@ -197,3 +197,15 @@ async def test_a_bad_retry_or_delete_gets_its_exact_problem(bad: Bad, start_inst
 
 async def _in_dlq(redis_client: aioredis.Redis, keys: Keys, task_id: str) -> bool:
     return task_id in await redis_client.lrange(keys.dlq("default"), 0, -1)
+
+
+async def test_a_405_names_every_method_of_its_path_in_allow(start_instance: Any) -> None:
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        answers = {
+            "PATCH a task": (await client.patch(f"{TASKS}/{UNKNOWN_ID}"), "DELETE, GET"),
+            "PUT the task list": (await client.put(TASKS), "POST"),
+            "GET a pause": (await client.get("/api/v1/queues/default/pause"), "POST"),
+        }
+    for case, (r, allow) in answers.items():
+        assert_problem(r, no_errors(case, "", "", 405, "Method Not Allowed"))
+        assert r.headers["allow"] == allow, case

@@ -11,7 +11,7 @@
 | ``NotReadyError`` | 503 | Not ready |
 | ``StoreError``, transient | 503 | Store unavailable (names the store) |
 | ``StoreError``, not transient; anything else | 500 | Internal error (logged with its traceback) |
-| Starlette's ``HTTPException`` (404 route, 405 method) | its own | its own |
+| Starlette's ``HTTPException`` (404 route; 405 method, with ``Allow``: every method of the path) | its own | its own |
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 
 from taskmesh.api.problems import invalid, problem
 from taskmesh.errors import (
@@ -37,6 +38,9 @@ from taskmesh.errors import (
     TaskStateError,
 )
 from taskmesh.storable import describe
+
+METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
+"""The methods the API's routes use, in the order ``Allow`` lists them."""
 
 log = structlog.get_logger("taskmesh.api")
 
@@ -74,10 +78,6 @@ def _not_ready(exc: Any) -> Response:
     return problem(503, "Not ready", "the instance is still connecting to PostgreSQL and Redis")
 
 
-def _http(exc: Any) -> Response:
-    return problem(exc.status_code, str(exc.detail), str(exc.detail))
-
-
 ERROR_TABLE: list[tuple[type[Exception], Callable[[Any], Response]]] = [
     (BadJsonError, _bad_json),
     (InvalidTaskError, _invalid),
@@ -87,7 +87,6 @@ ERROR_TABLE: list[tuple[type[Exception], Callable[[Any], Response]]] = [
     (TaskFinishedError, _finished),
     (TaskStateError, _state_conflict),
     (NotReadyError, _not_ready),
-    (StarletteHTTPException, _http),
 ]
 """Errors with a fixed answer; :class:`StoreError` and anything else are handled below."""
 
@@ -108,8 +107,30 @@ def install(app: FastAPI) -> None:
         log.error("api_error", path=request.url.path, error=describe(exc), exc_info=exc)
         return problem(500, "Internal error", "the server failed to answer; the error is logged")
 
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method of the path, not only those of the first route matched
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return problem(exc.status_code, str(exc.detail), str(exc.detail), headers=headers)
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(StoreError, store_error)
     app.add_exception_handler(Exception, unexpected)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods some route of the app answers at the request's path, sorted.
+
+    Asked of the router method by method: included routers nest their routes, and a
+    route's own ``methods`` would name only the first route matched.
+    """
+    routes = request.app.router.routes
+    return [
+        method
+        for method in METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
 
 
 def _handler(render: Callable[[Any], Response]) -> Callable[[Request, Exception], Awaitable[Response]]:
