@@ -267,6 +267,8 @@ class Settings(BaseSettings):
     """Cancelled tasks are deleted after this many days (0 keeps them forever)."""
     retention_failed_days: float = Field(default=90, ge=0, le=36500, validation_alias=_aliases("retention_failed_days"))
     """Dead-lettered tasks are deleted after this many days (0 keeps them forever)."""
+    retention_stats_days: float = Field(default=30, ge=0, le=36500, validation_alias=_aliases("retention_stats_days"))
+    """Days the per-minute counts of ended runs (``queue_minutes``) are kept (0 keeps them forever)."""
     pg_pool_size: int = Field(default=10, ge=2, le=200, validation_alias=_aliases("pg_pool_size"))
     """Connections in this instance's PostgreSQL pool."""
     log_level: str = Field(default="info", validation_alias=_aliases("log_level"))

@@ -65,6 +65,7 @@ from taskmesh.services import (
 )
 from taskmesh.services.base import Outage, call_until_done
 from taskmesh.services.committer import Committer
+from taskmesh.services.run_tally import RunTally
 from taskmesh.services.supervision import RestartBudget, ServiceSpec, supervise
 from taskmesh.services.sync_handlers import SyncHandlers
 from taskmesh.services.worker_pool import QueueWorkers
@@ -298,6 +299,7 @@ class _Parts:
     metrics: Metrics
     committer: Committer
     pools: list[QueueWorkers]
+    tally: RunTally
 
     def held(self) -> set[uuid.UUID]:
         """Runs this instance holds: claimed and not submitted, or submitted and not written."""
@@ -369,10 +371,13 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
             critical=True,
         ),
     ]
-    if s.retention_seconds():
+    stats_seconds = s.retention_stats_days * 86400
+    if s.retention_seconds() or stats_seconds:
         table.append(
             ServiceSpec(
-                "retention", partial(retention.run, p.stores.pg, p.stores.redis, s.retention_seconds()), critical=False
+                "retention",
+                partial(retention.run, p.stores.pg, p.stores.redis, s.retention_seconds(), stats_seconds=stats_seconds),
+                critical=False,
             )
         )
     table.append(
@@ -385,6 +390,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
                 queues,
                 interval=s.metrics_sample_seconds,
                 in_flight=p.in_flight_by_queue,
+                tally=p.tally,
             ),
             critical=False,
         )
@@ -446,6 +452,7 @@ async def _serve(
         preload=settings.handlers,
     )
     sync = SyncHandlers(processes, default=settings.sync_pool, worker_id=inst.worker_id)
+    tally = RunTally()
     pools = [
         QueueWorkers(
             queue,
@@ -461,10 +468,11 @@ async def _serve(
             log_payloads=settings.log_payloads,
             sync=sync,
             now=clock.timestamp,
+            tally=tally,
         )
         for queue in (queues if settings.workers_enabled else [])
     ]
-    parts = _Parts(settings, registry, stores, tasks, clock, inst, state, metrics, committer, pools)
+    parts = _Parts(settings, registry, stores, tasks, clock, inst, state, metrics, committer, pools, tally)
     if settings.workers_enabled:
         # Register before the first claim, so that no run of ours looks orphaned to a reclaimer.
         async def register() -> None:

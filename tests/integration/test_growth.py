@@ -86,6 +86,12 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "task_sample_failed_by_queue": (["default"],),
         "task_sample_oldest_ready_age": ("default",),
         "task_count_queued_unserved": (["default"], 10_000),
+        "task_lock_status": (ids[0],),
+        "task_retry_one": (ids[0], None, None),
+        "task_delete_one_finished": (ids[0],),
+        "queue_get_pause": ("default",),
+        "queue_list_known": (),
+        "queue_depths": (["default"],),
     }
 
 
@@ -113,8 +119,8 @@ async def generic_plan(conn: Any, name: str, sql: str, params: tuple[Any, ...]) 
     """
     await conn.execute(f"PREPARE growth_{name} AS {sql}")
     try:
-        args = ", ".join(literal(p) for p in params)
-        rows = await conn.fetch(f"EXPLAIN (VERBOSE) EXECUTE growth_{name}({args})")
+        args = f"({', '.join(literal(p) for p in params)})" if params else ""
+        rows = await conn.fetch(f"EXPLAIN (VERBOSE) EXECUTE growth_{name}{args}")
     finally:
         await conn.execute(f"DEALLOCATE growth_{name}")
     return "\n".join(r[0] for r in rows)

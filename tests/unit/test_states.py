@@ -42,6 +42,7 @@ def test_the_state_enums_are_exactly_what_the_migrations_allow() -> None:
 def test_every_state_word_in_the_queries_is_a_known_state_or_outcome() -> None:
     sql = resources.files("taskmesh.store").joinpath("queries.sql").read_text()
     sql = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())  # comments may say anything
+    sql = re.sub(r"date_trunc\('[a-z]+'", "date_trunc(", sql)  # a unit of time, not a state
     words = set(re.findall(r"'([a-z_]+)'", sql))
     known = {m.value for enum in (TaskStatus, RunStatus, Outcome, WorkerState, TaskType) for m in enum}
     assert words - known == set(), "a status literal in queries.sql that states.py does not know"

@@ -5,7 +5,8 @@ Every ``interval`` seconds (default 60) one instance (lock
 deployment to one pass per interval, it does not guard correctness) deletes,
 per finished state, tasks unchanged for longer than its retention
 (``retention_completed_days`` 7, ``retention_cancelled_days`` 7,
-``retention_failed_days`` 90; 0 keeps them), ``batch`` rows per statement
+``retention_failed_days`` 90; 0 keeps them), and ``queue_minutes`` rows older than
+``retention_stats_days`` (30), ``batch`` rows per statement
 (default 1,000) and at most ``max_batches`` per tick, so no statement holds
 locks for long however large the history. Runs go with their task (``ON
 DELETE CASCADE``); the reconciler drops deleted ids from the DLQ mirror.
@@ -18,10 +19,18 @@ from taskmesh.services.base import Counts, run_periodic
 from taskmesh.store import PgStore, RedisStore
 
 
-async def run_once(pg: PgStore, retention: dict[str, float], *, batch: int = 1000, max_batches: int = 50) -> Counts:
-    """Delete what is due; returns counts by state.
+async def run_once(
+    pg: PgStore,
+    retention: dict[str, float],
+    *,
+    stats_seconds: float = 0,
+    batch: int = 1000,
+    max_batches: int = 50,
+) -> Counts:
+    """Delete what is due; returns counts by state (and ``queue_minutes`` rows).
 
     :param retention: seconds after which a task in each finished state is deleted.
+    :param stats_seconds: seconds after which a ``queue_minutes`` row is deleted (0: kept).
     :raises StoreError: PostgreSQL failed.
     """
     deleted: dict[str, int] = {}
@@ -31,22 +40,37 @@ async def run_once(pg: PgStore, retention: dict[str, float], *, batch: int = 100
             deleted[status] = deleted.get(status, 0) + n
             if n < batch:
                 break
+    if stats_seconds:
+        for _ in range(max_batches):
+            n = await pg.queues.delete_old_minutes(stats_seconds, batch)
+            deleted["queue_minutes"] = deleted.get("queue_minutes", 0) + n
+            if n < batch:
+                break
     return {k: v for k, v in deleted.items() if v}
 
 
-async def tick(pg: PgStore, redis: RedisStore, retention: dict[str, float], interval: float) -> Counts:
+async def tick(
+    pg: PgStore, redis: RedisStore, retention: dict[str, float], interval: float, stats_seconds: float = 0
+) -> Counts:
     """One pass when this instance takes the lock (else nothing)."""
     token = await redis.try_lock(redis.keys.lock("retention"), int(interval * 1000))
     if token is None:
         return {}
-    return await run_once(pg, retention)
+    return await run_once(pg, retention, stats_seconds=stats_seconds)
 
 
-async def run(pg: PgStore, redis: RedisStore, retention: dict[str, float], *, interval: float = 60.0) -> None:
+async def run(
+    pg: PgStore,
+    redis: RedisStore,
+    retention: dict[str, float],
+    *,
+    interval: float = 60.0,
+    stats_seconds: float = 0,
+) -> None:
     """Tick for ever (cancelled by the supervisor)."""
     await run_periodic(
         "retention",
-        lambda: tick(pg, redis, retention, interval),
+        lambda: tick(pg, redis, retention, interval, stats_seconds),
         interval=interval,
         first_delay=interval,
         event="tasks_deleted",

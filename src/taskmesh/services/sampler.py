@@ -16,6 +16,9 @@ tasks of every other queue are summed into
 a queue no instance works (a typo: ``defualt``) shows without one series per
 typo (issue 10, break 10).
 
+Each sample first adds this instance's ended runs (:class:`RunTally`) to the
+current minute's rows of ``queue_minutes``.
+
 These are cluster-wide facts that every instance reports: aggregate them with
 ``max by (queue)``. A failing store is handled by the periodic loop
 (``services.base``); the gauges keep their last values. Tick counts: none.
@@ -27,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 from taskmesh.metrics import UNSERVED_QUEUE, Metrics
 from taskmesh.services.base import Counts, run_periodic
+from taskmesh.services.run_tally import RunTally
 from taskmesh.states import WorkerState
 from taskmesh.store import Stores
 
@@ -35,12 +39,19 @@ QUEUES_READ = 10_000
 
 
 async def run_once(
-    stores: Stores, metrics: Metrics, queues: Sequence[str], in_flight: Callable[[], dict[str, int]] | None = None
+    stores: Stores,
+    metrics: Metrics,
+    queues: Sequence[str],
+    in_flight: Callable[[], dict[str, int]] | None = None,
+    tally: RunTally | None = None,
 ) -> Counts:
-    """Read every sampled value once and set the gauges.
+    """Add this instance's ended runs to ``queue_minutes``, then read every sampled value once and set the gauges.
 
+    :param tally: this instance's ended runs since the last sample (put back when PostgreSQL fails).
     :raises StoreError: a store failed (gauges partly updated).
     """
+    if tally is not None:
+        await _add_minute(stores, tally)
     queues = list(queues)
     for queue, (ready, delayed) in (await stores.redis.sizes(queues)).items():
         metrics.queue_depth.labels(queue, "ready").set(ready)
@@ -68,6 +79,17 @@ async def run_once(
     return {}
 
 
+async def _add_minute(stores: Stores, tally: RunTally) -> None:
+    counts = tally.take()
+    if not counts:
+        return
+    try:
+        await stores.pg.queues.add_minute(counts)
+    except BaseException:
+        tally.put_back(counts)
+        raise
+
+
 async def run(
     stores: Stores,
     metrics: Metrics,
@@ -75,6 +97,7 @@ async def run(
     *,
     interval: float,
     in_flight: Callable[[], dict[str, int]] | None = None,
+    tally: RunTally | None = None,
 ) -> None:
     """Sample every ``interval`` seconds for ever (cancelled by the supervisor)."""
-    await run_periodic("sampler", lambda: run_once(stores, metrics, queues, in_flight), interval=interval)
+    await run_periodic("sampler", lambda: run_once(stores, metrics, queues, in_flight, tally), interval=interval)

@@ -48,6 +48,7 @@ from taskmesh.registry import Registry
 from taskmesh.services.base import Outage
 from taskmesh.services.committer import Committer
 from taskmesh.services.executor import debug_enabled, run_one
+from taskmesh.services.run_tally import RunTally
 from taskmesh.services.sync_handlers import SyncHandlers
 from taskmesh.tasks import Tasks
 
@@ -68,6 +69,7 @@ class QueueWorkers:
     :param prefetch: tasks claimed ahead of free executors.
     :param stop: set by the supervisor when the instance drains.
     :param now: PostgreSQL's time in epoch seconds (``StoreClock.timestamp``), for the queue wait.
+    :param tally: where ended runs are counted for ``queue_minutes`` (the sampler writes them).
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class QueueWorkers:
         log_payloads: bool = False,
         sync: SyncHandlers | None = None,
         now: Callable[[], float] = time.time,
+        tally: RunTally | None = None,
     ) -> None:
         self.queue = queue
         self.tasks = tasks
@@ -98,6 +101,7 @@ class QueueWorkers:
         self.metrics = metrics
         self.log_payloads = log_payloads
         self.sync = sync or SyncHandlers(None, default="thread", worker_id=worker_id)
+        self.tally = tally
         self.now = now
         capacity = concurrency + prefetch
         self.batch_max = min(capacity, BATCH_MAX)
@@ -255,6 +259,8 @@ class QueueWorkers:
                     now=self.now,
                 )
                 await self.committer.submit(result)
+                if self.tally is not None:
+                    self.tally.add(task.queue, result.outcome)
                 self.claimed.pop(task.run_id, None)
                 self.started.discard(task.run_id)
                 self.slots.release()

@@ -524,3 +524,67 @@ SELECT name, paused_at, paused_reason FROM queues WHERE name = $1;
 -- name: queue_list_paused
 -- Paused queues by name, at most $1.
 SELECT name, paused_at, paused_reason FROM queues WHERE paused_at IS NOT NULL ORDER BY name LIMIT $1;
+
+-- name: queue_minutes_add
+-- Add one instance's counts of ended runs to this minute's rows (PostgreSQL's minute).
+INSERT INTO queue_minutes AS m (queue, minute, succeeded, retried, failed, cancelled, interrupted)
+SELECT q, date_trunc('minute', now()), s, r, f, c, i
+FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[]) AS u(q, s, r, f, c, i)
+ON CONFLICT (queue, minute) DO UPDATE
+SET succeeded = m.succeeded + EXCLUDED.succeeded, retried = m.retried + EXCLUDED.retried,
+    failed = m.failed + EXCLUDED.failed, cancelled = m.cancelled + EXCLUDED.cancelled,
+    interrupted = m.interrupted + EXCLUDED.interrupted;
+
+-- name: queue_minutes_recent
+-- The rows of the last full minute and of the current one so far, of the queues in $1
+-- (`current`: whether the row is the current minute's).
+SELECT queue, minute, minute = date_trunc('minute', now()) AS current,
+       succeeded, retried, failed, cancelled, interrupted
+FROM queue_minutes
+WHERE queue = ANY($1::text[]) AND minute >= date_trunc('minute', now()) - interval '1 minute';
+
+-- name: queue_minutes_delete_old
+-- Retention of the rollup: rows older than $1 seconds, at most $2 of them.
+DELETE FROM queue_minutes
+WHERE (queue, minute) IN (
+    SELECT queue, minute FROM queue_minutes WHERE minute < now() - make_interval(secs => $1) LIMIT $2
+);
+
+-- name: queue_list_known
+-- Every queue that holds queued, running or dead-lettered tasks, or is paused, by name, at most 1,000
+-- (queue_overview.QUEUES_LISTED).
+-- Queued and dead-lettered ones by loose index scans of their partial indexes (one probe a queue,
+-- however long each backlog); running ones through the running runs (as many as run now).
+WITH RECURSIVE queued AS (
+    (SELECT queue FROM tasks WHERE status = 'queued' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM tasks t WHERE t.status = 'queued' AND t.queue > q.queue ORDER BY t.queue LIMIT 1)
+    FROM queued q WHERE q.queue IS NOT NULL
+), failed AS (
+    (SELECT queue FROM tasks WHERE status = 'failed' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM tasks t WHERE t.status = 'failed' AND t.queue > f.queue ORDER BY t.queue LIMIT 1)
+    FROM failed f WHERE f.queue IS NOT NULL
+)
+SELECT queue FROM (
+    SELECT queue FROM queued WHERE queue IS NOT NULL
+    UNION SELECT queue FROM failed WHERE queue IS NOT NULL
+    UNION SELECT t.queue FROM task_runs r JOIN tasks t ON t.id = r.task_id WHERE r.status = 'running'
+    UNION SELECT name FROM queues WHERE paused_at IS NOT NULL
+) known
+ORDER BY queue LIMIT 1000;
+
+-- name: queue_depths
+-- Per queue of $1: tasks waiting out a retry backoff (retrying, through tasks_retrying_idx), running
+-- runs, dead-lettered tasks, and seconds since the oldest due queued task became runnable.
+SELECT q.queue,
+       (SELECT count(*) FROM tasks t WHERE t.status = 'queued' AND t.retries > 0 AND t.queue = q.queue)::bigint
+           AS retrying,
+       (SELECT count(*) FROM task_runs r JOIN tasks t ON t.id = r.task_id
+         WHERE r.status = 'running' AND t.queue = q.queue)::bigint AS running,
+       (SELECT count(*) FROM tasks t WHERE t.status = 'failed' AND t.queue = q.queue)::bigint AS dead_letter,
+       COALESCE(GREATEST(0, extract(epoch FROM now() - (
+           SELECT CASE WHEN isfinite(t.run_at) THEN t.run_at WHEN t.run_at < now() THEN t.created_at ELSE now() END
+             FROM tasks t WHERE t.status = 'queued' AND t.queue = q.queue ORDER BY t.run_at LIMIT 1))), 0)::float8
+           AS oldest_ready_age_seconds
+FROM unnest($1::text[]) AS q(queue);

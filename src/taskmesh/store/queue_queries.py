@@ -1,14 +1,20 @@
-"""Typed calls of the ``queue_*`` blocks of ``queries.sql``: pausing and resuming queues."""
+"""Typed calls of the ``queue_*`` blocks of ``queries.sql``: pausing queues, their depths, their runs per minute."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import asyncpg
 
 from taskmesh.store.sql import Queries
 
+MINUTE_COLUMNS = ("succeeded", "retried", "failed", "cancelled", "interrupted")
+"""The counters of ``queue_minutes``: runs that ended so, by the executor's outcome."""
+
 
 class QueueQueries(Queries):
-    """Queries on ``queues`` (a row per queue an operator paused at least once)."""
+    """Queries on ``queues`` (a row per queue an operator paused at least once), on the
+    per-minute counts of ended runs (``queue_minutes``), and on queue depths."""
 
     async def pause(self, queue: str, reason: str | None) -> asyncpg.Record:
         """``queue_pause``: ``name, paused_at, paused_reason`` after the pause.
@@ -30,3 +36,29 @@ class QueueQueries(Queries):
     async def list_paused(self, limit: int) -> list[asyncpg.Record]:
         """``queue_list_paused``: paused queues by name, at most ``limit``."""
         return await self._fetch("queue_list_paused", limit)
+
+    async def list_known(self) -> list[str]:
+        """``queue_list_known``: queues with queued, running or dead-lettered tasks, or paused; at most 1,000."""
+        return [r["queue"] for r in await self._fetch("queue_list_known")]
+
+    async def depths(self, queues: Sequence[str]) -> list[asyncpg.Record]:
+        """``queue_depths``: ``queue, retrying, running, dead_letter, oldest_ready_age_seconds`` per queue."""
+        return await self._fetch("queue_depths", list(queues))
+
+    async def add_minute(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+        """``queue_minutes_add``: add ``{queue: {column: runs}}`` to the current minute's rows.
+
+        :param counts: by queue, runs per :data:`MINUTE_COLUMNS` name (missing ones are 0).
+        """
+        queues = list(counts)
+        columns = [[counts[q].get(c, 0) for q in queues] for c in MINUTE_COLUMNS]
+        await self._execute("queue_minutes_add", queues, *columns)
+
+    async def recent_minutes(self, queues: Sequence[str]) -> list[asyncpg.Record]:
+        """``queue_minutes_recent``: the last full minute's and the current minute's rows of ``queues``."""
+        return await self._fetch("queue_minutes_recent", list(queues))
+
+    async def delete_old_minutes(self, older_than_seconds: float, limit: int) -> int:
+        """``queue_minutes_delete_old``: how many rows were deleted."""
+        status = await self._execute("queue_minutes_delete_old", older_than_seconds, limit)
+        return int(status.rsplit(" ", 1)[1])

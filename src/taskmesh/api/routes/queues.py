@@ -1,4 +1,4 @@
-"""Queue routes: pausing and resuming a queue; its dead-letter queue, and replaying from it."""
+"""Queue routes: the queues and their state, pausing and resuming one; its dead-letter queue, and replaying from it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from taskmesh.api.deps import StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
 from taskmesh.errors import InvalidTaskError
+from taskmesh.queue_overview import known_queues, overview
 from taskmesh.records import pause_to_dict
 from taskmesh.validation import StrictInt, check_json
 
@@ -18,6 +19,23 @@ router = APIRouter()
 
 DLQ_COUNT_MAX = 1000
 PAUSE_REASON_MAX = 500
+
+
+@router.get(
+    "/api/v1/queues",
+    summary="Every queue with tasks, a pause or a live instance serving it: depths, age, workers, runs per minute",
+)
+async def list_queues(stores: StoresDep) -> Response:
+    """Up to 1,000 queues by name, each as ``GET /api/v1/queues/{queue}`` answers it."""
+    return json_response({"queues": await overview(stores, await known_queues(stores))})
+
+
+@router.get("/api/v1/queues/{queue}", summary="One queue: depths by state, age, pause, workers, runs per minute")
+async def get_queue(queue: str, stores: StoresDep) -> Response:
+    """One queue (any valid name: a queue nobody has used answers with zeros)."""
+    check_queue(queue)
+    [answer] = await overview(stores, [queue])
+    return json_response(answer)
 
 
 class PauseRequest(BaseModel):
