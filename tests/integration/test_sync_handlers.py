@@ -82,6 +82,8 @@ async def test_a_cancelled_sync_handler_is_stopped_and_its_task_cancelled(
     assert gone(started[0])  # its process was stopped when the heartbeat brought the cancel
     assert stamp(tmp_path, "attempt1.end") is None
     assert await pool.fetchval("SELECT count(*) FROM task_runs WHERE task_id = $1", tid) == 1
+    [ended] = [e for e in proc.events() if e["event"] == "run_finished" and e.get("task_id") == tid]
+    assert ended["outcome"] == "cancelled" and ended["duration_ms"] > 0, ended  # it ran until stopped
 
 
 async def test_a_handler_process_that_dies_fails_that_run_and_is_replaced(

@@ -182,16 +182,22 @@ async def _in_process(
     operator = anyio.CancelScope()
     if cancels is not None:
         cancels[task.task_id] = operator
+    started = time.perf_counter()  # a stopped child reports no duration of its own
     try:
         with operator:
             outcome = await sync.in_process(ref, handler, task, task.context() if handler.wants_ctx else None)
     except PoolClosedError:
-        return failure(task, "handler process pool closed: the instance is stopping", retryable=True)
+        return failure(
+            task,
+            "handler process pool closed: the instance is stopping",
+            retryable=True,
+            duration=time.perf_counter() - started,
+        )
     finally:
         if cancels is not None:
             cancels.pop(task.task_id, None)
     if operator.cancel_called:
-        return RunResult(task, Outcome.CANCELLED, error="cancelled")
+        return RunResult(task, Outcome.CANCELLED, error="cancelled", duration_seconds=time.perf_counter() - started)
     duration = outcome.duration_seconds
     if outcome.kind == "returned":
         result, refused = storable_json(outcome.result_json or "null")
