@@ -65,7 +65,8 @@ async def test_a_task_that_kills_its_worker_every_time_ends_in_the_dlq(
     keys: Keys,
 ) -> None:
     procs = [start(spawn, database_url, redis_url, prefix)]
-    tid = create(procs[0], {"name": "poison", "max_retries": 1})
+    # Due half a second later, so that the instance answers the create before the task kills it.
+    tid = create(procs[0], {"name": "poison", "max_retries": 1, "delay_seconds": 0.5})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if await pool.fetchval("SELECT status FROM tasks WHERE id = $1", tid) == "failed":

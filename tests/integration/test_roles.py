@@ -53,6 +53,7 @@ async def test_an_api_only_instance_takes_tasks_but_runs_none(
         assert (await client.get("/api/v1/workers")).json() == {
             "workers": [],
             "unserved_queues": [{"queue": "default", "queued": 1}],
+            "paused_queues": [],
         }
         assert (await client.get("/readyz")).status_code == 200
         task, run = await tasks.get(r.json()["task_id"])
