@@ -226,12 +226,13 @@ class Schedules:
         async with self.pg.transaction() as tx:
             for s in self.declared.values():
                 nxt = s.spec.next_fire(now) if s.enabled else None
+                queue = self.tasks.queue_for(s.task, s.queue)
                 upserted = await tx.schedules.upsert(
                     s.name,
                     s.cron,
                     s.timezone,
                     s.task,
-                    s.queue,
+                    queue,
                     s.priority,
                     dump_json(s.payload, f"schedules[{s.name}].payload"),
                     s.max_retries,
@@ -246,6 +247,8 @@ class Schedules:
                 if upserted:
                     changed.append(s.name)
                     next_fires[s.name] = nxt
+                else:
+                    await tx.schedules.set_queue(s.name, queue)
             await tx.schedules.touch(list(self.declared), now)
             if changed:
                 await tx.notify(NOTIFY_CHANNEL, "sync")

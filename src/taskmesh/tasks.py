@@ -31,6 +31,9 @@ from taskmesh.validation import BIG_INTEGER, TaskSpec, big_integer_path
 
 log = structlog.get_logger("taskmesh.tasks")
 
+DEFAULT_QUEUE = "default"
+"""The queue of a task whose request and handler name none."""
+
 ORJSON_BIG_INTEGER = "Integer exceeds 64-bit range"
 """orjson's ``TypeError`` text for an integer it cannot write."""
 
@@ -156,6 +159,13 @@ class Tasks:
         await self.push(targets)
         return out
 
+    def queue_for(self, name: str, queue: str | None = None) -> str:
+        """The queue a task named ``name`` goes to: ``queue`` when given, else its handler's, else ``default``."""
+        if queue is not None:
+            return queue
+        handler = self.registry.get(name) if self.registry else None
+        return handler.queue if handler is not None and handler.queue else DEFAULT_QUEUE
+
     def _prepare(self, spec: TaskSpec) -> tuple[str, int, str]:
         """Resolve a spec's defaults: ``(queue, max_retries, type)``."""
         handler = self.registry.get(spec.name) if self.registry else None
@@ -164,9 +174,7 @@ class Tasks:
             max_retries = handler.max_retries
         if max_retries is None:
             max_retries = self.default_max_retries
-        queue = spec.queue_name
-        if "queue_name" not in spec.model_fields_set and handler and handler.queue:
-            queue = handler.queue
+        queue = self.queue_for(spec.name, spec.queue_name if "queue_name" in spec.model_fields_set else None)
         delayed = spec.run_at is not None or bool(spec.delay_seconds)
         return queue, max_retries, TaskType.DELAYED if delayed else TaskType.IMMEDIATE
 

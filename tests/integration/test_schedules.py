@@ -493,3 +493,31 @@ async def test_a_row_this_version_cannot_fire_is_skipped_and_the_others_fire(
     # Not looked at again (no error every second), and it does not hold up the next due time.
     assert await s.fire_due(T0 + timedelta(hours=2)) != []
     assert await s.next_due() == datetime(2026, 6, 1, 15, 0, tzinfo=UTC)
+
+
+async def test_schedules_list_their_effective_queue_never_null(
+    clean: asyncpg.Pool, stores: Stores, registry: Registry
+) -> None:
+    @registry.task("report.build", queue="reports")
+    async def build(payload: Any) -> None:
+        return None
+
+    @registry.task("report.plain")
+    async def plain(payload: Any) -> None:
+        return None
+
+    tasks = Tasks(PgStore(clean), stores.redis, registry=registry, metrics=Metrics())
+    declared = [
+        sched("by-handler"),
+        ScheduleSettings(name="by-default", cron="* * * * *", task="report.plain"),
+        sched("own", queue="urgent"),
+    ]
+    schedules = Schedules(tasks, declared)
+    await schedules.sync(datetime.now(UTC))
+    # A row written before rows carried the effective queue (null) is filled at the next sync.
+    await clean.execute("UPDATE schedules SET queue = NULL WHERE name = 'by-handler'")
+    await schedules.sync(datetime.now(UTC))
+    listed = {s["name"]: s["queue"] for s in await schedules.list()}
+    assert listed == {"by-handler": "reports", "by-default": "default", "own": "urgent"}
+    task_id, _, _ = await schedules.trigger("by-handler")
+    assert await clean.fetchval("SELECT queue FROM tasks WHERE id = $1", task_id) == "reports"

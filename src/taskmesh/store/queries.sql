@@ -463,6 +463,12 @@ ON CONFLICT (name) DO UPDATE
  WHERE s.config_hash IS DISTINCT FROM EXCLUDED.config_hash
 RETURNING name;
 
+-- name: schedule_set_queue
+-- The effective queue of a declaration (its own, else its handler's, else default), which a
+-- handler's new default changes without a change of the declaration (issue 11: schedules list
+-- their queue, never null). Writes nothing when it is already right.
+UPDATE schedules SET queue = $2, updated_at = now() WHERE name = $1 AND queue IS DISTINCT FROM $2;
+
 -- name: schedule_touch
 UPDATE schedules SET synced_at = $2 WHERE name = ANY($1::text[]);
 

@@ -19,6 +19,10 @@ class ScheduleQueries(Queries):
         """``schedule_upsert`` (the columns in its order): whether the row was created or changed."""
         return await self._fetchrow("schedule_upsert", *values) is not None
 
+    async def set_queue(self, name: str, queue: str) -> None:
+        """``schedule_set_queue``: the row's effective queue (nothing is written when it is right)."""
+        await self._execute("schedule_set_queue", name, queue)
+
     async def touch(self, names: Sequence[str], at: datetime) -> None:
         """``schedule_touch``: mark declarations as seen at ``at``."""
         await self._execute("schedule_touch", list(names), at)
