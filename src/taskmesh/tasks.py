@@ -462,15 +462,25 @@ class Tasks:
         log.info("task_deleted", task_id=str(task_id), status=row["status"])
         return str(row["status"])
 
-    async def replay(self, queue: str, count: int, override_priority: int | None = None) -> list[str]:
-        """Move up to ``count`` dead-lettered tasks back to ready, oldest first.
+    async def replay(
+        self,
+        queue: str,
+        count: int,
+        override_priority: int | None = None,
+        ids: Sequence[uuid.UUID] | None = None,
+    ) -> list[str]:
+        """Move up to ``count`` dead-lettered tasks back to ready, oldest first; or the given ``ids``.
 
         Each gets a fresh retry budget; its priority changes only when
-        ``override_priority`` is given (as in the original platform).
+        ``override_priority`` is given (as in the original platform). With ``ids``,
+        ``count`` is ignored and the ids that are not dead-lettered in ``queue`` are left alone.
 
         :returns: the replayed task ids.
         """
-        rows = await self.pg.tasks.replay_many(queue, count, override_priority)
+        if ids is not None:
+            rows = await self.pg.tasks.replay_ids(queue, ids, override_priority)
+        else:
+            rows = await self.pg.tasks.replay_many(queue, count, override_priority)
         items = [(str(r["id"]), r["priority"]) for r in rows]
         try:
             await self.redis.replay(queue, items)

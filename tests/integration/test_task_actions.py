@@ -9,6 +9,7 @@ answers 409 saying what to do; bad input gets its exact problem.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import asyncpg
@@ -209,3 +210,60 @@ async def test_a_405_names_every_method_of_its_path_in_allow(start_instance: Any
     for case, (r, allow) in answers.items():
         assert_problem(r, no_errors(case, "", "", 405, "Method Not Allowed"))
         assert r.headers["allow"] == allow, case
+
+
+async def test_replay_by_ids_moves_exactly_those_dead_lettered_tasks_and_names_the_others(
+    start_instance: Any, registry: Registry, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    register(registry)
+    async with start_instance() as inst, http(inst) as client:
+        first, second, third = [await create(client, {"name": "actions.flaky"}) for _ in range(3)]
+        for task_id in (first, second, third):
+            await wait_for(functools.partial(reached, client, task_id, "failed"))
+        r = await client.post(
+            "/api/v1/queues/default/dlq/replay", json={"ids": [second, UNKNOWN_ID, second], "override_priority": 9}
+        )
+        assert r.status_code == 200, r.text
+        assert r.json() == {"queue": "default", "count": 1, "replayed": [second], "not_replayed": [UNKNOWN_ID]}
+        assert sorted(await redis_client.lrange(keys.dlq("default"), 0, -1)) == sorted([first, third])
+        done = await wait_for(lambda: reached(client, second, "completed"))
+        assert (done["task"]["priority"], done["latest_run"]["attempt"]) == (9, 2)
+        for task_id in (first, third):
+            assert (await snapshot(client, task_id))["task"]["status"] == "failed"
+
+
+REPLAY = "/api/v1/queues/default/dlq/replay"
+BAD_REPLAYS = [
+    invalid(
+        "replay with count and ids",
+        "POST",
+        REPLAY,
+        "body",
+        "give count (the oldest) or ids (those tasks), not both",
+        json={"count": 1, "ids": [UNKNOWN_ID]},
+    ),
+    invalid(
+        "replay of no ids",
+        "POST",
+        REPLAY,
+        "ids",
+        "List should have at least 1 item after validation, not 0",
+        json={"ids": []},
+    ),
+    invalid(
+        "replay of an id that is no uuid",
+        "POST",
+        REPLAY,
+        "ids.0",
+        "Input should be a valid UUID, invalid character: found `n` at 0",
+        json={"ids": ["nope"]},
+    ),
+    invalid("replay ids a string", "POST", REPLAY, "ids", "Input should be a valid list", json={"ids": "x"}),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_REPLAYS, ids=lambda b: b.case)
+async def test_a_bad_replay_by_ids_gets_its_exact_problem(bad: Bad, start_instance: Any) -> None:
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        r = await client.request(bad.method, bad.path, **bad.request)
+    assert_problem(r, bad)

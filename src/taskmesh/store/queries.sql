@@ -291,6 +291,23 @@ SELECT id, queue, priority FROM upd;
 DELETE FROM tasks WHERE id = $1 AND status IN ('completed', 'failed', 'cancelled')
 RETURNING status, queue;
 
+-- name: task_replay_ids
+-- Move the dead-lettered tasks of queue $1 among the ids $2 back to queued, as task_replay_many
+-- does (fresh retry budget, priority $3 when not null, the cancel request forgotten); ids that
+-- are not dead-lettered in that queue are left alone.
+WITH upd AS (
+    UPDATE tasks t
+    SET status = 'queued', retries = 0, priority = COALESCE($3, t.priority),
+        run_at = now(), cancel_requested_at = NULL, updated_at = now()
+    WHERE t.id = ANY($2::uuid[]) AND t.queue = $1 AND t.status = 'failed'
+    RETURNING t.id, t.queue, t.priority, t.attempts
+), runs AS (
+    INSERT INTO task_runs (task_id, attempt, status)
+    SELECT id, attempts + 1, 'queued' FROM upd
+    ON CONFLICT (task_id, attempt) DO NOTHING
+)
+SELECT id, queue, priority FROM upd;
+
 -- name: task_list_queued_after
 -- Queued tasks of queue $1 after the keyset cursor ($2 run_at, $3 id; null: from the start),
 -- unchanged for $4 seconds (0: all), in (run_at, id) order through tasks_queued_key_idx: the

@@ -148,6 +148,10 @@ class TaskQueries(Queries):
         """``task_delete_one_finished``: ``status, queue`` of the deleted task, ``None`` if it was not finished."""
         return await self._fetchrow("task_delete_one_finished", task_id)
 
+    async def replay_ids(self, queue: str, ids: Sequence[uuid.UUID], priority: int | None) -> list[asyncpg.Record]:
+        """``task_replay_ids``: ``id, queue, priority`` of those of ``ids`` moved back to queued."""
+        return await self._fetch("task_replay_ids", queue, list(ids), priority)
+
     async def replay_many(self, queue: str, count: int, priority: int | None) -> list[asyncpg.Record]:
         """``task_replay_many``: ``id, queue, priority`` of the tasks moved back to queued."""
         return await self._fetch("task_replay_many", queue, count, priority)

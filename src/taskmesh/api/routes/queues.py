@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 import structlog
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
 from taskmesh.api.deps import StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
@@ -76,12 +79,19 @@ async def resume_queue(queue: str, stores: StoresDep) -> Response:
 
 
 class ReplayRequest(BaseModel):
-    """Body of ``POST /api/v1/queues/{queue}/dlq/replay``."""
+    """Body of ``POST /api/v1/queues/{queue}/dlq/replay``: the oldest ``count``, or the given ``ids``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    count: StrictInt = Field(default=1, ge=1, le=DLQ_COUNT_MAX)
+    count: StrictInt | None = Field(default=None, ge=1, le=DLQ_COUNT_MAX)
+    ids: list[uuid.UUID] | None = Field(default=None, min_length=1, max_length=DLQ_COUNT_MAX)
     override_priority: StrictInt | None = Field(default=None, ge=0, le=1000)
+
+    @model_validator(mode="after")
+    def _count_or_ids(self) -> ReplayRequest:
+        if self.count is not None and self.ids is not None:
+            raise ValueError("give count (the oldest) or ids (those tasks), not both")
+        return self
 
 
 @router.get("/api/v1/queues/{queue}/dlq", summary="Dead-lettered tasks of a queue, oldest first")
@@ -100,8 +110,13 @@ async def get_dlq(queue: str, tasks: TasksDep, count: str = "50") -> Response:
     summary="Replay dead-lettered tasks, oldest first; priority changes only with override_priority",
 )
 async def replay(queue: str, request: Request, tasks: TasksDep) -> Response:
-    """Move up to ``count`` dead-lettered tasks back to ready with a fresh retry budget."""
+    """Move up to ``count`` (default 1) dead-lettered tasks, or the given ``ids``, back to ready with a fresh
+    retry budget. ``not_replayed``: the given ids that are not dead-lettered in this queue."""
     check_queue(queue)
     req = await parse_body(request, ReplayRequest)
-    ids = await tasks.replay(queue, req.count, req.override_priority)
-    return json_response({"queue": queue, "count": len(ids), "replayed": ids})
+    ids = await tasks.replay(queue, req.count or 1, req.override_priority, ids=req.ids)
+    answer: dict[str, Any] = {"queue": queue, "count": len(ids), "replayed": ids}
+    if req.ids is not None:
+        done = set(ids)
+        answer["not_replayed"] = [str(i) for i in dict.fromkeys(req.ids) if str(i) not in done]
+    return json_response(answer)
