@@ -56,6 +56,7 @@ from taskmesh.schedules import NOTIFY_CHANNEL, Schedules
 from taskmesh.services import (
     clock_sync,
     delayed_mover,
+    finished_feed,
     heartbeat,
     reclaimer,
     reconciler,
@@ -325,6 +326,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
     | delayed_mover, reclaimer, reconciler | yes | always |
     | retention | no | a retention is set |
     | sampler | no | always |
+    | finished_feed | no | the API is served |
 
     The committer (critical, first to start, last of the work to stop), the
     scheduler (optional, stops first) and each queue's fetcher (critical) are
@@ -395,6 +397,10 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
             critical=False,
         )
     )
+    if s.api_enabled:
+        table.append(
+            ServiceSpec("finished_feed", partial(finished_feed.run, p.stores.redis, p.state.waiters), critical=False)
+        )
     return table
 
 

@@ -355,22 +355,27 @@ class Tasks:
                 )
 
     async def mirror(self, rows: Sequence[Any]) -> None:
-        """Redis side of tasks whose state changed: queued ones to ready or delayed, failed ones to the DLQ.
+        """Redis side of tasks whose state changed: queued ones to ready or delayed, failed ones to the DLQ,
+        and the finished ones announced to requests waiting for them (``store/finished.py``).
 
         :param rows: ``id, queue, priority, status, run_at`` of each changed task.
         """
         pushes: list[PushTarget] = []
         dead: dict[str, list[str]] = defaultdict(list)
+        finished: list[uuid.UUID] = []
         for row in rows:
             if row["status"] == TaskStatus.QUEUED:
                 pushes.append(PushTarget(row["id"], row["queue"], row["priority"], row["run_at"]))
-            elif row["status"] == TaskStatus.FAILED:
-                dead[row["queue"]].append(str(row["id"]))
+            else:
+                finished.append(row["id"])
+                if row["status"] == TaskStatus.FAILED:
+                    dead[row["queue"]].append(str(row["id"]))
         try:
             if pushes:
                 await self.redis.push_ready_or_delayed(pushes)
             for queue, ids in dead.items():
                 await self.redis.dead_letter(queue, ids)
+            await self.redis.finished.announce(finished)
         except StoreError as exc:  # Postgres has it; the reconciler repairs Redis
             log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))
 
@@ -401,6 +406,7 @@ class Tasks:
         if status == TaskStatus.QUEUED:
             try:
                 await self.redis.forget(row["queue"], str(task_id))
+                await self.redis.finished.announce([task_id])
             except StoreError as exc:  # a stray id only costs a failed claim
                 log.warning("redis_forget_failed", task_id=str(task_id), error=str(exc))
             return Cancelled(task_id, TaskStatus.CANCELLED, status)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from taskmesh.clock import Waker
 from taskmesh.metrics import Metrics
 from taskmesh.schedules import Schedules
+from taskmesh.services.finished_feed import FinishedWaiters
 from taskmesh.services.supervision import ServiceStates
 from taskmesh.store import PgStore, Stores
 from taskmesh.tasks import Tasks
@@ -64,6 +65,7 @@ class AppState:
     metrics: Metrics
     queues: list[str]
     served: ServedQueues = field(default_factory=ServedQueues)
+    waiters: FinishedWaiters = field(default_factory=FinishedWaiters)
     stores: Stores | None = None
     tasks: Tasks | None = None
     schedules: Schedules | None = None

@@ -65,6 +65,14 @@ class Keys:
         """List where members taskmesh did not write are set aside (newest first, capped)."""
         return f"{self.prefix}:{{{queue}}}:foreign"
 
+    def finished(self) -> str:
+        """Pub/sub channel of the ids of tasks that just finished (``store/finished.py``)."""
+        return f"{self.prefix}:finished"
+
+    def finished_waiters(self) -> str:
+        """Set, with a TTL, while some request waits for a task to finish: only then is it published."""
+        return f"{self.prefix}:finished:waiters"
+
     def marker(self) -> str:
         """Written after each resync; its absence means Redis was flushed or restarted empty."""
         return f"{self.prefix}:marker"

@@ -21,8 +21,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from functools import cache
-from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -30,6 +28,7 @@ import structlog
 
 from taskmesh.models import PushTarget
 from taskmesh.store.classify import REDIS_ERRORS, redis_error
+from taskmesh.store.finished import FinishedChannel
 from taskmesh.store.keys import (
     DELAYED_PRIORITY_SLOTS,
     EPOCH_MS,
@@ -39,6 +38,7 @@ from taskmesh.store.keys import (
     delayed_score,
     ready_score,
 )
+from taskmesh.store.scripts import lua
 
 log = structlog.get_logger("taskmesh.redis")
 
@@ -70,12 +70,6 @@ def due_ms(at: datetime) -> int | None:
         return int(at.timestamp() * 1000)
     except (OverflowError, ValueError):
         return None
-
-
-@cache
-def lua(name: str) -> str:
-    """The text of ``lua/<name>.lua``."""
-    return resources.files("taskmesh.store").joinpath("lua", f"{name}.lua").read_text()
 
 
 class _Op:
@@ -118,6 +112,7 @@ class RedisStore:
         self.now_ms = now_ms
         self._move = client.register_script(lua("delayed_move"))
         self._release = client.register_script(lua("lock_release"))
+        self.finished = FinishedChannel(client, keys)
         self._foreign_logged: dict[str, float] = {}
 
     @classmethod

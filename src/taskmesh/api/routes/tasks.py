@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+import structlog
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
@@ -20,11 +22,12 @@ from taskmesh.api.deps import (
     with_trace,
 )
 from taskmesh.api.problems import problem
-from taskmesh.errors import InvalidTaskError
+from taskmesh.errors import InvalidTaskError, StoreError
 from taskmesh.states import TaskStatus
 from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, parse_task_spec
 
 router = APIRouter()
+log = structlog.get_logger("taskmesh.api")
 
 BATCH_MAX = 1000
 
@@ -141,11 +144,55 @@ async def create_batch(request: Request, tasks: TasksDep, state: StateDep) -> Re
     )
 
 
-@router.get("/api/v1/tasks/{task_id}", summary="A task and its latest run")
-async def get_task(task_id: str, tasks: TasksDep) -> Response:
-    """The task and its latest run, read in one statement."""
-    task, run = await tasks.get(parse_task_id(task_id))
-    return json_response({"task": task, "latest_run": run})
+WAIT_MAX_SECONDS = 60.0
+FINISHED = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+FALLBACK_READ_SECONDS = 1.0
+"""How often a waiter reads its task while the instance's subscription is down."""
+
+
+@router.get("/api/v1/tasks/{task_id}", summary="A task and its latest run; with wait=N, once it finished or N s passed")
+async def get_task(task_id: str, tasks: TasksDep, state: StateDep, wait: str | None = None) -> Response:
+    """The task and its latest run, read in one statement.
+
+    ``wait`` (seconds, 0..60): answer as soon as the task is completed, failed or cancelled,
+    or when ``wait`` has passed (then in whatever state it is). The end is heard through
+    Redis (``services/finished_feed.py``), not by reading the task in a loop.
+    """
+    tid = parse_task_id(task_id)
+    seconds = parse_wait(wait)
+    task, run = await tasks.get(tid)
+    if not seconds or task["status"] in FINISHED:
+        return json_response({"task": task, "latest_run": run})
+    deadline = anyio.current_time() + seconds
+    with state.waiters.waiting(str(tid)) as waiter:
+        try:
+            await tasks.redis.finished.mark_waiting(seconds)
+        except StoreError as exc:  # nobody announces then: the fallback reads find the end
+            log.warning("wait_unannounced", task_id=str(tid), error=str(exc))
+        while True:
+            task, run = await tasks.get(tid)  # after the flag is set: an end committed since is announced
+            left = deadline - anyio.current_time()
+            if task["status"] in FINISHED or left <= 0:
+                return json_response({"task": task, "latest_run": run})
+            with anyio.move_on_after(left if state.waiters.live else min(left, FALLBACK_READ_SECONDS)):
+                await waiter.event.wait()
+            waiter.rearm()
+
+
+def parse_wait(raw: str | None) -> float:
+    """The ``wait`` query parameter in seconds (``None``: 0).
+
+    :raises InvalidTaskError: not a number of seconds between 0 and 60 (422 naming ``wait``).
+    """
+    if raw is None:
+        return 0.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= WAIT_MAX_SECONDS:  # also refuses nan and inf
+        raise InvalidTaskError("wait", f"must be a number of seconds between 0 and {WAIT_MAX_SECONDS:g}")
+    return seconds
 
 
 @router.get("/api/v1/tasks/{task_id}/runs", summary="Every run (attempt) of a task, with its error and traceback")

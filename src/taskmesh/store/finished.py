@@ -1,0 +1,100 @@
+"""The "a task finished" channel: how a request waiting for a task's end (``?wait=N``) learns of it.
+
+A task finishes (completed, failed or cancelled) in a PostgreSQL statement; after the
+commit, :meth:`FinishedChannel.announce` publishes the ids on ``{prefix}:finished``,
+but only while the flag ``{prefix}:finished:waiters`` exists (one Lua call, one round
+trip per committed batch; nothing is published when nobody waits). A waiting request
+sets the flag (:meth:`FinishedChannel.mark_waiting`, with a TTL past its wait), its
+instance's subscription (:meth:`FinishedChannel.subscribe`) hears the ids, and only
+then is the task read again.
+
+No end is missed: a waiter is subscribed and has set the flag before it reads the
+task; an end committed before that read is seen by the read, one committed after it
+finds the flag set when it is announced (the flag is read after the commit).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+
+from taskmesh.store.classify import REDIS_ERRORS, redis_error
+from taskmesh.store.keys import Keys
+from taskmesh.store.scripts import lua
+
+POLL_SECONDS = 1.0
+"""How long one read of the subscription waits for a message (then it reads again)."""
+
+
+class FinishedChannel:
+    """Publishing and hearing the ids of finished tasks (see module docs).
+
+    :param client: the store's redis-py asyncio client (bytes replies).
+    :param keys: the deployment's key builder.
+    """
+
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.channel = keys.finished()
+        self.flag = keys.finished_waiters()
+        self._announce = client.register_script(lua("announce_finished"))
+
+    async def announce(self, task_ids: Sequence[uuid.UUID | str]) -> int:
+        """Publish ``task_ids`` when someone waits; returns the receivers (0: nobody waits).
+
+        :raises StoreError: Redis failed (a waiter then sees the end at its deadline).
+        """
+        if not task_ids:
+            return 0
+        try:
+            return int(await self._announce(keys=[self.flag], args=[self.channel, " ".join(map(str, task_ids))]))
+        except REDIS_ERRORS as exc:
+            raise redis_error("announce_finished", exc) from exc
+
+    async def mark_waiting(self, seconds: float) -> None:
+        """Keep the flag for at least ``seconds`` more (it is never shortened by another waiter).
+
+        :raises StoreError: Redis failed.
+        """
+        ttl_ms = int(seconds * 1000) + 5000
+        try:
+            current = await self.client.pttl(self.flag)
+            if current < ttl_ms:
+                await self.client.set(self.flag, b"1", px=ttl_ms)
+        except REDIS_ERRORS as exc:
+            raise redis_error("mark_waiting", exc) from exc
+
+    @asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[AsyncIterator[list[str]]]:
+        """Subscribe; yields an iterator of the id lists announced from then on.
+
+        :raises StoreError: Redis failed (on subscribing, or while reading).
+        """
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.channel)
+        except REDIS_ERRORS as exc:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            raise redis_error("subscribe_finished", exc) from exc
+
+        async def messages() -> AsyncIterator[list[str]]:
+            while True:
+                try:
+                    message = await pubsub.get_message(timeout=POLL_SECONDS)
+                except REDIS_ERRORS as exc:
+                    raise redis_error("subscribe_finished", exc) from exc
+                if message is not None and message.get("type") == "message":
+                    data = message["data"]
+                    text = data.decode("ascii", "replace") if isinstance(data, bytes) else str(data)
+                    yield text.split()
+
+        try:
+            yield messages()
+        finally:
+            try:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            except REDIS_ERRORS:
+                pass  # the connection is gone already
