@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_type_hints
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from taskmesh.errors import ConfigError, PayloadDecodeError
+from taskmesh.errors import ConfigError, InvalidTaskError, PayloadDecodeError
 from taskmesh.validation import MAX_RETRIES_LIMIT, NAME_REGEX
 
 _NAME = re.compile(NAME_REGEX)
@@ -49,6 +49,22 @@ class Handler:
     wants_ctx: bool = False
     payload_adapter: TypeAdapter[Any] | None = None
     pool: str | None = None
+
+    def payload_errors(self, payload: Any) -> list[tuple[str, str]]:
+        """Why ``payload`` does not fit the handler's declared type: ``(path, message)`` pairs, paths
+        under ``payload`` (``payload.customer.id``); empty when it fits or nothing is declared."""
+        if self.payload_adapter is None:
+            return []
+        try:
+            self.payload_adapter.validate_python(payload)
+        except ValidationError as exc:
+            return [
+                (".".join(["payload", *(str(p) for p in err["loc"])]), err["msg"].removeprefix("Value error, "))
+                for err in exc.errors()
+            ]
+        except Exception as exc:  # a dataclass's own __post_init__ may raise anything
+            return [("payload", f"does not fit the handler: {exc}")]
+        return []
 
     def decode(self, payload: Any) -> Any:
         """Decode ``payload`` into the handler's declared type.
@@ -91,6 +107,20 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         """Whether a handler is registered under ``name`` (the fallback does not count)."""
         return name in self._handlers
+
+    def check_payload(self, name: str, payload: Any) -> None:
+        """Refuse a payload that does not fit the declared type of the handler registered as ``name``.
+
+        A name without a handler of its own (the fallback's, or none here) is not checked:
+        the instance that runs it decides.
+
+        :raises InvalidTaskError: it does not fit (``payload.customer_id: Field required``; every
+            refusal in ``errors``).
+        """
+        handler = self._handlers.get(name)
+        errors = handler.payload_errors(payload) if handler is not None else []
+        if errors:
+            raise InvalidTaskError(errors[0][0], errors[0][1], errors)
 
     def names(self) -> list[str]:
         return sorted(self._handlers)

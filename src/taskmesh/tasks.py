@@ -159,6 +159,22 @@ class Tasks:
         await self.push(targets)
         return out
 
+    def check_payload(self, spec: TaskSpec, field_prefix: str = "") -> None:
+        """Refuse ``spec`` when its payload does not fit its handler's declared type (issue 11).
+
+        Only when this process has the handler registered; fields are named under
+        ``field_prefix`` (``tasks[3].payload.customer_id``).
+
+        :raises InvalidTaskError: it does not fit.
+        """
+        if self.registry is None:
+            return
+        try:
+            self.registry.check_payload(spec.name, spec.payload)
+        except InvalidTaskError as exc:
+            errors = [(field_prefix + f, m) for f, m in exc.errors]
+            raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
+
     def queue_for(self, name: str, queue: str | None = None) -> str:
         """The queue a task named ``name`` goes to: ``queue`` when given, else its handler's, else ``default``."""
         if queue is not None:
@@ -193,6 +209,9 @@ class Tasks:
         """
         if not specs:
             return [], []
+        if self.registry is not None:
+            for i, spec in enumerate(specs):
+                self.check_payload(spec, field_prefix.format(i=i))
         ids = [uuid.uuid4() for _ in specs]
         traces = [s.trace_id or new_trace_id() for s in specs]  # every task can be followed in the logs
         prepared = [self._prepare(s) for s in specs]

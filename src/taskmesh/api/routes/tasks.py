@@ -24,6 +24,7 @@ from taskmesh.api.deps import (
 from taskmesh.api.problems import problem
 from taskmesh.errors import InvalidTaskError, StoreError
 from taskmesh.states import TaskStatus
+from taskmesh.tasks import Tasks
 from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, parse_task_spec
 
 router = APIRouter()
@@ -78,7 +79,7 @@ async def create_task(request: Request, tasks: TasksDep, state: StateDep) -> Res
     return json_response(body, 201, headers={"Location": f"/api/v1/tasks/{result.task_id}"})
 
 
-def _parse_batch(data: Any) -> tuple[list[TaskSpec], list[int], list[dict[str, Any]], bool]:
+def _parse_batch(data: Any, tasks: Tasks) -> tuple[list[TaskSpec], list[int], list[dict[str, Any]], bool]:
     if not isinstance(data, dict):
         raise InvalidTaskError("body", "must be a JSON object")
     unknown = sorted(set(data) - {"tasks", "atomic"})
@@ -95,7 +96,9 @@ def _parse_batch(data: Any) -> tuple[list[TaskSpec], list[int], list[dict[str, A
     results: list[dict[str, Any]] = [{} for _ in items]
     for i, item in enumerate(items):
         try:
-            specs.append(parse_task_spec(item))
+            spec = parse_task_spec(item)
+            tasks.check_payload(spec)
+            specs.append(spec)
             positions.append(i)
         except InvalidTaskError as exc:
             results[i] = {
@@ -116,7 +119,7 @@ async def create_batch(request: Request, tasks: TasksDep, state: StateDep) -> Re
 
     A created item whose queue no live instance serves carries ``warnings``, as a single create.
     """
-    specs, positions, results, atomic = _parse_batch(await read_json(request, "tasks"))
+    specs, positions, results, atomic = _parse_batch(await read_json(request, "tasks"), tasks)
     rejected = len(results) - len(specs)
     if atomic and rejected:
         first = next(r for r in results if r)
