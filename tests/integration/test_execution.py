@@ -155,7 +155,15 @@ async def test_non_retryable_outcomes_fail_at_once(start_instance: Any, registry
     async with start_instance() as inst:
         a = await enqueue(inst, name="refuses", max_retries=5)
         b = await enqueue(inst, name="nobody.handles.this", max_retries=5)
-        c = await enqueue(inst, name="typed", payload={"order_id": "seven"}, max_retries=5)
+        # Enqueued where the handler is not registered (an enqueue here is refused: test_payload_models).
+        elsewhere = Tasks(facade(inst).pg, facade(inst).redis, registry=None)
+        c = str(
+            (
+                await elsewhere.enqueue(
+                    parse_task_spec({"name": "typed", "payload": {"order_id": "seven"}, "max_retries": 5})
+                )
+            ).task_id
+        )
         d = await enqueue(inst, name="typed", payload={"order_id": 7})
         ra = await settled(inst, a, "failed")
         rb = await settled(inst, b, "failed")
