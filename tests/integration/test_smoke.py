@@ -75,3 +75,17 @@ async def test_fifty_parallel_http_creates_with_one_dedup_key_make_one_task(star
     assert sorted(code for code, _ in answers) == [200] * 49 + [201]
     assert len({tid for _, tid in answers}) == 1
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 1
+
+
+async def test_the_api_documentation_pages_load_every_asset_from_the_instance(start_instance: Any) -> None:
+    import re
+
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        for page in ("/docs", "/redoc"):
+            r = await client.get(page)
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), page
+            assets = re.findall(r"""(?:src|href)\s*=\s*['"]([^'"]+)['"]""", r.text)
+            assert assets, page
+            for url in assets:
+                assert not url.startswith(("http://", "https://", "//")), f"{page} loads {url} from elsewhere"
+                assert (await client.get(url)).status_code == 200, url

@@ -4,7 +4,9 @@ A thin layer: routes parse and validate input, call the facades
 (:class:`taskmesh.tasks.Tasks`, :class:`taskmesh.schedules.Schedules`, the
 stores' typed queries) and render answers; no SQL or Redis here. Every error
 is RFC 9457 problem+json naming the field (``api/errors.py``). The OpenAPI
-document is at ``/openapi.json``. Routers: ``routes/tasks.py``,
+document is at ``/openapi.json``, browsable at ``/docs`` and ``/redoc`` with their
+assets served from the installed ``fastapi-offline`` package (no CDN: they work offline).
+Routers: ``routes/tasks.py``,
 ``routes/queues.py``, ``routes/schedules.py``, ``routes/workers.py``,
 ``routes/health.py`` (the last also on a worker-only instance).
 """
@@ -12,6 +14,7 @@ document is at ``/openapi.json``. Routers: ``routes/tasks.py``,
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from taskmesh import __version__
 from taskmesh.api import errors
@@ -29,7 +32,7 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
     :param api_enabled: serve the ``/api/v1`` routes; without them (a worker-only
         instance) the app still answers ``/healthz``, ``/readyz`` and ``/metrics``.
     """
-    app = FastAPI(
+    app = FastAPIOffline(
         title="taskmesh",
         version=__version__,
         description="Distributed task platform: durable state in PostgreSQL, dispatch through Redis.",
