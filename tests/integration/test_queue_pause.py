@@ -143,9 +143,9 @@ async def test_fetchers_of_a_paused_queue_stop_popping_and_only_ask_twice_a_seco
         before = await _transactions(pool)
         await anyio.sleep(3)
         spent = await _transactions(pool) - before
-    # Two fetchers asking every 0.5 s, heartbeats, the sampler and the reconciler every 5 s:
-    # a few dozen. A fetcher popping and being refused in a loop makes thousands.
-    assert spent < 100, f"{spent} transactions in 3 s while the queue was paused"
+    # Two fetchers asking every 0.5 s, heartbeats, the samplers and the reconcilers every 5 s:
+    # about a hundred. A fetcher popping and being refused in a loop makes thousands (16,146 seen).
+    assert spent < 300, f"{spent} transactions in 3 s while the queue was paused"
     assert ran == []
 
 

@@ -89,3 +89,21 @@ async def test_the_api_documentation_pages_load_every_asset_from_the_instance(st
             for url in assets:
                 assert not url.startswith(("http://", "https://", "//")), f"{page} loads {url} from elsewhere"
                 assert (await client.get(url)).status_code == 200, url
+
+
+async def test_every_path_parameter_is_typed_in_the_openapi_document(start_instance: Any) -> None:
+    from taskmesh.validation import NAME_REGEX
+
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        spec = (await client.get("/openapi.json")).json()
+    wanted = {"task_id": {"type": "string", "format": "uuid"}, "queue": {"type": "string", "pattern": NAME_REGEX}}
+    wanted["name"] = wanted["queue"]
+    seen = 0
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            for param in operation.get("parameters", []):
+                if param["in"] == "path":
+                    seen += 1
+                    schema = {k: v for k, v in param["schema"].items() if k in ("type", "format", "pattern")}
+                    assert schema == wanted[param["name"]], f"{method.upper()} {path}: {param}"
+    assert seen >= 14

@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 
 import orjson
 import structlog
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
@@ -28,6 +28,14 @@ _NAME = re.compile(NAME_REGEX)
 M = TypeVar("M", bound=BaseModel)
 _LONG_DIGITS = re.compile(rb"[0-9]{16}")
 """A run of 16 digits: the shortest literal of an integer of at least 2^53 (9007199254740992)."""
+
+
+TaskIdPath = Annotated[str, Path(description="A task's id (a UUID).", json_schema_extra={"format": "uuid"})]
+"""A task id in the path: typed for the OpenAPI document, checked by :func:`parse_task_id` (exact 422)."""
+QueuePath = Annotated[str, Path(description="A queue's name.", json_schema_extra={"pattern": NAME_REGEX})]
+"""A queue name in the path: typed for the OpenAPI document, checked by :func:`check_queue`."""
+SchedulePath = Annotated[str, Path(description="A schedule's name.", json_schema_extra={"pattern": NAME_REGEX})]
+"""A schedule name in the path: typed for the OpenAPI document, checked by the route."""
 
 
 def get_state(request: Request) -> AppState:

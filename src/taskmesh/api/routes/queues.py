@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
-from taskmesh.api.deps import StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
+from taskmesh.api.deps import QueuePath, StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
 from taskmesh.errors import InvalidTaskError
 from taskmesh.queue_overview import known_queues, overview
 from taskmesh.records import pause_to_dict
@@ -34,7 +34,7 @@ async def list_queues(stores: StoresDep) -> Response:
 
 
 @router.get("/api/v1/queues/{queue}", summary="One queue: depths by state, age, pause, workers, runs per minute")
-async def get_queue(queue: str, stores: StoresDep) -> Response:
+async def get_queue(queue: QueuePath, stores: StoresDep) -> Response:
     """One queue (any valid name: a queue nobody has used answers with zeros)."""
     check_queue(queue)
     [answer] = await overview(stores, [queue])
@@ -54,7 +54,7 @@ class PauseRequest(BaseModel):
     openapi_extra=body_schema(PauseRequest, required=False),
     summary="Pause a queue: no instance claims its tasks until it is resumed (enqueue goes on)",
 )
-async def pause_queue(queue: str, request: Request, stores: StoresDep) -> Response:
+async def pause_queue(queue: QueuePath, request: Request, stores: StoresDep) -> Response:
     """Pause ``queue`` (any valid name: a queue may be paused before it has tasks or workers).
 
     Persisted in PostgreSQL: every instance's claim refuses the queue's tasks from the commit on,
@@ -70,7 +70,7 @@ async def pause_queue(queue: str, request: Request, stores: StoresDep) -> Respon
 
 
 @router.post("/api/v1/queues/{queue}/resume", summary="Resume a paused queue (a running one stays running)")
-async def resume_queue(queue: str, stores: StoresDep) -> Response:
+async def resume_queue(queue: QueuePath, stores: StoresDep) -> Response:
     """Resume ``queue``: instances serving it claim again within a second."""
     check_queue(queue)
     await stores.pg.queues.resume(queue)
@@ -95,7 +95,7 @@ class ReplayRequest(BaseModel):
 
 
 @router.get("/api/v1/queues/{queue}/dlq", summary="Dead-lettered tasks of a queue, oldest first")
-async def get_dlq(queue: str, tasks: TasksDep, count: str = "50") -> Response:
+async def get_dlq(queue: QueuePath, tasks: TasksDep, count: str = "50") -> Response:
     """Up to ``count`` (1..1000) dead-lettered tasks of ``queue``."""
     check_queue(queue)
     if not (count.isascii() and count.isdigit()) or not 1 <= int(count) <= DLQ_COUNT_MAX:
@@ -109,7 +109,7 @@ async def get_dlq(queue: str, tasks: TasksDep, count: str = "50") -> Response:
     openapi_extra=body_schema(ReplayRequest),
     summary="Replay dead-lettered tasks, oldest first; priority changes only with override_priority",
 )
-async def replay(queue: str, request: Request, tasks: TasksDep) -> Response:
+async def replay(queue: QueuePath, request: Request, tasks: TasksDep) -> Response:
     """Move up to ``count`` (default 1) dead-lettered tasks, or the given ``ids``, back to ready with a fresh
     retry budget. ``not_replayed``: the given ids that are not dead-lettered in this queue."""
     check_queue(queue)

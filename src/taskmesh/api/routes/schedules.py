@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from taskmesh.api.deps import SchedulesDep, StateDep, body_schema, is_name, json_response, parse_body
+from taskmesh.api.deps import SchedulePath, SchedulesDep, StateDep, body_schema, is_name, json_response, parse_body
 from taskmesh.errors import ScheduleNotFoundError
 from taskmesh.validation import check_json
 
@@ -34,7 +34,7 @@ async def list_schedules(schedules: SchedulesDep) -> Response:
 
 
 @router.get("/api/v1/schedules/{name}", summary="One cron schedule")
-async def get_schedule(name: str, schedules: SchedulesDep) -> Response:
+async def get_schedule(name: SchedulePath, schedules: SchedulesDep) -> Response:
     """One schedule (404 when no row has this name)."""
     return json_response(await schedules.get(_named(name)))
 
@@ -45,7 +45,7 @@ async def get_schedule(name: str, schedules: SchedulesDep) -> Response:
     openapi_extra=body_schema(TriggerRequest, required=False),
     summary="Fire a schedule now (201; 200 when the given idempotency_key already made a task)",
 )
-async def trigger_schedule(name: str, request: Request, schedules: SchedulesDep, state: StateDep) -> Response:
+async def trigger_schedule(name: SchedulePath, request: Request, schedules: SchedulesDep, state: StateDep) -> Response:
     """Make one task of the schedule now, also while it is paused."""
     name = _named(name)
     req = await parse_body(request, TriggerRequest, optional=True)
@@ -60,7 +60,7 @@ async def trigger_schedule(name: str, request: Request, schedules: SchedulesDep,
 
 
 @router.post("/api/v1/schedules/{name}/pause", summary="Pause a schedule until resumed or its config changes")
-async def pause_schedule(name: str, schedules: SchedulesDep, state: StateDep) -> Response:
+async def pause_schedule(name: SchedulePath, schedules: SchedulesDep, state: StateDep) -> Response:
     """No fires until resumed."""
     answer = await schedules.set_paused(_named(name), True)
     state.schedule_waker.wake()
@@ -68,7 +68,7 @@ async def pause_schedule(name: str, schedules: SchedulesDep, state: StateDep) ->
 
 
 @router.post("/api/v1/schedules/{name}/resume", summary="Resume a schedule; fires missed while paused are not made")
-async def resume_schedule(name: str, schedules: SchedulesDep, state: StateDep) -> Response:
+async def resume_schedule(name: SchedulePath, schedules: SchedulesDep, state: StateDep) -> Response:
     """Fire again from the next due time."""
     answer = await schedules.set_paused(_named(name), False)
     state.schedule_waker.wake()

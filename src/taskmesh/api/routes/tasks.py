@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from taskmesh.api.deps import (
     StateDep,
+    TaskIdPath,
     TasksDep,
     body_schema,
     json_response,
@@ -154,7 +155,7 @@ FALLBACK_READ_SECONDS = 1.0
 
 
 @router.get("/api/v1/tasks/{task_id}", summary="A task and its latest run; with wait=N, once it finished or N s passed")
-async def get_task(task_id: str, tasks: TasksDep, state: StateDep, wait: str | None = None) -> Response:
+async def get_task(task_id: TaskIdPath, tasks: TasksDep, state: StateDep, wait: str | None = None) -> Response:
     """The task and its latest run, read in one statement.
 
     ``wait`` (seconds, 0..60): answer as soon as the task is completed, failed or cancelled,
@@ -199,7 +200,7 @@ def parse_wait(raw: str | None) -> float:
 
 
 @router.get("/api/v1/tasks/{task_id}/runs", summary="Every run (attempt) of a task, with its error and traceback")
-async def get_runs(task_id: str, tasks: TasksDep) -> Response:
+async def get_runs(task_id: TaskIdPath, tasks: TasksDep) -> Response:
     """Every run of the task, by attempt."""
     tid = parse_task_id(task_id)
     return json_response({"task_id": str(tid), "runs": await tasks.runs(tid)})
@@ -209,7 +210,7 @@ async def get_runs(task_id: str, tasks: TasksDep) -> Response:
     "/api/v1/tasks/{task_id}/cancel",
     summary="Cancel a task: a queued one never runs (200), a running one is cancelled on its worker (202)",
 )
-async def cancel_task(task_id: str, tasks: TasksDep) -> Response:
+async def cancel_task(task_id: TaskIdPath, tasks: TasksDep) -> Response:
     """Cancel a queued task now, or ask the worker of a running one to cancel it (409 when finished)."""
     tid = parse_task_id(task_id)
     done = await tasks.cancel(tid)
@@ -232,7 +233,7 @@ class RetryRequest(BaseModel):
     openapi_extra=body_schema(RetryRequest, required=False),
     summary="Queue a failed or cancelled task again with a fresh retry budget (409 for any other state)",
 )
-async def retry_task(task_id: str, request: Request, tasks: TasksDep) -> Response:
+async def retry_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> Response:
     """Move a failed or cancelled task back to queued, due now; optionally to a new priority or queue."""
     tid = parse_task_id(task_id)
     req = await parse_body(request, RetryRequest, optional=True)
@@ -253,7 +254,7 @@ async def retry_task(task_id: str, request: Request, tasks: TasksDep) -> Respons
     status_code=204,
     summary="Delete a finished task and its runs (409 while it is queued or running)",
 )
-async def delete_task(task_id: str, tasks: TasksDep) -> Response:
+async def delete_task(task_id: TaskIdPath, tasks: TasksDep) -> Response:
     """Delete a completed, failed or cancelled task with every run (204, no body)."""
     await tasks.delete(parse_task_id(task_id))
     return Response(status_code=204)
