@@ -9,6 +9,10 @@ Public API::
 
     async with taskmesh.Client(database_url, redis_url) as client:
         task_id = await client.enqueue("reports.export", {"report": 7})
+        result = await client.wait(task_id, timeout=30)
+
+    with taskmesh.SyncClient(database_url, redis_url) as client:  # code that is not async
+        result = client.wait(client.enqueue("reports.export", {"report": 7}), timeout=30)
 """
 
 from __future__ import annotations
@@ -22,11 +26,17 @@ from taskmesh.errors import (
     NonRetryableError,
     Retry,
     StoreError,
+    TaskCancelledError,
+    TaskFailedError,
+    TaskFinishedError,
     TaskmeshError,
     TaskNotFoundError,
+    TaskStateError,
+    WaitTimeoutError,
 )
 from taskmesh.models import TaskContext
 from taskmesh.registry import Registry, default_registry, task
+from taskmesh.sync_client import SyncClient
 
 __all__ = [
     "Client",
@@ -36,9 +46,15 @@ __all__ = [
     "Registry",
     "Retry",
     "StoreError",
+    "SyncClient",
+    "TaskCancelledError",
     "TaskContext",
+    "TaskFailedError",
+    "TaskFinishedError",
     "TaskNotFoundError",
+    "TaskStateError",
     "TaskmeshError",
+    "WaitTimeoutError",
     "__version__",
     "default_registry",
     "task",

@@ -1,4 +1,9 @@
-"""The async Python client: enqueue tasks and read them, with the API's validation."""
+"""The async Python client: enqueue tasks, read them, wait for them, cancel and retry them, with the API's validation.
+
+The client talks to the stores directly (PostgreSQL and Redis), as an instance
+does, so it can be used without any instance's HTTP API; :class:`taskmesh.SyncClient`
+offers the same methods to code that is not async (Django, Flask, scripts).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,13 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from taskmesh.errors import InvalidTaskError
+import anyio
+
+from taskmesh.errors import InvalidTaskError, StoreError, TaskCancelledError, TaskFailedError, WaitTimeoutError
 from taskmesh.registry import Registry, default_registry
+from taskmesh.states import TaskStatus
 from taskmesh.store import Stores
-from taskmesh.tasks import Enqueued, Tasks
+from taskmesh.tasks import Cancelled, Enqueued, Retried, Tasks
 from taskmesh.validation import parse_task_spec
 
 
@@ -165,11 +173,109 @@ class Client:
                 raise InvalidTaskError(f"tasks[{i}].{exc.field}", exc.message) from None
         return await self.tasks.enqueue_many(specs)
 
-    async def get(self, task_id: uuid.UUID | str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    async def get(self, task_id: TaskRef) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The task and its latest run, in the API's shape.
 
+        :param task_id: its id (a UUID or its text), or what :meth:`enqueue_detailed` or
+            :meth:`enqueue_many` returned for it.
         :raises TaskNotFoundError: no task has this id.
-        :raises ValueError: ``task_id`` is not a UUID.
+        :raises InvalidTaskError: ``task_id`` is not a UUID.
         """
-        tid = task_id if isinstance(task_id, uuid.UUID) else uuid.UUID(task_id)
-        return await self.tasks.get(tid)
+        return await self.tasks.get(task_ref(task_id))
+
+    async def runs(self, task_id: TaskRef) -> list[dict[str, Any]]:
+        """Every run of the task, by attempt, with its error and traceback.
+
+        :raises TaskNotFoundError: no task has this id.
+        :raises InvalidTaskError: ``task_id`` is not a UUID.
+        """
+        return await self.tasks.runs(task_ref(task_id))
+
+    async def cancel(self, task_id: TaskRef) -> Cancelled:
+        """Cancel a task: a queued one at once, a running one on its worker (as the API's cancel).
+
+        :raises TaskNotFoundError: no task has this id.
+        :raises TaskFinishedError: it finished already.
+        """
+        return await self.tasks.cancel(task_ref(task_id))
+
+    async def retry(self, task_id: TaskRef, *, priority: int | None = None, queue: str | None = None) -> Retried:
+        """Queue a failed or cancelled task again with a fresh retry budget (as the API's retry).
+
+        :raises TaskNotFoundError: no task has this id.
+        :raises TaskStateError: it is queued, running or completed.
+        """
+        return await self.tasks.retry(task_ref(task_id), priority, queue)
+
+    async def wait(self, task_id: TaskRef, timeout: float = 60.0) -> Any:  # noqa: ASYNC109  # the issue's signature
+        """Wait until the task finishes; returns its result (the handler's return value, decoded).
+
+        The end is heard on the instances' finished-tasks channel (``store/finished.py``),
+        not by reading the task in a loop; while Redis does not answer, the task is read
+        once a second.
+
+        :param timeout: seconds to wait at most.
+        :raises TaskFailedError: it ended failed (dead-lettered); ``error`` is its last run's.
+        :raises TaskCancelledError: it was cancelled.
+        :raises WaitTimeoutError: it did not finish within ``timeout`` (a ``TimeoutError``).
+        :raises TaskNotFoundError: no task has this id.
+        """
+        tid = task_ref(task_id)
+        deadline = anyio.current_time() + timeout
+        finished = self.tasks.redis.finished
+        while True:
+            try:
+                async with finished.subscribe() as subscription:
+                    await finished.mark_waiting(timeout)
+                    while True:
+                        result = await self._ended(tid, deadline, timeout)
+                        if result is not _RUNNING:
+                            return result
+                        while (left := deadline - anyio.current_time()) > 0:  # read again when told, or at the end
+                            ids = await subscription.receive(min(1.0, left))
+                            if ids is not None and str(tid) in ids:
+                                break
+            except StoreError:  # Redis: read the task once a second until the deadline
+                result = await self._ended(tid, deadline, timeout)
+                if result is not _RUNNING:
+                    return result
+                await anyio.sleep(min(1.0, max(0.0, deadline - anyio.current_time())))
+
+    async def _ended(self, tid: uuid.UUID, deadline: float, waited: float) -> Any:
+        """The task's result once it completed; :data:`_RUNNING` while it may still end before ``deadline``.
+
+        :raises TaskFailedError, TaskCancelledError, WaitTimeoutError: as :meth:`wait`.
+        """
+        task, run = await self.tasks.get(tid)
+        status = task["status"]
+        if status == TaskStatus.COMPLETED:
+            return run["result"] if run is not None else None
+        if status == TaskStatus.FAILED:
+            raise TaskFailedError(str(tid), run["error"] if run is not None else None)
+        if status == TaskStatus.CANCELLED:
+            raise TaskCancelledError(str(tid))
+        if anyio.current_time() >= deadline:
+            raise WaitTimeoutError(str(tid), waited, status)
+        return _RUNNING
+
+
+TaskRef = uuid.UUID | str | Enqueued
+"""A task as the client's methods take it: its id, its id as text, or an enqueue's answer."""
+
+_RUNNING = object()
+"""What :meth:`Client._ended` returns while the task has not finished."""
+
+
+def task_ref(ref: TaskRef) -> uuid.UUID:
+    """The task id of ``ref``.
+
+    :raises InvalidTaskError: text that is not a UUID (``task_id: must be a UUID``).
+    """
+    if isinstance(ref, Enqueued):
+        return ref.task_id
+    if isinstance(ref, uuid.UUID):
+        return ref
+    try:
+        return uuid.UUID(str(ref))
+    except ValueError:
+        raise InvalidTaskError("task_id", "must be a UUID") from None

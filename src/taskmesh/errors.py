@@ -72,6 +72,38 @@ class TaskStateError(TaskmeshError):
         self.action = action
 
 
+class TaskFailedError(TaskmeshError):
+    """A task waited for ended failed (dead-lettered): :attr:`error` is its latest run's error.
+
+    :param task_id: the task's id, as text.
+    :param error: the latest run's error text (``None`` when it has none).
+    """
+
+    def __init__(self, task_id: str, error: str | None) -> None:
+        super().__init__(f"task {task_id} failed: {error or 'no error recorded'}")
+        self.task_id = task_id
+        self.error = error
+
+
+class TaskCancelledError(TaskmeshError):
+    """A task waited for was cancelled (the message is the id)."""
+
+
+class WaitTimeoutError(TaskmeshError, TimeoutError):
+    """A task waited for did not finish in time.
+
+    :param task_id: the task's id, as text.
+    :param seconds: how long was waited.
+    :param status: the task's status at the deadline.
+    """
+
+    def __init__(self, task_id: str, seconds: float, status: str) -> None:
+        super().__init__(f"task {task_id} is still {status} after {seconds:g} s")
+        self.task_id = task_id
+        self.seconds = seconds
+        self.status = status
+
+
 class ScheduleNotFoundError(TaskmeshError, LookupError):
     """No schedule has this name (in the ``schedules`` table)."""
 

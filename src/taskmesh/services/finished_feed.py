@@ -71,12 +71,14 @@ async def run(redis: RedisStore, waiters: FinishedWaiters) -> None:
     outage = Outage("finished_feed")
     while True:
         try:
-            async with redis.finished.subscribe() as announced:
+            async with redis.finished.subscribe() as subscription:
                 waiters.live = True
                 outage.recovered()
                 waiters.wake_all()
-                async for task_ids in announced:
-                    waiters.wake(task_ids)
+                while True:
+                    task_ids = await subscription.receive()
+                    if task_ids:
+                        waiters.wake(task_ids)
         except StoreError as exc:
             waiters.live = False
             waiters.wake_all()  # they read once a second until the subscription is back

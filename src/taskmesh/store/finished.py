@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 
 from taskmesh.store.classify import REDIS_ERRORS, redis_error
 from taskmesh.store.keys import Keys
@@ -68,10 +69,10 @@ class FinishedChannel:
             raise redis_error("mark_waiting", exc) from exc
 
     @asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[AsyncIterator[list[str]]]:
-        """Subscribe; yields an iterator of the id lists announced from then on.
+    async def subscribe(self) -> AsyncIterator[Subscription]:
+        """Subscribe for the duration of the block; :meth:`Subscription.receive` gives the announced ids.
 
-        :raises StoreError: Redis failed (on subscribing, or while reading).
+        :raises StoreError: Redis failed on subscribing.
         """
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
@@ -79,22 +80,32 @@ class FinishedChannel:
         except REDIS_ERRORS as exc:
             await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
             raise redis_error("subscribe_finished", exc) from exc
-
-        async def messages() -> AsyncIterator[list[str]]:
-            while True:
-                try:
-                    message = await pubsub.get_message(timeout=POLL_SECONDS)
-                except REDIS_ERRORS as exc:
-                    raise redis_error("subscribe_finished", exc) from exc
-                if message is not None and message.get("type") == "message":
-                    data = message["data"]
-                    text = data.decode("ascii", "replace") if isinstance(data, bytes) else str(data)
-                    yield text.split()
-
         try:
-            yield messages()
+            yield Subscription(pubsub)
         finally:
             try:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
             except REDIS_ERRORS:
                 pass  # the connection is gone already
+
+
+class Subscription:
+    """A live subscription to the finished-tasks channel."""
+
+    def __init__(self, pubsub: PubSub) -> None:
+        self._pubsub = pubsub
+
+    async def receive(self, within: float = POLL_SECONDS) -> list[str] | None:
+        """The ids of the next announcement, or ``None`` when none came within ``within`` seconds.
+
+        :raises StoreError: Redis failed (the subscription is lost: subscribe again).
+        """
+        try:
+            message = await self._pubsub.get_message(timeout=within)
+        except REDIS_ERRORS as exc:
+            raise redis_error("subscribe_finished", exc) from exc
+        if message is None or message.get("type") != "message":
+            return None
+        data = message["data"]
+        text = data.decode("ascii", "replace") if isinstance(data, bytes) else str(data)
+        return text.split()
