@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import asyncpg
 
 from taskmesh.errors import InvalidTaskError, StoreError, TaskCancelledError, TaskFailedError, WaitTimeoutError
 from taskmesh.registry import Registry, default_registry
@@ -100,6 +101,7 @@ class Client:
         run_at: datetime | str | None = None,
         tenant_id: str | None = None,
         trace_id: str | None = None,
+        connection: asyncpg.Connection | None = None,
     ) -> uuid.UUID:
         """Enqueue one task; returns its id (the existing id when ``idempotency_key`` repeats).
 
@@ -108,6 +110,9 @@ class Client:
         :param delay_seconds: run no earlier than this many seconds from now.
         :param run_at: run no earlier than this time (aware datetime or RFC 3339), within 365 days
             of now either way (a past time means now).
+        :param connection: the application's own asyncpg connection, inside a transaction: the
+            task is stored in that transaction (rolled back, it never existed; committed, an
+            instance pushes it within a second, with no further call). See :meth:`enqueue_many`.
         :raises InvalidTaskError: same rules and messages as the HTTP API (an integer beyond 64 bits
             in ``payload`` names its path: ``payload.customer.id``); nothing is written.
         """
@@ -123,6 +128,7 @@ class Client:
                 run_at=run_at,
                 tenant_id=tenant_id,
                 trace_id=trace_id,
+                connection=connection,
             )
         ).task_id
 
@@ -139,6 +145,7 @@ class Client:
         run_at: datetime | str | None = None,
         tenant_id: str | None = None,
         trace_id: str | None = None,
+        connection: asyncpg.Connection | None = None,
     ) -> Enqueued:
         """As :meth:`enqueue`, returning whether the task was created or deduplicated."""
         data: dict[str, Any] = {"name": name, "priority": priority}
@@ -153,10 +160,21 @@ class Client:
             "trace_id": trace_id,
         }
         data.update({k: v for k, v in optional.items() if v is not None})
-        return await self.tasks.enqueue(parse_task_spec(data))
+        spec = parse_task_spec(data)
+        if connection is not None:
+            [enqueued] = await self.tasks.enqueue_in_transaction(connection, [spec])
+            return enqueued
+        return await self.tasks.enqueue(spec)
 
-    async def enqueue_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Enqueued]:
+    async def enqueue_many(
+        self, tasks: Sequence[Mapping[str, Any]], *, connection: asyncpg.Connection | None = None
+    ) -> list[Enqueued]:
         """Enqueue many tasks with one statement and one Redis pipeline.
+
+        With ``connection`` (the application's asyncpg connection, inside a transaction), the
+        tasks are stored in that transaction and nothing is pushed: PostgreSQL tells the
+        instances at commit (``taskmesh_enqueued``) and one of them pushes the tasks within a
+        second; after a rollback they never existed (transactional enqueue, as in River or Oban).
 
         :param tasks: mappings in the API's field names (``name``, ``payload``,
             ``queue_name``, ``priority``, ``dedup_key``, ``max_retries``,
@@ -171,6 +189,8 @@ class Client:
                 specs.append(parse_task_spec(dict(task)))
             except InvalidTaskError as exc:
                 raise InvalidTaskError(f"tasks[{i}].{exc.field}", exc.message) from None
+        if connection is not None:
+            return await self.tasks.enqueue_in_transaction(connection, specs)
         return await self.tasks.enqueue_many(specs)
 
     async def get(self, task_id: TaskRef) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -56,6 +56,7 @@ from taskmesh.schedules import NOTIFY_CHANNEL, Schedules
 from taskmesh.services import (
     clock_sync,
     delayed_mover,
+    enqueued_listener,
     finished_feed,
     heartbeat,
     reclaimer,
@@ -326,6 +327,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
     | delayed_mover, reclaimer, reconciler | yes | always |
     | retention | no | a retention is set |
     | sampler | no | always |
+    | enqueued_listener | no | always |
     | finished_feed | no | the API is served |
 
     The committer (critical, first to start, last of the work to stop), the
@@ -396,6 +398,9 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
             ),
             critical=False,
         )
+    )
+    table.append(
+        ServiceSpec("enqueued_listener", partial(enqueued_listener.run, s.database_url or "", p.tasks), critical=False)
     )
     if s.api_enabled:
         table.append(

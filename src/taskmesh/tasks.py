@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 import orjson
 import structlog
 
@@ -33,6 +34,10 @@ log = structlog.get_logger("taskmesh.tasks")
 
 DEFAULT_QUEUE = "default"
 """The queue of a task whose request and handler name none."""
+ENQUEUED_CHANNEL = "taskmesh_enqueued"
+"""PostgreSQL channel of transactionally enqueued task ids (space-separated), sent at the caller's commit."""
+ENQUEUED_IDS_PER_NOTIFY = 200
+"""Ids per notification (a payload must stay under PostgreSQL's 8,000 bytes)."""
 
 ORJSON_BIG_INTEGER = "Integer exceeds 64-bit range"
 """orjson's ``TypeError`` text for an integer it cannot write."""
@@ -158,6 +163,41 @@ class Tasks:
         out, targets = await self.insert_many(self.pg, specs, field_prefix=field_prefix, task_type=task_type)
         await self.push(targets)
         return out
+
+    async def enqueue_in_transaction(self, connection: asyncpg.Connection, specs: Sequence[TaskSpec]) -> list[Enqueued]:
+        """Store tasks inside the caller's own transaction on ``connection`` (transactional enqueue).
+
+        Rolled back, the tasks never existed. Committed, PostgreSQL delivers a notification
+        on :data:`ENQUEUED_CHANNEL` naming them, and every instance's ``enqueued_listener``
+        pushes them into Redis at once; the reconciler finds any it missed. Nothing here
+        touches Redis: the commit is the caller's.
+
+        :raises InvalidTaskError: a task is invalid (``tasks[i].…``), or ``connection`` is not
+            inside a transaction (``connection: must be inside a transaction``).
+        :raises StoreError: PostgreSQL failed (the caller's transaction is then aborted).
+        """
+        if not connection.is_in_transaction():
+            raise InvalidTaskError(
+                "connection", "must be inside a transaction (async with connection.transaction(): ...)"
+            )
+        pg = PgStore(self.pg.pool, connection)
+        out, targets = await self.insert_many(pg, specs)
+        ids = [str(t.task_id) for t in targets]
+        for start in range(0, len(ids), ENQUEUED_IDS_PER_NOTIFY):
+            await pg.notify(ENQUEUED_CHANNEL, " ".join(ids[start : start + ENQUEUED_IDS_PER_NOTIFY]))
+        return out
+
+    async def push_enqueued(self, task_ids: Sequence[uuid.UUID]) -> int:
+        """Push the given tasks that are still queued (a transactional enqueue's, once committed).
+
+        :returns: how many were pushed.
+        :raises StoreError: a store failed.
+        """
+        rows = await self.pg.tasks.list_unclaimed_queued(task_ids)
+        await self.redis.push_ready_or_delayed(
+            [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows]
+        )
+        return len(rows)
 
     def check_payload(self, spec: TaskSpec, field_prefix: str = "") -> None:
         """Refuse ``spec`` when its payload does not fit its handler's declared type (issue 11).
