@@ -69,8 +69,11 @@ def task_to_dict(row: Any, *, payload: bool = True) -> dict[str, Any]:
     return out
 
 
-def dead_letter_to_dict(row: Any) -> dict[str, Any]:
-    """A ``task_list_failed_with_latest_run`` row: the task without its payload, and why it failed.
+def task_summary_to_dict(row: Any) -> dict[str, Any]:
+    """A task as lists show it (the DLQ listing, the search): without its payload, with its latest run.
+
+    :param row: the task's columns but ``payload``, and ``run_attempt``, ``run_status``,
+        ``run_error``, ``run_finished_at`` of its latest run.
 
     :returns: the task's fields but ``payload``, plus ``latest_run``: ``{"attempt", "status",
         "error", "finished_at"}`` (``None`` for a task without a run, which taskmesh never writes).

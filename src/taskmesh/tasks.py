@@ -22,8 +22,8 @@ import structlog
 from taskmesh.errors import InvalidTaskError, StoreError, TaskFinishedError, TaskNotFoundError, TaskStateError
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, PushTarget, RunResult
-from taskmesh.records import dead_letter_to_dict, task_and_latest_run
 from taskmesh.records import run_to_dict as _run_to_dict
+from taskmesh.records import task_and_latest_run, task_summary_to_dict
 from taskmesh.registry import Registry
 from taskmesh.states import TaskStatus, TaskType
 from taskmesh.store import PgStore, RedisStore
@@ -334,7 +334,7 @@ class Tasks:
         :returns: each task in the API's shape without ``payload`` (:meth:`get` has it), with
             ``latest_run``: ``{"attempt", "status", "error", "finished_at"}`` saying why it failed.
         """
-        return [dead_letter_to_dict(r) for r in await self.pg.tasks.list_failed_with_latest_run(queue, count)]
+        return [task_summary_to_dict(r) for r in await self.pg.tasks.list_failed_with_latest_run(queue, count)]
 
     # -- claim and finish ----------------------------------------------------------
 

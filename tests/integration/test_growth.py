@@ -12,6 +12,7 @@ import pytest
 
 from taskmesh.services import retention
 from taskmesh.store.postgres import queries
+from taskmesh.store.search_queries import search_statements
 from taskmesh.tasks import Tasks
 
 pytestmark = pytest.mark.anyio
@@ -95,6 +96,29 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
     }
 
 
+def search_queries() -> dict[str, tuple[Any, ...]]:
+    """A page of the task search per window key and order, and the window's end (search.sql)."""
+    values = {
+        "all": None,
+        "queue": "default",
+        "name": "live",
+        "tenant_id": "t",
+        "dedup_key": "k",
+        "payload": '{"a": 1}',
+    }
+    start = {
+        "desc": (datetime.max, "ffffffff-ffff-ffff-ffff-ffffffffffff"),
+        "asc": (datetime.min, str(uuid.UUID(int=0))),
+    }
+    out: dict[str, tuple[Any, ...]] = {}
+    for key, value in values.items():
+        for order, (at, tid) in start.items():
+            head = (value, datetime.min, datetime.max, at, tid, 10_000)
+            out[f"search_page:{key}:{order}"] = (*head, ["failed"], None, None, None, "fire", None, None, 50)
+            out[f"search_window_end:{key}:{order}"] = head
+    return out
+
+
 def literal(value: Any) -> str:
     """``value`` as an SQL literal (EXECUTE takes no bind parameters); PostgreSQL casts it to the parameter's type."""
     if value is None:
@@ -129,13 +153,14 @@ async def generic_plan(conn: Any, name: str, sql: str, params: tuple[Any, ...]) 
 async def test_hot_queries_use_indexes_not_scans_over_a_large_history(pool: asyncpg.Pool) -> None:
     await fill_history(pool)
     ids = [r["id"] for r in await pool.fetch("SELECT id FROM tasks WHERE name = 'live' LIMIT 32")]
-    queries_ = hot_queries(ids)
-    assert set(queries_) <= set(queries()), "a hot query the test names is not in queries.sql"
+    queries_ = {**hot_queries(ids), **search_queries()}
+    statements = {**queries(), **search_statements()}
+    assert set(queries_) <= set(statements), "a hot query the test names is not in queries.sql or search.sql"
     async with pool.acquire() as conn:
         await conn.execute("SET plan_cache_mode = force_generic_plan")
         scans = {}
         for name, params in queries_.items():
-            plan = await generic_plan(conn, name, queries()[name], params)
+            plan = await generic_plan(conn, name.replace(":", "_"), statements[name], params)
             assert "$1" in plan or not params, f"{name}: not a generic plan:\n{plan}"
             if SEQ_SCAN.search(plan):
                 scans[name] = plan

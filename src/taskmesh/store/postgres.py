@@ -32,6 +32,7 @@ from taskmesh.errors import MigrationError
 from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
 from taskmesh.store.queue_queries import QueueQueries
 from taskmesh.store.schedule_queries import ScheduleQueries
+from taskmesh.store.search_queries import SearchQueries
 from taskmesh.store.sql import Executor, queries
 from taskmesh.store.task_queries import TaskQueries
 from taskmesh.store.worker_queries import WorkerQueries
@@ -72,6 +73,7 @@ class PgStore:
         self.workers = WorkerQueries(ex)
         self.schedules = ScheduleQueries(ex)
         self.queues = QueueQueries(ex)
+        self.search = SearchQueries(ex)
 
     @classmethod
     async def connect(cls, database_url: str, size: int = 10) -> PgStore:

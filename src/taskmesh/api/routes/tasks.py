@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from taskmesh.api.deps import (
     StateDep,
+    StoresDep,
     TaskIdPath,
     TasksDep,
     body_schema,
@@ -24,6 +25,7 @@ from taskmesh.api.deps import (
 )
 from taskmesh.api.problems import problem
 from taskmesh.errors import InvalidTaskError, StoreError
+from taskmesh.search import parse_search, search
 from taskmesh.states import TaskStatus
 from taskmesh.tasks import Tasks
 from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, parse_task_spec
@@ -204,6 +206,23 @@ async def get_runs(task_id: TaskIdPath, tasks: TasksDep) -> Response:
     """Every run of the task, by attempt."""
     tid = parse_task_id(task_id)
     return json_response({"task_id": str(tid), "runs": await tasks.runs(tid)})
+
+
+@router.get(
+    "/api/v1/tasks",
+    summary="Find tasks by status, queue, name, tenant, dedup key, error, times and payload fields; keyset pages",
+)
+async def search_tasks(request: Request, stores: StoresDep) -> Response:
+    """Newest first (or ``order=asc``), up to ``limit`` (1..500, 50) per page, without payloads or results.
+
+    Filters: ``status`` (repeated or comma-separated), ``queue``, ``name``, ``tenant_id``, ``dedup_key``,
+    ``error`` (in the latest run's error, any case), ``created_after``/``_before``,
+    ``finished_after``/``_before`` (RFC 3339), and ``payload.<field>[.<field>…]=<value>``
+    (the payload contains it; a JSON number, true, false, null or "string", else the text).
+    Answer: ``{"tasks", "next_cursor", "partial"}``; pass ``cursor`` for the next page.
+    """
+    f, order, start, limit = parse_search(request.query_params.multi_items())
+    return json_response(await search(stores.pg, f, order, start, limit))
 
 
 @router.post(
