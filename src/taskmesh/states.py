@@ -39,6 +39,23 @@ class TaskType(StrEnum):
     CRON = "cron"
 
 
+class OperationStatus(StrEnum):
+    """State of a bulk operation (``operations.status``)."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class BulkAction(StrEnum):
+    """What a bulk operation does to each task its filter matches (``operations.action``)."""
+
+    RETRY = "retry"  # failed or cancelled -> queued, fresh retry budget
+    REPLAY = "replay"  # failed -> queued, fresh retry budget
+    CANCEL = "cancel"  # queued -> cancelled; running: cancel requested
+    DELETE = "delete"  # finished -> deleted with its runs
+
+
 class WorkerState(StrEnum):
     """State of an instance's row in ``workers``."""
 

@@ -59,6 +59,7 @@ from taskmesh.services import (
     enqueued_listener,
     finished_feed,
     heartbeat,
+    operations,
     reclaimer,
     reconciler,
     retention,
@@ -327,6 +328,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
     | delayed_mover, reclaimer, reconciler | yes | always |
     | retention | no | a retention is set |
     | sampler | no | always |
+    | operations | no | always |
     | enqueued_listener | no | always |
     | finished_feed | no | the API is served |
 
@@ -399,6 +401,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
             critical=False,
         )
     )
+    table.append(ServiceSpec("operations", partial(operations.run, p.tasks, p.inst.worker_id), critical=False))
     table.append(
         ServiceSpec("enqueued_listener", partial(enqueued_listener.run, s.database_url or "", p.tasks), critical=False)
     )

@@ -93,6 +93,10 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "queue_get_pause": ("default",),
         "queue_list_known": (),
         "queue_depths": (["default"],),
+        "bulk_requeue": (ids, ["failed"]),
+        "bulk_cancel": (ids,),
+        "bulk_delete": (ids,),
+        "operation_take": ("w-1", 30.0),
     }
 
 

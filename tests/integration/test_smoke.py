@@ -40,6 +40,8 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
         "/api/v1/tasks/{task_id}/cancel",
         "/api/v1/workers",
         "/api/v1/tasks/{task_id}/retry",
+        "/api/v1/tasks:bulk",
+        "/api/v1/operations/{operation_id}",
         "/api/v1/queues",
         "/api/v1/queues/{queue}",
         "/api/v1/queues/{queue}/pause",
@@ -98,6 +100,7 @@ async def test_every_path_parameter_is_typed_in_the_openapi_document(start_insta
         spec = (await client.get("/openapi.json")).json()
     wanted = {"task_id": {"type": "string", "format": "uuid"}, "queue": {"type": "string", "pattern": NAME_REGEX}}
     wanted["name"] = wanted["queue"]
+    wanted["operation_id"] = wanted["task_id"]
     seen = 0
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():

@@ -6,6 +6,8 @@ from importlib import resources
 
 from taskmesh.states import (
     TERMINAL_TASK_STATUSES,
+    BulkAction,
+    OperationStatus,
     Outcome,
     RunStatus,
     TaskStatus,
@@ -34,6 +36,8 @@ def test_the_state_enums_are_exactly_what_the_migrations_allow() -> None:
         ("tasks", "type"): TaskType,
         ("task_runs", "status"): RunStatus,
         ("workers", "state"): WorkerState,
+        ("operations", "status"): OperationStatus,
+        ("operations", "action"): BulkAction,
     }
     for where, enum in expected.items():
         assert checked[where] == {m.value for m in enum}, where
@@ -44,7 +48,8 @@ def test_every_state_word_in_the_queries_is_a_known_state_or_outcome() -> None:
     sql = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())  # comments may say anything
     sql = re.sub(r"date_trunc\('[a-z]+'", "date_trunc(", sql)  # a unit of time, not a state
     words = set(re.findall(r"'([a-z_]+)'", sql))
-    known = {m.value for enum in (TaskStatus, RunStatus, Outcome, WorkerState, TaskType) for m in enum}
+    enums = (TaskStatus, RunStatus, Outcome, WorkerState, TaskType, OperationStatus, BulkAction)
+    known = {m.value for enum in enums for m in enum}
     assert words - known == set(), "a status literal in queries.sql that states.py does not know"
 
 

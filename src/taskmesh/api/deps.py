@@ -32,6 +32,10 @@ _LONG_DIGITS = re.compile(rb"[0-9]{16}")
 
 TaskIdPath = Annotated[str, Path(description="A task's id (a UUID).", json_schema_extra={"format": "uuid"})]
 """A task id in the path: typed for the OpenAPI document, checked by :func:`parse_task_id` (exact 422)."""
+OperationIdPath = Annotated[
+    str, Path(description="A bulk operation's id (a UUID).", json_schema_extra={"format": "uuid"})
+]
+"""A bulk operation's id in the path: typed for the OpenAPI document, checked by the route."""
 QueuePath = Annotated[str, Path(description="A queue's name.", json_schema_extra={"pattern": NAME_REGEX})]
 """A queue name in the path: typed for the OpenAPI document, checked by :func:`check_queue`."""
 SchedulePath = Annotated[str, Path(description="A schedule's name.", json_schema_extra={"pattern": NAME_REGEX})]

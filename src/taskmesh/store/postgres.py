@@ -30,6 +30,7 @@ import structlog
 
 from taskmesh.errors import MigrationError
 from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
+from taskmesh.store.operation_queries import OperationQueries
 from taskmesh.store.queue_queries import QueueQueries
 from taskmesh.store.schedule_queries import ScheduleQueries
 from taskmesh.store.search_queries import SearchQueries
@@ -74,6 +75,7 @@ class PgStore:
         self.schedules = ScheduleQueries(ex)
         self.queues = QueueQueries(ex)
         self.search = SearchQueries(ex)
+        self.operations = OperationQueries(ex)
 
     @classmethod
     async def connect(cls, database_url: str, size: int = 10) -> PgStore:

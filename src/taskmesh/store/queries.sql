@@ -611,3 +611,83 @@ SELECT q.queue,
              FROM tasks t WHERE t.status = 'queued' AND t.queue = q.queue ORDER BY t.run_at LIMIT 1))), 0)::float8
            AS oldest_ready_age_seconds
 FROM unnest($1::text[]) AS q(queue);
+
+-- ======================================================================
+-- bulk operations (issue 11): the tasks' side of each action, on a batch of ids, each task
+-- acted on only from the states the action applies to (the others are counted as skipped),
+-- and the operation's own row.
+-- ======================================================================
+
+-- name: bulk_requeue
+-- retry (from failed or cancelled) and replay (from failed): back to queued, due now, a fresh
+-- retry budget, the cancel request of the ended cycle forgotten, the next attempt's run queued.
+WITH upd AS (
+    UPDATE tasks t
+    SET status = 'queued', retries = 0, run_at = now(), cancel_requested_at = NULL, updated_at = now()
+    WHERE t.id = ANY($1::uuid[]) AND t.status = ANY($2::text[])
+    RETURNING t.id, t.queue, t.priority, t.attempts
+), runs AS (
+    INSERT INTO task_runs (task_id, attempt, status)
+    SELECT id, attempts + 1, 'queued' FROM upd
+    ON CONFLICT (task_id, attempt) DO NOTHING
+)
+SELECT id, queue, priority FROM upd;
+
+-- name: bulk_cancel
+-- Queued tasks become cancelled (their queued run ends failed 'cancelled'); running ones get a
+-- cancel request (their worker stops them). `cancelled`: whether the task ended now.
+WITH queued AS (
+    UPDATE tasks SET status = 'cancelled', updated_at = now()
+    WHERE id = ANY($1::uuid[]) AND status = 'queued'
+    RETURNING id, queue
+), runs AS (
+    UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE task_id IN (SELECT id FROM queued) AND status = 'queued'
+), running AS (
+    UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
+    WHERE id = ANY($1::uuid[]) AND status = 'running'
+    RETURNING id, queue
+)
+SELECT id, queue, true AS cancelled FROM queued
+UNION ALL
+SELECT id, queue, false FROM running;
+
+-- name: bulk_delete
+-- Finished tasks (completed, failed, cancelled) are deleted with their runs.
+DELETE FROM tasks WHERE id = ANY($1::uuid[]) AND status IN ('completed', 'failed', 'cancelled')
+RETURNING id, queue, status;
+
+-- name: operation_insert
+INSERT INTO operations (id, action, status, filter, reason) VALUES ($1, $2, 'running', $3::text::jsonb, $4)
+RETURNING *;
+
+-- name: operation_get
+SELECT * FROM operations WHERE id = $1;
+
+-- name: operation_take
+-- The oldest running operation whose lease is free or expired, leased to $1 for $2 seconds.
+UPDATE operations o
+SET lease_owner = $1, lease_expires_at = now() + make_interval(secs => $2), updated_at = now()
+WHERE o.id = (
+    SELECT id FROM operations
+    WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+    ORDER BY created_at
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING o.*;
+
+-- name: operation_advance
+-- One batch done: the cursor moves, the counters grow, the lease is extended; nothing when the
+-- lease was lost to another instance (then its batch's transaction rolls back).
+UPDATE operations
+SET cursor_created_at = $3, cursor_id = $4, done = done + $5, skipped = skipped + $6,
+    lease_expires_at = now() + make_interval(secs => $7), updated_at = now()
+WHERE id = $1 AND lease_owner = $2 AND status = 'running'
+RETURNING id;
+
+-- name: operation_finish
+UPDATE operations
+SET status = $3, error = $4, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE id = $1 AND lease_owner = $2 AND status = 'running'
+RETURNING *;

@@ -243,12 +243,19 @@ class RedisStore:
 
     async def forget(self, queue: str, task_id: str) -> None:
         """Remove a task id from every structure of its queue (a cancelled task)."""
+        await self.forget_many([(queue, task_id)])
+
+    async def forget_many(self, items: Sequence[tuple[str, str]]) -> None:
+        """Remove each ``(queue, task_id)`` from every structure of its queue, in one pipeline."""
+        if not items:
+            return
         with _Op("forget"):
             async with self.client.pipeline(transaction=False) as pipe:
-                pipe.zrem(self.keys.ready(queue), task_id)
-                pipe.zrem(self.keys.delayed(queue), task_id)
-                pipe.hdel(self.keys.priorities(queue), task_id)
-                pipe.lrem(self.keys.dlq(queue), 0, task_id)
+                for queue, task_id in items:
+                    pipe.zrem(self.keys.ready(queue), task_id)
+                    pipe.zrem(self.keys.delayed(queue), task_id)
+                    pipe.hdel(self.keys.priorities(queue), task_id)
+                    pipe.lrem(self.keys.dlq(queue), 0, task_id)
                 await pipe.execute()
 
     # -- pops and moves ------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import anyio
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from taskmesh.api.deps import (
+    OperationIdPath,
     StateDep,
     StoresDep,
     TaskIdPath,
@@ -24,11 +26,14 @@ from taskmesh.api.deps import (
     with_trace,
 )
 from taskmesh.api.problems import problem
+from taskmesh.bulk import BulkRequest, operation_to_dict, parse_filter
+from taskmesh.bulk import dry_run as bulk_dry_run
+from taskmesh.bulk import start as bulk_start
 from taskmesh.errors import InvalidTaskError, StoreError
 from taskmesh.search import parse_search, search
 from taskmesh.states import TaskStatus
 from taskmesh.tasks import Tasks
-from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, parse_task_spec
+from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, check_json, parse_task_spec
 
 router = APIRouter()
 log = structlog.get_logger("taskmesh.api")
@@ -223,6 +228,38 @@ async def search_tasks(request: Request, stores: StoresDep) -> Response:
     """
     f, order, start, limit = parse_search(request.query_params.multi_items())
     return json_response(await search(stores.pg, f, order, start, limit))
+
+
+@router.post(
+    "/api/v1/tasks:bulk",
+    openapi_extra=body_schema(BulkRequest),
+    summary="Retry, replay, cancel or delete every task a filter matches (a dry run counts them first)",
+)
+async def bulk(request: Request, stores: StoresDep) -> Response:
+    """A dry run answers 200 ``{"matched", "complete", "sample"}`` at once; a real run answers 202 with the
+    operation (``GET /api/v1/operations/{id}`` follows it) and runs in the background in batches."""
+    req = await parse_body(request, BulkRequest)
+    f = parse_filter(req.filter)
+    if req.reason is not None:
+        check_json(req.reason, "reason")
+    if req.dry_run:
+        return json_response({"action": req.action.value, **await bulk_dry_run(stores.pg, f)})
+    op = await bulk_start(stores.pg, req)
+    log.info("operation_started", operation_id=op["operation_id"], action=op["action"], reason=req.reason)
+    return json_response(op, 202, headers={"Location": f"/api/v1/operations/{op['operation_id']}"})
+
+
+@router.get("/api/v1/operations/{operation_id}", summary="A bulk operation's progress: done, skipped, status")
+async def get_operation(operation_id: OperationIdPath, stores: StoresDep) -> Response:
+    """The operation (404 when no operation has this id)."""
+    try:
+        op_id = uuid.UUID(operation_id)
+    except ValueError:
+        raise InvalidTaskError("operation_id", "must be a UUID") from None
+    row = await stores.pg.operations.get(op_id)
+    if row is None:
+        return problem(404, "Operation not found", f"no operation has id {op_id}")
+    return json_response(operation_to_dict(row))
 
 
 @router.post(
