@@ -20,7 +20,8 @@ from taskmesh.errors import InvalidTaskError, StoreError, TaskCancelledError, Ta
 from taskmesh.registry import Registry, default_registry
 from taskmesh.states import TaskStatus
 from taskmesh.store import Stores
-from taskmesh.tasks import Cancelled, Enqueued, Retried, Tasks
+from taskmesh.task_actions import Cancelled, Retried
+from taskmesh.tasks import Enqueued, Tasks
 from taskmesh.validation import parse_task_spec
 
 
