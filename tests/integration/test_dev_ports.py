@@ -8,12 +8,14 @@ that directory when it is free, else another one, saved for next time and logged
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
 from structlog.testing import capture_logs
 
 from taskmesh.dev import EmbeddedValkey, embedded_stores
+from taskmesh.logs import configure
 
 
 def test_a_dev_dir_keeps_its_valkey_port_across_restarts_and_moves_off_a_taken_one(tmp_path: Path) -> None:
@@ -39,8 +41,12 @@ def test_a_dev_dir_keeps_its_valkey_port_across_restarts_and_moves_off_a_taken_o
 
 
 def test_dev_logs_the_urls_of_the_stores_it_started(tmp_path: Path) -> None:
-    with capture_logs() as logs, embedded_stores(None, None, root=tmp_path) as (database_url, redis_url):
-        pass
+    configure("info", "console")  # the line is at info; the test session logs warnings only
+    try:
+        with capture_logs() as logs, embedded_stores(None, None, root=tmp_path) as (database_url, redis_url):
+            pass
+    finally:
+        configure(os.environ.get("TASKMESH_TEST_LOG_LEVEL", "warning"), "console")
     [said] = [e for e in logs if e["event"] == "dev_stores"]
     assert (said["database_url"], said["redis_url"]) == (database_url, redis_url)
     assert database_url.startswith("postgresql://") and redis_url.startswith("redis://127.0.0.1:")

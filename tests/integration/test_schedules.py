@@ -437,7 +437,8 @@ async def test_losing_the_listen_connection_does_not_stop_the_instance_or_the_sc
     # fire made due elsewhere is seen at once only through a LISTEN that works.
     yearly = {"name": "yearly", "cron": "0 0 1 1 *", "task": "report.build"}
     listeners = (
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND query LIKE 'LISTEN%taskmesh_schedules%'"
         " AND pid <> pg_backend_pid()"
     )
     async with start_instance(schedules=[yearly]) as inst, http(inst) as client:

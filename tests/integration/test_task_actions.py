@@ -93,7 +93,9 @@ async def test_a_failed_task_retried_with_a_new_priority_leaves_the_dlq_and_comp
     assert calls["flaky"] == 2
 
 
-async def test_a_cancelled_task_retried_into_another_queue_runs_there(start_instance: Any, registry: Registry) -> None:
+async def test_a_cancelled_task_retried_into_another_queue_runs_there_as_a_new_attempt(
+    start_instance: Any, registry: Registry
+) -> None:
     calls = register(registry)
     async with start_instance(queue_names=["default", "later"]) as inst, http(inst) as client:
         task_id = await create(client, {"name": "actions.ok", "delay_seconds": 3600})
@@ -103,6 +105,12 @@ async def test_a_cancelled_task_retried_into_another_queue_runs_there(start_inst
         assert (r.json()["queue_name"], r.json()["previous_status"]) == ("later", "cancelled")
         done = await wait_for(lambda: reached(client, task_id, "completed"))
         assert done["task"]["queue_name"] == "later"
+        runs = (await client.get(f"{TASKS}/{task_id}/runs")).json()["runs"]
+    # The queued run the cancel ended stays as it was; the retry ran as attempt 2.
+    assert [(run["attempt"], run["status"], run["error"]) for run in runs] == [
+        (1, "failed", "cancelled"),
+        (2, "succeeded", None),
+    ]
     assert calls["ok"] == 1
 
 
@@ -225,11 +233,12 @@ async def test_replay_by_ids_moves_exactly_those_dead_lettered_tasks_and_names_t
         )
         assert r.status_code == 200, r.text
         assert r.json() == {"queue": "default", "count": 1, "replayed": [second], "not_replayed": [UNKNOWN_ID]}
-        assert sorted(await redis_client.lrange(keys.dlq("default"), 0, -1)) == sorted([first, third])
+        oldest = await client.post("/api/v1/queues/default/dlq/replay")  # no body: the oldest one
+        assert oldest.json()["replayed"] == [first], oldest.text
+        assert await redis_client.lrange(keys.dlq("default"), 0, -1) == [third]
         done = await wait_for(lambda: reached(client, second, "completed"))
         assert (done["task"]["priority"], done["latest_run"]["attempt"]) == (9, 2)
-        for task_id in (first, third):
-            assert (await snapshot(client, task_id))["task"]["status"] == "failed"
+        assert (await snapshot(client, third))["task"]["status"] == "failed"
 
 
 REPLAY = "/api/v1/queues/default/dlq/replay"

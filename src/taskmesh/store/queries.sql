@@ -83,6 +83,7 @@ WITH claimed AS (
     ON CONFLICT (task_id, attempt) DO UPDATE
     SET status = 'running', worker_id = EXCLUDED.worker_id, claimed_at = EXCLUDED.claimed_at,
         started_at = EXCLUDED.started_at, lease_expires_at = EXCLUDED.lease_expires_at,
+        error = NULL, result = NULL, traceback = NULL, finished_at = NULL, next_retry_at = NULL,
         updated_at = now()
     RETURNING id, task_id
 )
@@ -255,7 +256,8 @@ WITH picked AS (
 ), upd AS (
     UPDATE tasks t
     SET status = 'queued', retries = 0, priority = COALESCE($3, t.priority),
-        run_at = now(), cancel_requested_at = NULL, updated_at = now()
+        run_at = now(), cancel_requested_at = NULL, updated_at = now(),
+        attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
     WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.status = 'failed'
     RETURNING t.id, t.queue, t.priority, t.attempts
 ), runs AS (
@@ -272,11 +274,14 @@ SELECT status, queue FROM tasks WHERE id = $1 FOR UPDATE;
 -- name: task_retry_one
 -- Move one failed or cancelled task back to queued (issue 11): a fresh retry budget, due now,
 -- in queue $3 and at priority $2 when they are not null; a cancel request of the cycle that
--- ended is forgotten. Its next attempt's run row is queued, as a replay's is.
+-- ended is forgotten. Its next attempt's run row is queued, as a replay's is. `attempts` first
+-- catches up with the highest run row: a task cancelled while queued has its queued run ended
+-- 'cancelled' at attempts + 1, and the next attempt must be a new row, not that one.
 WITH upd AS (
     UPDATE tasks t
     SET status = 'queued', retries = 0, priority = COALESCE($2, t.priority), queue = COALESCE($3, t.queue),
-        run_at = now(), cancel_requested_at = NULL, updated_at = now()
+        run_at = now(), cancel_requested_at = NULL, updated_at = now(),
+        attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
     WHERE t.id = $1 AND t.status IN ('failed', 'cancelled')
     RETURNING t.id, t.queue, t.priority, t.attempts
 ), runs AS (
@@ -298,7 +303,8 @@ RETURNING status, queue;
 WITH upd AS (
     UPDATE tasks t
     SET status = 'queued', retries = 0, priority = COALESCE($3, t.priority),
-        run_at = now(), cancel_requested_at = NULL, updated_at = now()
+        run_at = now(), cancel_requested_at = NULL, updated_at = now(),
+        attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
     WHERE t.id = ANY($2::uuid[]) AND t.queue = $1 AND t.status = 'failed'
     RETURNING t.id, t.queue, t.priority, t.attempts
 ), runs AS (
@@ -623,7 +629,8 @@ FROM unnest($1::text[]) AS q(queue);
 -- retry budget, the cancel request of the ended cycle forgotten, the next attempt's run queued.
 WITH upd AS (
     UPDATE tasks t
-    SET status = 'queued', retries = 0, run_at = now(), cancel_requested_at = NULL, updated_at = now()
+    SET status = 'queued', retries = 0, run_at = now(), cancel_requested_at = NULL, updated_at = now(),
+        attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
     WHERE t.id = ANY($1::uuid[]) AND t.status = ANY($2::text[])
     RETURNING t.id, t.queue, t.priority, t.attempts
 ), runs AS (
