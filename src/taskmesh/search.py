@@ -167,8 +167,10 @@ def _time(single: dict[str, str], key: str) -> datetime | None:
     raw = single.get(key)
     if raw is None:
         return None
+    # An unencoded "+" of an offset arrives as a space (2026-01-01T00:00:00 01:00).
+    text = raw[:-6] + "+" + raw[-5:] if len(raw) > 6 and raw[-6] == " " else raw
     try:
-        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         value = None
     if value is None or value.tzinfo is None:

@@ -110,6 +110,7 @@ async def test_every_filter_finds_exactly_its_tasks_newest_first(start_instance:
                 [5, 4, 3],
             ),
             "finished after": ({"finished_after": "2026-02-01T00:04:00Z"}, [8, 7, 5]),
+            "an offset whose + came as a space": ({"created_after": "2026-01-01T01:09:30 01:00"}, [11, 10]),
             "finished before": ({"finished_before": "2026-02-01T00:04:00Z", "limit": "1"}, [3, 2]),
         }
         for case, (params, wanted) in cases.items():

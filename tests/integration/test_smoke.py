@@ -110,3 +110,10 @@ async def test_every_path_parameter_is_typed_in_the_openapi_document(start_insta
                     schema = {k: v for k, v in param["schema"].items() if k in ("type", "format", "pattern")}
                     assert schema == wanted[param["name"]], f"{method.upper()} {path}: {param}"
     assert seen >= 14
+
+
+async def test_health_checks_answer_head_as_load_balancers_send_it(start_instance: Any) -> None:
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        for path in ("/healthz", "/readyz"):
+            r = await client.head(path)
+            assert (r.status_code, r.content) == (200, b""), path

@@ -56,6 +56,18 @@ async def readyz(state: StateDep) -> Response:
     return json_response(body, 200 if ready else 503)
 
 
+@router.head("/healthz", include_in_schema=False)
+async def healthz_head() -> Response:
+    """``GET /healthz``'s status without its body (load balancers probe with HEAD)."""
+    return Response(status_code=(await healthz()).status_code)
+
+
+@router.head("/readyz", include_in_schema=False)
+async def readyz_head(state: StateDep) -> Response:
+    """``GET /readyz``'s status without its body."""
+    return Response(status_code=(await readyz(state)).status_code)
+
+
 @router.get("/metrics", summary="Prometheus metrics (gauges of stores sampled by the sampler, not per scrape)")
 async def metrics(state: StateDep) -> Response:
     """The exposition text."""

@@ -113,7 +113,7 @@ async def replay(queue: QueuePath, request: Request, tasks: TasksDep) -> Respons
     """Move up to ``count`` (default 1) dead-lettered tasks, or the given ``ids``, back to ready with a fresh
     retry budget. ``not_replayed``: the given ids that are not dead-lettered in this queue."""
     check_queue(queue)
-    req = await parse_body(request, ReplayRequest)
+    req = await parse_body(request, ReplayRequest, optional=True)
     ids = await tasks.replay(queue, req.count or 1, req.override_priority, ids=req.ids)
     answer: dict[str, Any] = {"queue": queue, "count": len(ids), "replayed": ids}
     if req.ids is not None:
