@@ -21,6 +21,9 @@ from taskmesh.store import PgStore, RedisStore
 
 log = structlog.get_logger("taskmesh.tasks")
 
+RETRYABLE = (TaskStatus.FAILED, TaskStatus.CANCELLED)
+"""The states an operator's retry takes a task from."""
+
 
 @dataclass(frozen=True, slots=True)
 class Cancelled:
@@ -104,12 +107,11 @@ class TaskActions:
             row = await tx.tasks.lock_status(task_id)
             if row is None:
                 raise TaskNotFoundError(str(task_id))
-            if row["status"] not in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+            if row["status"] not in RETRYABLE:
                 raise TaskStateError(
                     str(task_id), row["status"], "retry", "only a failed or cancelled task can be retried"
                 )
-            moved = await tx.tasks.retry_one(task_id, priority, queue)
-            assert moved is not None  # the row is locked in a retryable state
+            [moved] = await tx.tasks.requeue([task_id], RETRYABLE, priority=priority, to_queue=queue)  # row locked
         try:
             await self.redis.forget(row["queue"], str(task_id))
             await self.push([PushTarget(task_id, moved["queue"], moved["priority"], None)])
@@ -162,7 +164,7 @@ class TaskActions:
         :returns: the replayed task ids.
         """
         if ids is not None:
-            rows = await self.pg.tasks.replay_ids(queue, ids, override_priority)
+            rows = await self.pg.tasks.requeue(ids, [TaskStatus.FAILED], priority=override_priority, only_queue=queue)
         else:
             rows = await self.pg.tasks.replay_many(queue, count, override_priority)
         items = [(str(r["id"]), r["priority"]) for r in rows]

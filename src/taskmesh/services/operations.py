@@ -104,7 +104,7 @@ async def _apply(
     async with tasks.pg.transaction() as tx:
         changed: list[Any]
         if action in FROM_STATUSES:
-            changed = await tx.operations.requeue(ids, FROM_STATUSES[action])
+            changed = await tx.tasks.requeue(ids, FROM_STATUSES[action])
         elif action is BulkAction.CANCEL:
             changed = await tx.operations.cancel(ids)
         else:

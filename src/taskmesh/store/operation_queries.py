@@ -1,4 +1,5 @@
-"""Typed calls of the ``bulk_*`` and ``operation_*`` blocks of ``queries.sql``: bulk operations."""
+"""Typed calls of the ``bulk_*`` and ``operation_*`` blocks of ``queries.sql``: bulk operations
+(retry and replay use ``TaskQueries.requeue``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,6 @@ from taskmesh.store.sql import Queries
 
 class OperationQueries(Queries):
     """Queries on ``operations``, and the tasks' side of each bulk action on a batch of ids."""
-
-    async def requeue(self, ids: Sequence[uuid.UUID], from_statuses: Sequence[str]) -> list[asyncpg.Record]:
-        """``bulk_requeue``: ``id, queue, priority`` of the tasks of ``ids`` in ``from_statuses`` now queued."""
-        return await self._fetch("bulk_requeue", list(ids), list(from_statuses))
 
     async def cancel(self, ids: Sequence[uuid.UUID]) -> list[asyncpg.Record]:
         """``bulk_cancel``: ``id, queue, cancelled`` (false: a running task asked to stop)."""

@@ -271,41 +271,24 @@ SELECT id, queue, priority FROM upd;
 -- The task's status and queue, its row locked until the transaction ends (retry, delete).
 SELECT status, queue FROM tasks WHERE id = $1 FOR UPDATE;
 
--- name: task_retry_one
--- Move one failed or cancelled task back to queued (issue 11): a fresh retry budget, due now,
--- in queue $3 and at priority $2 when they are not null; a cancel request of the cycle that
--- ended is forgotten. Its next attempt's run row is queued, as a replay's is. `attempts` first
--- catches up with the highest run row: a task cancelled while queued has its queued run ended
--- 'cancelled' at attempts + 1, and the next attempt must be a new row, not that one.
-WITH upd AS (
-    UPDATE tasks t
-    SET status = 'queued', retries = 0, priority = COALESCE($2, t.priority), queue = COALESCE($3, t.queue),
-        run_at = now(), cancel_requested_at = NULL, updated_at = now(),
-        attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
-    WHERE t.id = $1 AND t.status IN ('failed', 'cancelled')
-    RETURNING t.id, t.queue, t.priority, t.attempts
-), runs AS (
-    INSERT INTO task_runs (task_id, attempt, status)
-    SELECT id, attempts + 1, 'queued' FROM upd
-    ON CONFLICT (task_id, attempt) DO NOTHING
-)
-SELECT id, queue, priority FROM upd;
-
 -- name: task_delete_one_finished
 -- Delete one finished task (completed, failed or cancelled) and, by the foreign key, its runs.
 DELETE FROM tasks WHERE id = $1 AND status IN ('completed', 'failed', 'cancelled')
 RETURNING status, queue;
 
--- name: task_replay_ids
--- Move the dead-lettered tasks of queue $1 among the ids $2 back to queued, as task_replay_many
--- does (fresh retry budget, priority $3 when not null, the cancel request forgotten); ids that
--- are not dead-lettered in that queue are left alone.
+-- name: task_requeue
+-- Move the tasks of ids $1 whose status is in $2 back to queued (issue 11: retry one task, replay
+-- chosen dead letters, bulk retry and replay): due now, a fresh retry budget, at priority $3 and
+-- in queue $4 when they are not null, only those of queue $5 when it is not null; the cancel
+-- request of the cycle that ended is forgotten. `attempts` first catches up with the highest
+-- run row (a task cancelled while queued has its queued run ended 'cancelled' at attempts + 1),
+-- so the next attempt's run is a new, queued row.
 WITH upd AS (
     UPDATE tasks t
-    SET status = 'queued', retries = 0, priority = COALESCE($3, t.priority),
+    SET status = 'queued', retries = 0, priority = COALESCE($3, t.priority), queue = COALESCE($4, t.queue),
         run_at = now(), cancel_requested_at = NULL, updated_at = now(),
         attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
-    WHERE t.id = ANY($2::uuid[]) AND t.queue = $1 AND t.status = 'failed'
+    WHERE t.id = ANY($1::uuid[]) AND t.status = ANY($2::text[]) AND ($5::text IS NULL OR t.queue = $5)
     RETURNING t.id, t.queue, t.priority, t.attempts
 ), runs AS (
     INSERT INTO task_runs (task_id, attempt, status)
@@ -623,22 +606,6 @@ FROM unnest($1::text[]) AS q(queue);
 -- acted on only from the states the action applies to (the others are counted as skipped),
 -- and the operation's own row.
 -- ======================================================================
-
--- name: bulk_requeue
--- retry (from failed or cancelled) and replay (from failed): back to queued, due now, a fresh
--- retry budget, the cancel request of the ended cycle forgotten, the next attempt's run queued.
-WITH upd AS (
-    UPDATE tasks t
-    SET status = 'queued', retries = 0, run_at = now(), cancel_requested_at = NULL, updated_at = now(),
-        attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
-    WHERE t.id = ANY($1::uuid[]) AND t.status = ANY($2::text[])
-    RETURNING t.id, t.queue, t.priority, t.attempts
-), runs AS (
-    INSERT INTO task_runs (task_id, attempt, status)
-    SELECT id, attempts + 1, 'queued' FROM upd
-    ON CONFLICT (task_id, attempt) DO NOTHING
-)
-SELECT id, queue, priority FROM upd;
 
 -- name: bulk_cancel
 -- Queued tasks become cancelled (their queued run ends failed 'cancelled'); running ones get a

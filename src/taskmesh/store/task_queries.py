@@ -139,18 +139,26 @@ class TaskQueries(Queries):
         """``task_lock_status``: ``status, queue`` with the row locked; ``None`` when no task has the id."""
         return await self._fetchrow("task_lock_status", task_id)
 
-    async def retry_one(self, task_id: uuid.UUID, priority: int | None, queue: str | None) -> asyncpg.Record | None:
-        """``task_retry_one``: ``id, queue, priority`` of the task moved back to queued, ``None`` if it was not
-        failed or cancelled."""
-        return await self._fetchrow("task_retry_one", task_id, priority, queue)
-
     async def delete_one_finished(self, task_id: uuid.UUID) -> asyncpg.Record | None:
         """``task_delete_one_finished``: ``status, queue`` of the deleted task, ``None`` if it was not finished."""
         return await self._fetchrow("task_delete_one_finished", task_id)
 
-    async def replay_ids(self, queue: str, ids: Sequence[uuid.UUID], priority: int | None) -> list[asyncpg.Record]:
-        """``task_replay_ids``: ``id, queue, priority`` of those of ``ids`` moved back to queued."""
-        return await self._fetch("task_replay_ids", queue, list(ids), priority)
+    async def requeue(
+        self,
+        ids: Sequence[uuid.UUID],
+        from_statuses: Sequence[str],
+        *,
+        priority: int | None = None,
+        to_queue: str | None = None,
+        only_queue: str | None = None,
+    ) -> list[asyncpg.Record]:
+        """``task_requeue``: ``id, queue, priority`` of the tasks of ``ids`` in ``from_statuses`` now queued.
+
+        :param priority: a new priority (``None``: kept).
+        :param to_queue: a new queue (``None``: kept).
+        :param only_queue: act only on tasks of this queue.
+        """
+        return await self._fetch("task_requeue", list(ids), list(from_statuses), priority, to_queue, only_queue)
 
     async def replay_many(self, queue: str, count: int, priority: int | None) -> list[asyncpg.Record]:
         """``task_replay_many``: ``id, queue, priority`` of the tasks moved back to queued."""
