@@ -163,10 +163,10 @@ class TaskActions:
 
         :returns: the replayed task ids.
         """
-        if ids is not None:
-            rows = await self.pg.tasks.requeue(ids, [TaskStatus.FAILED], priority=override_priority, only_queue=queue)
-        else:
-            rows = await self.pg.tasks.replay_many(queue, count, override_priority)
+        async with self.pg.transaction() as tx:
+            if ids is None:
+                ids = await tx.tasks.lock_oldest_failed(queue, count)
+            rows = await tx.tasks.requeue(ids, [TaskStatus.FAILED], priority=override_priority, only_queue=queue)
         items = [(str(r["id"]), r["priority"]) for r in rows]
         try:
             await self.redis.replay(queue, items)

@@ -76,7 +76,7 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "run_reclaim_expired": (30.0, 500),
         "worker_heartbeat": ("w-1", "h", 1, "{}", "v", "running", 30.0, one),
         "task_list_failed_with_latest_run": ("default", 1000),
-        "task_replay_many": ("default", 10, None),
+        "task_lock_oldest_failed": ("default", 10),
         "task_list_queued_after": ("default", now, ids[0], 5.0, 1000),
         "task_list_failed_ids": ("default", 1000),
         "task_count_queued": (["default"],),

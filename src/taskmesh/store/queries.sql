@@ -241,31 +241,15 @@ LEFT JOIN LATERAL (
 WHERE t.queue = $1 AND t.status = 'failed'
 ORDER BY t.updated_at, t.id LIMIT $2;
 
--- name: task_replay_many
--- Move up to $2 dead-lettered tasks of queue $1 back to queued, oldest first,
--- with a fresh retry budget and, when $3 is not null, a new priority. A cancel
--- request of an earlier cycle is forgotten: the replayed cycle is a new delivery.
--- (= ANY(ARRAY(...)): the picked rows are updated through the primary key; a join with the
--- CTE is planned, in the generic plan, as a hash join over the whole table.)
-WITH picked AS (
-    SELECT id FROM tasks
-    WHERE queue = $1 AND status = 'failed'
-    ORDER BY updated_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), upd AS (
-    UPDATE tasks t
-    SET status = 'queued', retries = 0, priority = COALESCE($3, t.priority),
-        run_at = now(), cancel_requested_at = NULL, updated_at = now(),
-        attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
-    WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.status = 'failed'
-    RETURNING t.id, t.queue, t.priority, t.attempts
-), runs AS (
-    INSERT INTO task_runs (task_id, attempt, status)
-    SELECT id, attempts + 1, 'queued' FROM upd
-    ON CONFLICT (task_id, attempt) DO NOTHING
-)
-SELECT id, queue, priority FROM upd;
+-- name: task_lock_oldest_failed
+-- The ids of up to $2 dead-lettered tasks of queue $1, oldest first, locked until the transaction
+-- ends (a replay of the oldest; rows another replay holds are skipped). They are then moved by
+-- task_requeue in the same transaction.
+SELECT id FROM tasks
+WHERE queue = $1 AND status = 'failed'
+ORDER BY updated_at, id
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
 
 -- name: task_lock_status
 -- The task's status and queue, its row locked until the transaction ends (retry, delete).

@@ -160,9 +160,9 @@ class TaskQueries(Queries):
         """
         return await self._fetch("task_requeue", list(ids), list(from_statuses), priority, to_queue, only_queue)
 
-    async def replay_many(self, queue: str, count: int, priority: int | None) -> list[asyncpg.Record]:
-        """``task_replay_many``: ``id, queue, priority`` of the tasks moved back to queued."""
-        return await self._fetch("task_replay_many", queue, count, priority)
+    async def lock_oldest_failed(self, queue: str, count: int) -> list[uuid.UUID]:
+        """``task_lock_oldest_failed``: ids of the queue's oldest dead-lettered tasks, locked (in a transaction)."""
+        return [r["id"] for r in await self._fetch("task_lock_oldest_failed", queue, count)]
 
     async def list_queued_after(
         self,
