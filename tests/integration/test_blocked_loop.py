@@ -51,18 +51,23 @@ def create_blocking_task(proc: Proc) -> dict[str, Any]:
     return body
 
 
-async def test_sigterm_ends_an_instance_whose_loop_a_handler_blocks_and_its_run_finishes_elsewhere(
-    spawn: Any, database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool
-) -> None:
-    a = start(spawn, database_url, redis_url, prefix)
-    body = create_blocking_task(a)
-    tid = body["task_id"]
-    # The loop is blocked, so a's API cannot answer: ask PostgreSQL.
+async def block_the_loop(proc: Proc, pool: asyncpg.Pool) -> str:
+    """Create a task whose handler blocks ``proc``'s loop, wait until it runs and the loop counts as blocked."""
+    tid = str(create_blocking_task(proc)["task_id"])
+    # The loop is blocked, so the instance's API cannot answer: ask PostgreSQL.
     for _ in range(100):
         if await pool.fetchval("SELECT status FROM tasks WHERE id = $1", tid) == "running":
             break
         time.sleep(0.05)
     time.sleep(1.5)  # past the detector's threshold (1 s)
+    return tid
+
+
+async def test_sigterm_ends_an_instance_whose_loop_a_handler_blocks_and_its_run_finishes_elsewhere(
+    spawn: Any, database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool
+) -> None:
+    a = start(spawn, database_url, redis_url, prefix)
+    tid = await block_the_loop(a, pool)
     t0 = time.monotonic()
     a.signal(signal.SIGTERM)
     code = a.wait(GRACE + 15)
@@ -87,13 +92,7 @@ async def test_a_second_sigterm_ends_a_blocked_instance_at_once(
     spawn: Any, database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool
 ) -> None:
     a = start(spawn, database_url, redis_url, prefix)
-    body = create_blocking_task(a)
-    tid = body["task_id"]
-    for _ in range(100):
-        if await pool.fetchval("SELECT status FROM tasks WHERE id = $1", tid) == "running":
-            break
-        time.sleep(0.05)
-    time.sleep(1.5)
+    tid = await block_the_loop(a, pool)
     a.signal(signal.SIGTERM)
     time.sleep(0.5)
     t0 = time.monotonic()
