@@ -216,5 +216,5 @@ def test_the_schedules_cli_without_store_urls_says_what_to_set(tmp_path: Path) -
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "taskmesh: error: schedules needs DATABASE_URL and REDIS_URL (the deployment's stores, as the instances "
-        "have them); against the dev profile use its HTTP API: curl localhost:8080/api/v1/schedules"
+        "have them); the dev profile prints its own as dev_stores when it starts"
     )

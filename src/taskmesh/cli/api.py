@@ -1,0 +1,152 @@
+"""The operator verbs' way to the HTTP API: one request, its JSON answer, or an :class:`ApiError`.
+
+The verbs go through the API rather than the stores so that they get the same
+validation (and, with issue 12, the same authentication) as any other client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from taskmesh import __version__
+from taskmesh.cli.exit_codes import ExitCode, for_http_status
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+TIMEOUT_SECONDS = 15.0
+"""How long one request may take (connect, write, read), beyond a ``wait`` the request asks for."""
+
+Params = Sequence[tuple[str, str]]
+"""Query parameters in order, a name as often as it has values (``status`` twice)."""
+
+
+class ApiError(Exception):
+    """The API refused the request, answered an error, or could not be reached.
+
+    :param message: one line for a person, naming the field where the API named one.
+    :param exit_code: the :class:`ExitCode` the command ends with.
+    :param status: the HTTP status, ``None`` when no answer came.
+    """
+
+    def __init__(self, message: str, exit_code: ExitCode, status: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An API answer of status < 400: ``body`` is the decoded JSON (``None`` for an empty body)."""
+
+    status: int
+    body: Any
+
+
+class Api:
+    """A synchronous client of one taskmesh instance's HTTP API.
+
+    :param url: the instance's base URL (``http://host:port``; a trailing ``/`` is ignored).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url,
+            timeout=TIMEOUT_SECONDS,
+            headers={"User-Agent": f"taskmesh-cli/{__version__}", "Accept": "application/json"},
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def get(self, path: str, params: Params | None = None, *, wait_seconds: float = 0.0) -> Answer:
+        """``GET path``; ``wait_seconds`` lengthens the read timeout for a request that waits on the server."""
+        return self.request("GET", path, params=params, wait_seconds=wait_seconds)
+
+    def post(self, path: str, body: Mapping[str, Any] | None = None) -> Answer:
+        """``POST path`` with a JSON body (none when ``body`` is ``None``)."""
+        return self.request("POST", path, body=body)
+
+    def delete(self, path: str) -> Answer:
+        """``DELETE path``."""
+        return self.request("DELETE", path)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: Mapping[str, Any] | None = None,
+        wait_seconds: float = 0.0,
+    ) -> Answer:
+        """Send one request and decode its answer.
+
+        :returns: the :class:`Answer` of a status below 400.
+        :raises ApiError: an error answer (its problem+json title, detail and fields in the message),
+            a connection that failed or timed out (:attr:`ExitCode.UNAVAILABLE`), or an answer that is
+            not JSON.
+        """
+        content = orjson.dumps(body) if body is not None else None
+        headers = {"Content-Type": "application/json"} if content is not None else None
+        timeout = httpx.Timeout(TIMEOUT_SECONDS + wait_seconds)
+        query: list[tuple[str, str | int | float | bool | None]] | None = (
+            None if params is None else [(k, v) for k, v in params]
+        )
+        try:
+            response = self._http.request(method, path, params=query, content=content, headers=headers, timeout=timeout)
+        except httpx.TimeoutException as exc:
+            raise ApiError(
+                f"the taskmesh API at {self.url} did not answer in time ({type(exc).__name__})",
+                ExitCode.UNAVAILABLE,
+            ) from None
+        except httpx.HTTPError as exc:
+            raise ApiError(
+                f"cannot reach the taskmesh API at {self.url} ({_reason(exc)}); is an instance running "
+                "there? Point --url or TASKMESH_URL at it",
+                ExitCode.UNAVAILABLE,
+            ) from None
+        if response.status_code >= 400:
+            raise ApiError(_problem(response), for_http_status(response.status_code), response.status_code)
+        if not response.content:
+            return Answer(response.status_code, None)
+        try:
+            return Answer(response.status_code, orjson.loads(response.content))
+        except orjson.JSONDecodeError:
+            raise ApiError(
+                f"{self.url} answered {response.status_code} with a body that is not JSON: is it a taskmesh API?",
+                ExitCode.FAILED,
+                response.status_code,
+            ) from None
+
+
+def _reason(exc: httpx.HTTPError) -> str:
+    """The innermost cause of a connection error, which names what went wrong (refused, no such host)."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
+    text = str(cause) or type(cause).__name__
+    return text.split("] ", 1)[-1] if text.startswith("[Errno") else text
+
+
+def _problem(response: httpx.Response) -> str:
+    """One line from a problem+json answer: ``title: detail``, or the status line for another body."""
+    try:
+        problem = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        problem = None
+    if not isinstance(problem, dict) or "title" not in problem:
+        return f"{response.status_code} {response.reason_phrase} from {response.request.url}"
+    title, detail = str(problem.get("title")), problem.get("detail")
+    return f"{title}: {detail}" if detail else title
