@@ -140,7 +140,8 @@ async def test_pages_walked_with_their_cursors_cover_everything_once_in_both_ord
 async def test_a_filter_matching_only_beyond_the_window_gives_a_partial_page_whose_cursor_goes_on(
     start_instance: Any, pool: asyncpg.Pool
 ) -> None:
-    # 10,050 queued tasks newer than one failed task: a page reads at most 10,000 of them.
+    # 10,050 queued tasks newer than one failed and one completed task: a page reads at most
+    # 10,000 rows of its window's index.
     await pool.execute(
         """INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at, created_at)
            SELECT gen_random_uuid(), 'bulk', 'immediate', 'default', 0, '{}', 3, 'queued', now(),
@@ -149,13 +150,17 @@ async def test_a_filter_matching_only_beyond_the_window_gives_a_partial_page_who
     )
     await pool.execute(
         """INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at, created_at)
-           VALUES (gen_random_uuid(), 'old', 'immediate', 'default', 0, '{}', 3, 'failed', now(), '2026-02-01')"""
+           VALUES (gen_random_uuid(), 'old', 'immediate', 'default', 0, '{}', 3, 'failed', now(), '2026-02-01'),
+                  (gen_random_uuid(), 'older', 'immediate', 'default', 0, '{}', 3, 'completed', now(), '2026-01-01')"""
     )
     async with start_instance(workers_enabled=False) as inst, http(inst) as client:
-        first = (await client.get(TASKS, params={"status": "failed"})).json()
-        second = (await client.get(TASKS, params={"status": "failed", "cursor": first["next_cursor"]})).json()
+        # One status but completed is a window of its own index: found on the first page.
+        failed = (await client.get(TASKS, params={"status": "failed"})).json()
+        first = (await client.get(TASKS, params={"status": "completed"})).json()
+        second = (await client.get(TASKS, params={"status": "completed", "cursor": first["next_cursor"]})).json()
+    assert ([t["name"] for t in failed["tasks"]], failed["partial"], failed["next_cursor"]) == (["old"], False, None)
     assert (first["tasks"], first["partial"]) == ([], True) and first["next_cursor"]
-    assert [t["name"] for t in second["tasks"]] == ["old"]
+    assert [t["name"] for t in second["tasks"]] == ["older"]
     assert (second["partial"], second["next_cursor"]) == (False, None)
 
 
