@@ -69,6 +69,15 @@ def parse_search(params: Iterable[tuple[str, str]]) -> tuple[SearchFilter, Order
     statuses: list[str] = []
     single: dict[str, str] = {}
     payload: dict[str, Any] = {}
+    params = list(params)
+    unknown = [
+        (name, "unknown filter")
+        for name in dict.fromkeys(n for n, _ in params)
+        if name not in FILTERS and not name.startswith("payload.")
+    ]
+    if unknown:
+        # Every misspelt name at once, so that fixing one does not just reveal the next.
+        raise InvalidTaskError(unknown[0][0], unknown[0][1], unknown)
     for name, value in params:
         if name == "status":
             for part in value.split(","):
@@ -79,12 +88,10 @@ def parse_search(params: Iterable[tuple[str, str]]) -> tuple[SearchFilter, Order
             if not _PATH.match(name):
                 raise InvalidTaskError(name, "must be payload.<field>[.<field>...] (letters, digits, _ and -)")
             _merge(payload, name.split(".")[1:], _scalar(value))
-        elif name in FILTERS:
+        else:
             if name in single:
                 raise InvalidTaskError(name, "given twice")
             single[name] = value
-        else:
-            raise InvalidTaskError(name, "unknown filter")
     for key in ("queue", "name"):
         if key in single and not _NAME.fullmatch(single[key]):
             raise InvalidTaskError(key, "must match [A-Za-z0-9_.:-]{1,128}")

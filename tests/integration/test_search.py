@@ -212,3 +212,15 @@ async def test_a_cursor_of_the_other_order_is_refused(start_instance: Any, pool:
         r = await client.get(TASKS, params={"cursor": cursor, "order": "asc"})
     bad = invalid("other order", "GET", TASKS, "cursor", "is not a cursor of a search in asc order")
     assert_problem(r, bad)
+
+
+async def test_every_unknown_filter_is_named_at_once(start_instance: Any) -> None:
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        r = await client.get(f"{TASKS}?stauts=failed&queu=a&status=failed&stauts=queued&sort=asc")
+    assert r.status_code == 422
+    assert r.json()["detail"] == "stauts: unknown filter"
+    assert r.json()["errors"] == [
+        {"field": "stauts", "message": "unknown filter"},
+        {"field": "queu", "message": "unknown filter"},
+        {"field": "sort", "message": "unknown filter"},
+    ]

@@ -149,4 +149,7 @@ def _problem(response: httpx.Response) -> str:
     if not isinstance(problem, dict) or "title" not in problem:
         return f"{response.status_code} {response.reason_phrase} from {response.request.url}"
     title, detail = str(problem.get("title")), problem.get("detail")
+    errors = problem.get("errors")
+    if isinstance(errors, list) and len(errors) > 1:
+        detail = "; ".join(f"{e.get('field')}: {e.get('message')}" for e in errors if isinstance(e, dict))
     return f"{title}: {detail}" if detail else title

@@ -79,17 +79,16 @@ class SearchFilter:
         One status other than ``completed`` comes before tenant, name and queue: those
         statuses are a small part of a history, mostly completed tasks (migration 0010).
         """
-        for key in ("dedup_key", "payload"):
-            value = getattr(self, key)
-            if value is not None:
-                return key, value
-        if len(self.statuses) == 1 and self.statuses[0] != "completed":
-            return "status", self.statuses[0]
-        for key in ("tenant_id", "name", "queue"):
-            value = getattr(self, key)
-            if value is not None:
-                return key, value
-        return "all", None
+        one_status = self.statuses[0] if len(self.statuses) == 1 and self.statuses[0] != "completed" else None
+        ranked: tuple[tuple[Key, str | None], ...] = (
+            ("dedup_key", self.dedup_key),
+            ("payload", self.payload),
+            ("status", one_status),
+            ("tenant_id", self.tenant_id),
+            ("name", self.name),
+            ("queue", self.queue),
+        )
+        return next(((key, value) for key, value in ranked if value is not None), ("all", None))
 
 
 class SearchQueries(Queries):
