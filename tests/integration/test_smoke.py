@@ -112,6 +112,39 @@ async def test_every_path_parameter_is_typed_in_the_openapi_document(start_insta
     assert seen >= 14
 
 
+async def test_every_api_route_documents_its_errors_as_problems_and_the_search_its_parameters(
+    start_instance: Any,
+) -> None:
+    from taskmesh.search import FILTERS
+
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        spec = (await client.get("/openapi.json")).json()
+    checked = 0
+    for path, operations in spec["paths"].items():
+        if not path.startswith("/api/v1/"):
+            continue
+        for method, operation in operations.items():
+            where = f"{method.upper()} {path}"
+            errors = {int(s) for s in operation["responses"] if int(s) >= 400}
+            wanted = {503}
+            if any(p in path for p in ("{task_id}", "{operation_id}", "{name}")):
+                wanted.add(404)
+            if operation.get("parameters"):
+                wanted.add(422)
+            if "requestBody" in operation:
+                wanted |= {400, 413, 422}
+            if method == "delete" or path.endswith(("/cancel", "/retry")):
+                wanted.add(409)
+            assert errors == wanted, where
+            for status in errors:
+                content = operation["responses"][str(status)]["content"]
+                assert set(content) == {"application/problem+json"}, (where, status)
+            checked += 1
+    assert checked == 22
+    search = spec["paths"]["/api/v1/tasks"]["get"]
+    assert {p["name"] for p in search["parameters"]} == {*FILTERS, "payload.{path}"}
+
+
 async def test_health_checks_answer_head_as_load_balancers_send_it(start_instance: Any) -> None:
     async with start_instance(workers_enabled=False) as inst, http(inst) as client:
         for path in ("/healthz", "/readyz"):

@@ -35,3 +35,46 @@ def problem(
 def invalid(field: str, message: str, errors: list[tuple[str, str]] | None = None) -> Response:
     """422: a field failed validation; ``detail`` is ``"<field>: <message>"``."""
     return problem(422, "Invalid request", f"{field}: {message}", errors=errors or [(field, message)])
+
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string", "example": PROBLEM_TYPE},
+        "title": {"type": "string", "example": "Invalid request"},
+        "status": {"type": "integer", "example": 422},
+        "detail": {"type": "string", "example": "priority: must be between 0 and 1000"},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+}
+ERROR_STATUSES: dict[int, str] = {
+    400: "Malformed JSON (`Invalid JSON`)",
+    404: "No such task, operation or schedule (a problem naming the id)",
+    409: "The task's state does not allow this (`Task state conflict`, saying what would)",
+    413: "The body is over the size limit (`http_max_body_bytes`)",
+    422: "A field or parameter failed validation (`Invalid request`: `detail` and `errors` name each field)",
+    503: "PostgreSQL or Redis is unavailable (`Store unavailable`, naming it); retry later",
+}
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's ``responses`` for the OpenAPI document: each error status as problem+json.
+
+    :param statuses: keys of :data:`ERROR_STATUSES`; 503 is added to every route, as any store
+        call may meet an outage.
+    :raises KeyError: a status without a description in :data:`ERROR_STATUSES`.
+    """
+    return {
+        status: {
+            "description": ERROR_STATUSES[status],
+            "content": {"application/problem+json": {"schema": PROBLEM_SCHEMA}},
+        }
+        for status in sorted({*statuses, 503})
+    }

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
 from taskmesh.api.deps import QueuePath, StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
+from taskmesh.api.problems import problem_responses
 from taskmesh.errors import InvalidTaskError
 from taskmesh.queue_overview import known_queues, overview
 from taskmesh.records import pause_to_dict
@@ -26,6 +27,7 @@ PAUSE_REASON_MAX = 500
 
 @router.get(
     "/api/v1/queues",
+    responses=problem_responses(),
     summary="Every queue with tasks, a pause or a live instance serving it: depths, age, workers, runs per minute",
 )
 async def list_queues(stores: StoresDep) -> Response:
@@ -33,7 +35,11 @@ async def list_queues(stores: StoresDep) -> Response:
     return json_response({"queues": await overview(stores, await known_queues(stores))})
 
 
-@router.get("/api/v1/queues/{queue}", summary="One queue: depths by state, age, pause, workers, runs per minute")
+@router.get(
+    "/api/v1/queues/{queue}",
+    responses=problem_responses(422),
+    summary="One queue: depths by state, age, pause, workers, runs per minute",
+)
 async def get_queue(queue: QueuePath, stores: StoresDep) -> Response:
     """One queue (any valid name: a queue nobody has used answers with zeros)."""
     check_queue(queue)
@@ -51,6 +57,7 @@ class PauseRequest(BaseModel):
 
 @router.post(
     "/api/v1/queues/{queue}/pause",
+    responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(PauseRequest, required=False),
     summary="Pause a queue: no instance claims its tasks until it is resumed (enqueue goes on)",
 )
@@ -69,7 +76,11 @@ async def pause_queue(queue: QueuePath, request: Request, stores: StoresDep) -> 
     return json_response(pause_to_dict(queue, row))
 
 
-@router.post("/api/v1/queues/{queue}/resume", summary="Resume a paused queue (a running one stays running)")
+@router.post(
+    "/api/v1/queues/{queue}/resume",
+    responses=problem_responses(422),
+    summary="Resume a paused queue (a running one stays running)",
+)
 async def resume_queue(queue: QueuePath, stores: StoresDep) -> Response:
     """Resume ``queue``: instances serving it claim again within a second."""
     check_queue(queue)
@@ -94,7 +105,11 @@ class ReplayRequest(BaseModel):
         return self
 
 
-@router.get("/api/v1/queues/{queue}/dlq", summary="Dead-lettered tasks of a queue, oldest first")
+@router.get(
+    "/api/v1/queues/{queue}/dlq",
+    responses=problem_responses(422),
+    summary="Dead-lettered tasks of a queue, oldest first",
+)
 async def get_dlq(queue: QueuePath, tasks: TasksDep, count: str = "50") -> Response:
     """Up to ``count`` (1..1000) dead-lettered tasks of ``queue``."""
     check_queue(queue)
@@ -106,6 +121,7 @@ async def get_dlq(queue: QueuePath, tasks: TasksDep, count: str = "50") -> Respo
 
 @router.post(
     "/api/v1/queues/{queue}/dlq/replay",
+    responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(ReplayRequest),
     summary="Replay dead-lettered tasks, oldest first; priority changes only with override_priority",
 )

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from taskmesh.api.deps import SchedulePath, SchedulesDep, StateDep, body_schema, is_name, json_response, parse_body
+from taskmesh.api.problems import problem_responses
 from taskmesh.errors import ScheduleNotFoundError
 from taskmesh.validation import check_json
 
@@ -27,13 +28,17 @@ def _named(name: str) -> str:
     return name
 
 
-@router.get("/api/v1/schedules", summary="Cron schedules: spec, zone, state, last fire and the next five fires")
+@router.get(
+    "/api/v1/schedules",
+    responses=problem_responses(),
+    summary="Cron schedules: spec, zone, state, last fire and the next five fires",
+)
 async def list_schedules(schedules: SchedulesDep) -> Response:
     """Every schedule in the table."""
     return json_response({"schedules": await schedules.list()})
 
 
-@router.get("/api/v1/schedules/{name}", summary="One cron schedule")
+@router.get("/api/v1/schedules/{name}", responses=problem_responses(404, 422), summary="One cron schedule")
 async def get_schedule(name: SchedulePath, schedules: SchedulesDep) -> Response:
     """One schedule (404 when no row has this name)."""
     return json_response(await schedules.get(_named(name)))
@@ -41,6 +46,7 @@ async def get_schedule(name: SchedulePath, schedules: SchedulesDep) -> Response:
 
 @router.post(
     "/api/v1/schedules/{name}/trigger",
+    responses=problem_responses(400, 404, 413, 422),
     status_code=201,
     openapi_extra=body_schema(TriggerRequest, required=False),
     summary="Fire a schedule now (201; 200 when the given idempotency_key already made a task)",
@@ -59,7 +65,11 @@ async def trigger_schedule(name: SchedulePath, request: Request, schedules: Sche
     return json_response(answer, 201, headers={"Location": f"/api/v1/tasks/{task_id}"})
 
 
-@router.post("/api/v1/schedules/{name}/pause", summary="Pause a schedule until resumed or its config changes")
+@router.post(
+    "/api/v1/schedules/{name}/pause",
+    responses=problem_responses(404, 422),
+    summary="Pause a schedule until resumed or its config changes",
+)
 async def pause_schedule(name: SchedulePath, schedules: SchedulesDep, state: StateDep) -> Response:
     """No fires until resumed."""
     answer = await schedules.set_paused(_named(name), True)
@@ -67,7 +77,11 @@ async def pause_schedule(name: SchedulePath, schedules: SchedulesDep, state: Sta
     return json_response(answer)
 
 
-@router.post("/api/v1/schedules/{name}/resume", summary="Resume a schedule; fires missed while paused are not made")
+@router.post(
+    "/api/v1/schedules/{name}/resume",
+    responses=problem_responses(404, 422),
+    summary="Resume a schedule; fires missed while paused are not made",
+)
 async def resume_schedule(name: SchedulePath, schedules: SchedulesDep, state: StateDep) -> Response:
     """Fire again from the next due time."""
     answer = await schedules.set_paused(_named(name), False)

@@ -25,7 +25,7 @@ from taskmesh.api.deps import (
     unserved_warnings,
     with_trace,
 )
-from taskmesh.api.problems import problem
+from taskmesh.api.problems import problem, problem_responses
 from taskmesh.bulk import BulkRequest, operation_to_dict, parse_filter
 from taskmesh.bulk import dry_run as bulk_dry_run
 from taskmesh.bulk import start as bulk_start
@@ -66,6 +66,7 @@ class Created(BaseModel):
 
 @router.post(
     "/api/v1/tasks",
+    responses=problem_responses(400, 413, 422),
     status_code=201,
     response_model=Created,
     openapi_extra=body_schema(TaskSpec),
@@ -119,6 +120,7 @@ def _parse_batch(data: Any, tasks: Tasks) -> tuple[list[TaskSpec], list[int], li
 
 @router.post(
     "/api/v1/tasks:batch",
+    responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(BatchRequest),
     summary="Create up to 1,000 tasks with one statement; each item's outcome is reported",
 )
@@ -161,7 +163,11 @@ FALLBACK_READ_SECONDS = 1.0
 """How often a waiter reads its task while the instance's subscription is down."""
 
 
-@router.get("/api/v1/tasks/{task_id}", summary="A task and its latest run; with wait=N, once it finished or N s passed")
+@router.get(
+    "/api/v1/tasks/{task_id}",
+    responses=problem_responses(404, 422),
+    summary="A task and its latest run; with wait=N, once it finished or N s passed",
+)
 async def get_task(task_id: TaskIdPath, tasks: TasksDep, state: StateDep, wait: str | None = None) -> Response:
     """The task and its latest run, read in one statement.
 
@@ -206,15 +212,56 @@ def parse_wait(raw: str | None) -> float:
     return seconds
 
 
-@router.get("/api/v1/tasks/{task_id}/runs", summary="Every run (attempt) of a task, with its error and traceback")
+@router.get(
+    "/api/v1/tasks/{task_id}/runs",
+    responses=problem_responses(404, 422),
+    summary="Every run (attempt) of a task, with its error and traceback",
+)
 async def get_runs(task_id: TaskIdPath, tasks: TasksDep) -> Response:
     """Every run of the task, by attempt."""
     tid = parse_task_id(task_id)
     return json_response({"task_id": str(tid), "runs": await tasks.runs(tid)})
 
 
+def _query(name: str, schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description, **extra}
+
+
+_TIME = {"type": "string", "format": "date-time"}
+SEARCH_PARAMETERS = [
+    _query(
+        "status",
+        {"type": "array", "items": {"type": "string", "enum": [s.value for s in TaskStatus]}},
+        "Task status; repeat it or separate by commas for several",
+        style="form",
+        explode=True,
+    ),
+    _query("queue", {"type": "string", "pattern": NAME_REGEX}, "Tasks of this queue"),
+    _query("name", {"type": "string", "pattern": NAME_REGEX}, "Tasks of this task name"),
+    _query("tenant_id", {"type": "string", "maxLength": 128}, "Tasks of this tenant"),
+    _query("dedup_key", {"type": "string", "maxLength": 512}, "The task with this dedup key"),
+    _query("error", {"type": "string", "maxLength": 200}, "Text in the latest run's error, any case"),
+    _query("created_after", _TIME, "Created at or after (RFC 3339 with an offset)"),
+    _query("created_before", _TIME, "Created before (RFC 3339 with an offset)"),
+    _query("finished_after", _TIME, "Finished (completed, failed or cancelled) at or after"),
+    _query("finished_before", _TIME, "Finished before"),
+    _query("order", {"type": "string", "enum": ["desc", "asc"], "default": "desc"}, "Newest or oldest first"),
+    _query("limit", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}, "Tasks per page"),
+    _query("cursor", {"type": "string"}, "The previous page's next_cursor"),
+    _query(
+        "payload.{path}",
+        {"type": "string"},
+        "Not a literal name: payload.customer.id=42 keeps tasks whose payload contains that value (a JSON "
+        'number, true, false, null or "string", else the text); any number of them',
+    ),
+]
+"""The search's query parameters for the OpenAPI document (the route parses them itself, repeated names kept)."""
+
+
 @router.get(
     "/api/v1/tasks",
+    responses=problem_responses(422),
+    openapi_extra={"parameters": SEARCH_PARAMETERS},
     summary="Find tasks by status, queue, name, tenant, dedup key, error, times and payload fields; keyset pages",
 )
 async def search_tasks(request: Request, stores: StoresDep) -> Response:
@@ -232,6 +279,7 @@ async def search_tasks(request: Request, stores: StoresDep) -> Response:
 
 @router.post(
     "/api/v1/tasks:bulk",
+    responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(BulkRequest),
     summary="Retry, replay, cancel or delete every task a filter matches (a dry run counts them first)",
 )
@@ -249,7 +297,11 @@ async def bulk(request: Request, stores: StoresDep) -> Response:
     return json_response(op, 202, headers={"Location": f"/api/v1/operations/{op['operation_id']}"})
 
 
-@router.get("/api/v1/operations/{operation_id}", summary="A bulk operation's progress: done, skipped, status")
+@router.get(
+    "/api/v1/operations/{operation_id}",
+    responses=problem_responses(404, 422),
+    summary="A bulk operation's progress: done, skipped, status",
+)
 async def get_operation(operation_id: OperationIdPath, stores: StoresDep) -> Response:
     """The operation (404 when no operation has this id)."""
     try:
@@ -264,6 +316,7 @@ async def get_operation(operation_id: OperationIdPath, stores: StoresDep) -> Res
 
 @router.post(
     "/api/v1/tasks/{task_id}/cancel",
+    responses=problem_responses(404, 409, 422),
     summary="Cancel a task: a queued one never runs (200), a running one is cancelled on its worker (202)",
 )
 async def cancel_task(task_id: TaskIdPath, tasks: TasksDep) -> Response:
@@ -286,6 +339,7 @@ class RetryRequest(BaseModel):
 
 @router.post(
     "/api/v1/tasks/{task_id}/retry",
+    responses=problem_responses(400, 404, 409, 413, 422),
     openapi_extra=body_schema(RetryRequest, required=False),
     summary="Queue a failed or cancelled task again with a fresh retry budget (409 for any other state)",
 )
@@ -307,6 +361,7 @@ async def retry_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> 
 
 @router.delete(
     "/api/v1/tasks/{task_id}",
+    responses=problem_responses(404, 409, 422),
     status_code=204,
     summary="Delete a finished task and its runs (409 while it is queued or running)",
 )

@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from taskmesh.api.deps import StoresDep, json_response
+from taskmesh.api.problems import problem_responses
 from taskmesh.records import iso, json_value, pause_to_dict
 
 router = APIRouter()
@@ -20,6 +21,7 @@ PAUSED_LISTED = 1000
 
 @router.get(
     "/api/v1/workers",
+    responses=problem_responses(),
     summary="Registered instances, live first, with their in-flight runs; queued tasks no live instance serves",
 )
 async def list_workers(stores: StoresDep) -> Response:
