@@ -42,11 +42,10 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
-import structlog
-
 from taskmesh.errors import ConfigError, EmbeddedServerError
+from taskmesh.logs import get_logger
 
-log = structlog.get_logger("taskmesh.dev")
+log = get_logger("taskmesh.dev")
 
 RESTART_CHECK_SECONDS = 0.5
 """Seconds between two looks of the watcher at each embedded server."""

@@ -23,14 +23,14 @@ import asyncio
 import os
 
 import asyncpg
-import structlog
 
 from taskmesh.errors import StoreError
+from taskmesh.logs import get_logger
 from taskmesh.store.classify import POSTGRES_ERRORS
 from taskmesh.store.task_queries import TaskQueries
 from taskmesh.store.worker_queries import WorkerQueries
 
-log = structlog.get_logger("taskmesh.emergency")
+log = get_logger("taskmesh.emergency")
 
 EXIT_CODE = 1
 TIMEOUT_SECONDS = 3.0

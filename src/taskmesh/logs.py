@@ -47,8 +47,47 @@ def _add_run_keys(logger: Any, method: str, event: Any) -> Any:
     return event
 
 
+_configured = False
+"""Whether :func:`configure` ran in this process (an instance, the command line)."""
+
+
+class _Logger:
+    """A taskmesh logger: structlog's, as configured, in an instance or the command line; in an
+    application's own process (the clients) the standard library logger of the same name.
+
+    So a client inside a script or a web app prints nothing of its own accord: its warnings reach
+    the application's ``logging`` set-up (by default, warnings and errors on stderr, nothing
+    else), and an application that configured structlog gets them through structlog.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._structlog: Any = structlog.get_logger(name)
+        self._stdlib: Any = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if _configured or structlog.is_configured():
+            return getattr(self._structlog, attr)
+        if self._stdlib is None:
+            self._stdlib = structlog.wrap_logger(
+                logging.getLogger(self._name),
+                processors=[_add_run_keys, structlog.processors.KeyValueRenderer(key_order=["event"])],
+                wrapper_class=structlog.stdlib.BoundLogger,
+            )
+        return getattr(self._stdlib, attr)
+
+
+def get_logger(name: str) -> Any:
+    """The logger every taskmesh module uses (see :class:`_Logger`).
+
+    :param name: a dotted name under ``taskmesh`` (``taskmesh.tasks``), also the stdlib logger's name.
+    :returns: an object with structlog's methods (``info``, ``warning``, ``bind``, ...).
+    """
+    return _Logger(name)
+
+
 def configure(level: str = "info", fmt: str = "auto") -> None:
-    """Configure structlog for the process.
+    """Configure structlog for the process (an instance or the command line, never the clients).
 
     :param level: debug, info, warning or error.
     :param fmt: ``json``, ``console`` or ``auto``: colored console lines when stdout and
@@ -58,6 +97,8 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
+    global _configured
+    _configured = True
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

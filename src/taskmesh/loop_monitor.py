@@ -45,13 +45,12 @@ from types import FrameType
 from typing import Any, Literal
 
 import anyio
-import structlog
 
-from taskmesh.logs import run_keys
+from taskmesh.logs import get_logger, run_keys
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask
 
-log = structlog.get_logger("taskmesh.loop_monitor")
+log = get_logger("taskmesh.loop_monitor")
 
 RUN_LOCAL = "_taskmesh_run"
 """Name of the frame-local variable holding the :class:`~taskmesh.models.ClaimedTask` of a run."""

@@ -20,10 +20,11 @@ import socket
 from collections.abc import Callable
 
 import anyio
-import structlog
 from systemd_watchdog.systemd_watchdog import WatchDog
 
-log = structlog.get_logger("taskmesh.notify")
+from taskmesh.logs import get_logger
+
+log = get_logger("taskmesh.notify")
 
 _Key = tuple[str | None, str | None, str | None]
 

@@ -41,14 +41,13 @@ from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 import orjson
-import structlog
 
 from taskmesh.errors import NonRetryableError, PayloadDecodeError, Retry
-from taskmesh.logs import configure, current_run
+from taskmesh.logs import configure, current_run, get_logger
 from taskmesh.models import ClaimedTask, TaskContext
 from taskmesh.registry import Handler, make_handler
 
-log = structlog.get_logger("taskmesh.process_child")
+log = get_logger("taskmesh.process_child")
 
 MAX_ERROR_CHARS = 2000
 """Longest ``ChildOutcome.error``, characters (the executor's limit too)."""

@@ -52,15 +52,15 @@ from types import TracebackType
 from typing import Any, Literal
 
 import anyio
-import structlog
 
 from taskmesh.errors import TaskmeshError
+from taskmesh.logs import get_logger
 from taskmesh.models import ClaimedTask, TaskContext
 from taskmesh.process_child import READY, Call, ChildOutcome, child_main, describe
 
 __all__ = ["ChildOutcome", "HandlerRef", "PoolClosedError", "ProcessPool"]
 
-log = structlog.get_logger("taskmesh.process_pool")
+log = get_logger("taskmesh.process_pool")
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _LOG_FORMATS = ("json", "console", "auto")

@@ -34,12 +34,12 @@ from itertools import chain
 from typing import Any
 
 import anyio
-import structlog
 from pydantic import ValidationError
 
 from taskmesh.config import MISFIRE_ALL_CAP, ScheduleSettings
 from taskmesh.cron import CronSpec
 from taskmesh.errors import CronSpecError, InvalidTaskError, ScheduleNotFoundError
+from taskmesh.logs import get_logger
 from taskmesh.models import PushTarget
 from taskmesh.records import json_value
 from taskmesh.states import TaskStatus, TaskType
@@ -47,7 +47,7 @@ from taskmesh.store import PgStore
 from taskmesh.tasks import Tasks, dump_json
 from taskmesh.validation import TaskSpec
 
-log = structlog.get_logger("taskmesh.scheduler")
+log = get_logger("taskmesh.scheduler")
 
 NOTIFY_CHANNEL = "taskmesh_schedules"
 """PostgreSQL channel notified on sync, pause and resume, so sleeping schedulers re-read at once."""

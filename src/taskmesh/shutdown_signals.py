@@ -64,9 +64,9 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any, Literal, Protocol, Self
 
-import structlog
+from taskmesh.logs import get_logger
 
-log = structlog.get_logger("taskmesh.shutdown")
+log = get_logger("taskmesh.shutdown")
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """Signals that stop the instance."""

@@ -37,7 +37,6 @@ from functools import partial
 from typing import Any
 
 import anyio
-import structlog
 
 from taskmesh import __version__, emergency, notify
 from taskmesh.api.app import create_app
@@ -46,7 +45,7 @@ from taskmesh.api.state import AppState, ServedQueues
 from taskmesh.clock import StoreClock
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
 from taskmesh.errors import MigrationError, ServiceFailedError, StoreError
-from taskmesh.logs import run_keys
+from taskmesh.logs import get_logger, run_keys
 from taskmesh.loop_monitor import LoopMonitor
 from taskmesh.metrics import Metrics, current_metrics
 from taskmesh.models import Outcome, RunResult
@@ -77,7 +76,7 @@ from taskmesh.store import Stores
 from taskmesh.store.postgres import Listener
 from taskmesh.tasks import Tasks
 
-log = structlog.get_logger("taskmesh.supervisor")
+log = get_logger("taskmesh.supervisor")
 
 INTERRUPTED_ERROR = "interrupted: instance shut down before the run finished"
 COMMIT_DEADLINE_SECONDS = 5.0

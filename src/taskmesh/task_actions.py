@@ -12,14 +12,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import structlog
-
 from taskmesh.errors import StoreError, TaskFinishedError, TaskNotFoundError, TaskStateError
+from taskmesh.logs import get_logger
 from taskmesh.models import PushTarget
 from taskmesh.states import TaskStatus
 from taskmesh.store import PgStore, RedisStore
 
-log = structlog.get_logger("taskmesh.tasks")
+log = get_logger("taskmesh.tasks")
 
 RETRYABLE = (TaskStatus.FAILED, TaskStatus.CANCELLED)
 """The states an operator's retry takes a task from."""

@@ -17,9 +17,9 @@ from typing import Any
 
 import asyncpg
 import orjson
-import structlog
 
 from taskmesh.errors import InvalidTaskError, StoreError, TaskNotFoundError
+from taskmesh.logs import get_logger
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, PushTarget, RunResult
 from taskmesh.records import run_to_dict as _run_to_dict
@@ -31,7 +31,7 @@ from taskmesh.task_actions import TaskActions
 from taskmesh.tracing import new_trace_id
 from taskmesh.validation import BIG_INTEGER, TaskSpec, big_integer_path
 
-log = structlog.get_logger("taskmesh.tasks")
+log = get_logger("taskmesh.tasks")
 
 DEFAULT_QUEUE = "default"
 """The queue of a task whose request and handler name none."""

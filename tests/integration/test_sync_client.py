@@ -23,6 +23,7 @@ import taskmesh
 from taskmesh.client import Client
 from taskmesh.errors import InvalidTaskError, NonRetryableError
 from taskmesh.registry import Registry
+from tests.proc import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -117,3 +118,40 @@ async def test_the_sync_client_waits_in_a_thread_while_the_instance_runs_the_tas
 
     async with start_instance():
         assert await anyio.to_thread.run_sync(script) == (42, 3, 3)
+
+
+QUIET_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import taskmesh
+
+    database_url, redis_url, prefix = sys.argv[1:4]
+    with taskmesh.SyncClient(database_url, redis_url, redis_prefix=prefix) as client:
+        task_id = client.enqueue("client.add", {"a": 1, "b": 1}, delay_seconds=3600)
+        client.cancel(task_id)
+        client.retry(task_id)
+        client.cancel(task_id)
+    print("the script's own line")
+    """
+)
+
+
+async def test_the_client_prints_nothing_into_a_script_and_its_warnings_reach_logging(
+    database_url: str, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "quiet.py"
+    script.write_text(QUIET_SCRIPT)
+
+    def run(redis: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(script), database_url, redis, prefix], capture_output=True, text=True, timeout=60
+        )
+
+    # Retries and deletes are logged at info by an instance: a script sees none of it.
+    quiet = await anyio.to_thread.run_sync(run, redis_url)
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "the script's own line\n", "")
+    # A Redis that is down is a warning (the tasks are in PostgreSQL; an instance pushes them later):
+    # it reaches the standard library's logging, which prints warnings on stderr unless told otherwise.
+    down = await anyio.to_thread.run_sync(run, f"redis://127.0.0.1:{free_port()}/0")
+    assert (down.returncode, down.stdout) == (0, "the script's own line\n"), down.stderr[-2000:]
+    assert down.stderr.startswith("event='redis_push_failed' tasks=1 error=\"redis unavailable in push: "), down.stderr

@@ -9,20 +9,20 @@ from collections.abc import Iterable
 from typing import Annotated, Any, TypeVar
 
 import orjson
-import structlog
 from fastapi import Depends, Path, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from taskmesh.api.state import AppState
 from taskmesh.errors import BadJsonError, InvalidTaskError, NotReadyError, StoreError
+from taskmesh.logs import get_logger
 from taskmesh.schedules import Schedules
 from taskmesh.store import Stores
 from taskmesh.tasks import Tasks
 from taskmesh.tracing import trace_id_from_headers
 from taskmesh.validation import NAME_REGEX, TaskSpec, field_errors, may_hold_big_integers
 
-log = structlog.get_logger("taskmesh.api")
+log = get_logger("taskmesh.api")
 
 _NAME = re.compile(NAME_REGEX)
 M = TypeVar("M", bound=BaseModel)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -37,12 +36,13 @@ from taskmesh.errors import (
     TaskNotFoundError,
     TaskStateError,
 )
+from taskmesh.logs import get_logger
 from taskmesh.storable import describe
 
 METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
 """The methods the API's routes use, in the order ``Allow`` lists them."""
 
-log = structlog.get_logger("taskmesh.api")
+log = get_logger("taskmesh.api")
 
 
 def _bad_json(exc: Any) -> Response:

@@ -61,7 +61,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import httptools
 import orjson
-import structlog
 import uvicorn
 from prometheus_client import Counter
 from starlette.types import ASGIApp
@@ -69,6 +68,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from taskmesh.api.problems import PROBLEM_TYPE
 from taskmesh.errors import ConfigError
+from taskmesh.logs import get_logger
 from taskmesh.metrics import HTTP_REFUSAL_REASONS, Metrics
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ __all__ = [
     "raise_open_files_limit",
 ]
 
-log = structlog.get_logger("taskmesh.http")
+log = get_logger("taskmesh.http")
 
 LINGER_SECONDS = 2.0
 """Longest a refused connection is kept half-closed, reading and discarding, seconds."""

@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
-import structlog
 
 from taskmesh.errors import StoreError
+from taskmesh.logs import get_logger
 from taskmesh.metrics import current_metrics
 
-log = structlog.get_logger("taskmesh.services")
+log = get_logger("taskmesh.services")
 
 Counts = Mapping[str, int]
 """What a tick did, e.g. ``{"moved": 12}``; empty when nothing happened."""

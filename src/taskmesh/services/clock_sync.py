@@ -11,14 +11,13 @@ its host's clock needs NTP. Tick counts: none.
 
 from __future__ import annotations
 
-import structlog
-
 from taskmesh.clock import StoreClock
+from taskmesh.logs import get_logger
 from taskmesh.metrics import Metrics
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.store import PgStore
 
-log = structlog.get_logger("taskmesh.clock")
+log = get_logger("taskmesh.clock")
 
 WARN_SECONDS = 1.0
 

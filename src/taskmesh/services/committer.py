@@ -31,16 +31,15 @@ from __future__ import annotations
 import uuid
 
 import anyio
-import structlog
 
 from taskmesh.errors import StoreError
-from taskmesh.logs import run_keys
+from taskmesh.logs import get_logger, run_keys
 from taskmesh.models import ClaimedTask, Outcome, RunResult
 from taskmesh.services.base import Outage
 from taskmesh.storable import storable_text
 from taskmesh.tasks import Tasks
 
-log = structlog.get_logger("taskmesh.committer")
+log = get_logger("taskmesh.committer")
 
 
 class Committer:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import uuid
 
 import anyio
-import structlog
 
 from taskmesh.errors import StoreError
+from taskmesh.logs import get_logger
 from taskmesh.services.base import Outage
 from taskmesh.store.postgres import Listener
 from taskmesh.tasks import ENQUEUED_CHANNEL, Tasks
 
-log = structlog.get_logger("taskmesh.enqueued_listener")
+log = get_logger("taskmesh.enqueued_listener")
 
 BURST_SECONDS = 1.0
 """Longest the service waits between two looks at what it heard (it wakes at once on a notification)."""

@@ -39,10 +39,9 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import anyio
-import structlog
 
 from taskmesh.errors import NonRetryableError, PayloadDecodeError, Retry
-from taskmesh.logs import current_run, run_keys
+from taskmesh.logs import current_run, get_logger, run_keys
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, Outcome, RunResult
 from taskmesh.process_pool import HandlerRef, PoolClosedError
@@ -58,7 +57,7 @@ from taskmesh.storable import (
     storable_text,
 )
 
-log = structlog.get_logger("taskmesh.executor")
+log = get_logger("taskmesh.executor")
 
 
 def failure(

@@ -14,13 +14,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import anyio
-import structlog
 
 from taskmesh.errors import StoreError
+from taskmesh.logs import get_logger
 from taskmesh.services.base import Outage
 from taskmesh.store import RedisStore
 
-log = structlog.get_logger("taskmesh.finished_feed")
+log = get_logger("taskmesh.finished_feed")
 
 
 class Waiter:

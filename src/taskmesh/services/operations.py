@@ -19,17 +19,17 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-import structlog
 
 from taskmesh.bulk import parse_filter
 from taskmesh.errors import InvalidTaskError, StoreError
+from taskmesh.logs import get_logger
 from taskmesh.models import PushTarget
 from taskmesh.search import START, WINDOW
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.states import BulkAction, OperationStatus
 from taskmesh.tasks import Tasks
 
-log = structlog.get_logger("taskmesh.operations")
+log = get_logger("taskmesh.operations")
 
 BATCH = 500
 """Tasks acted on per transaction."""

@@ -18,12 +18,11 @@ was reclaimed. Emits ``runs_reclaimed`` and ``workers_lost`` (warning) and
 
 from __future__ import annotations
 
-import structlog
-
+from taskmesh.logs import get_logger
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.tasks import Tasks
 
-log = structlog.get_logger("taskmesh.reclaimer")
+log = get_logger("taskmesh.reclaimer")
 
 FORGET_WORKERS_AFTER_SECONDS = 24 * 3600
 

@@ -36,13 +36,13 @@ from datetime import datetime
 from functools import partial
 
 import anyio
-import structlog
 
+from taskmesh.logs import get_logger
 from taskmesh.models import PushTarget
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.tasks import Tasks
 
-log = structlog.get_logger("taskmesh.reconciler")
+log = get_logger("taskmesh.reconciler")
 
 DLQ_MIRROR_MAX = 10_000
 """Most ids kept in one queue's DLQ mirror (listing and replay read PostgreSQL)."""

@@ -28,15 +28,15 @@ from datetime import timedelta
 
 import anyio
 import asyncpg
-import structlog
 
 from taskmesh.clock import Clock, Waker
 from taskmesh.errors import StoreError
+from taskmesh.logs import get_logger
 from taskmesh.schedules import Schedules
 from taskmesh.services.base import Outage, call_until_done
 from taskmesh.store.postgres import Listener
 
-log = structlog.get_logger("taskmesh.scheduler")
+log = get_logger("taskmesh.scheduler")
 
 LOCKED_RETRY_SECONDS = 1.0
 """Longest wait before looking again at a due row another instance holds (it notifies when done)."""

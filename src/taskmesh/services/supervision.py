@@ -21,12 +21,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
-import structlog
 
+from taskmesh.logs import get_logger
 from taskmesh.metrics import Metrics
 from taskmesh.storable import describe
 
-log = structlog.get_logger("taskmesh.supervisor")
+log = get_logger("taskmesh.supervisor")
 
 RUNNING = "running"
 RESTARTING = "restarting"

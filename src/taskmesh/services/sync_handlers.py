@@ -30,13 +30,13 @@ import functools
 from typing import Any
 
 import anyio
-import structlog
 
+from taskmesh.logs import get_logger
 from taskmesh.models import ClaimedTask, TaskContext
 from taskmesh.process_pool import ChildOutcome, HandlerRef, ProcessPool
 from taskmesh.registry import Handler
 
-log = structlog.get_logger("taskmesh.sync_handlers")
+log = get_logger("taskmesh.sync_handlers")
 
 MODES = ("process", "thread")
 

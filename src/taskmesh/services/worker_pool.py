@@ -38,10 +38,9 @@ import uuid
 from collections.abc import Callable
 
 import anyio
-import structlog
 
 from taskmesh.errors import StoreError
-from taskmesh.logs import run_keys
+from taskmesh.logs import get_logger, run_keys
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask
 from taskmesh.registry import Registry
@@ -52,7 +51,7 @@ from taskmesh.services.run_tally import RunTally
 from taskmesh.services.sync_handlers import SyncHandlers
 from taskmesh.tasks import Tasks
 
-log = structlog.get_logger("taskmesh.worker_pool")
+log = get_logger("taskmesh.worker_pool")
 
 BATCH_MAX = 100
 """Most ids popped and claimed at once."""

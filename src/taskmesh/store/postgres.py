@@ -26,9 +26,9 @@ from typing import Any
 
 import anyio
 import asyncpg
-import structlog
 
 from taskmesh.errors import MigrationError
+from taskmesh.logs import get_logger
 from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
 from taskmesh.store.operation_queries import OperationQueries
 from taskmesh.store.queue_queries import QueueQueries
@@ -40,7 +40,7 @@ from taskmesh.store.worker_queries import WorkerQueries
 
 __all__ = ["Listener", "PgStore", "migrate", "migrate_url", "migrations", "queries"]
 
-log = structlog.get_logger("taskmesh.postgres")
+log = get_logger("taskmesh.postgres")
 
 MIGRATION_LOCK_ID = 0x7461736B6D657368 & 0x7FFFFFFFFFFFFFFF  # "taskmesh" as a bigint
 

@@ -24,8 +24,8 @@ from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
-import structlog
 
+from taskmesh.logs import get_logger
 from taskmesh.models import PushTarget
 from taskmesh.store.classify import REDIS_ERRORS, redis_error
 from taskmesh.store.finished import FinishedChannel
@@ -40,7 +40,7 @@ from taskmesh.store.keys import (
 )
 from taskmesh.store.scripts import lua
 
-log = structlog.get_logger("taskmesh.redis")
+log = get_logger("taskmesh.redis")
 
 FOREIGN_KEPT = 1000
 """Most set-aside members kept per queue (newest first)."""

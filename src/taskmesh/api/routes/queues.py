@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import structlog
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
@@ -13,11 +12,12 @@ from starlette.responses import Response
 from taskmesh.api.deps import QueuePath, StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
 from taskmesh.api.problems import problem_responses
 from taskmesh.errors import InvalidTaskError
+from taskmesh.logs import get_logger
 from taskmesh.queue_overview import known_queues, overview
 from taskmesh.records import pause_to_dict
 from taskmesh.validation import StrictInt, check_json
 
-log = structlog.get_logger("taskmesh.api")
+log = get_logger("taskmesh.api")
 
 router = APIRouter()
 

@@ -6,7 +6,6 @@ import uuid
 from typing import Any
 
 import anyio
-import structlog
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
@@ -30,13 +29,14 @@ from taskmesh.bulk import BulkRequest, operation_to_dict, parse_filter
 from taskmesh.bulk import dry_run as bulk_dry_run
 from taskmesh.bulk import start as bulk_start
 from taskmesh.errors import InvalidTaskError, StoreError
+from taskmesh.logs import get_logger
 from taskmesh.search import parse_search, search
 from taskmesh.states import TaskStatus
 from taskmesh.tasks import Tasks
 from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, check_json, parse_task_spec
 
 router = APIRouter()
-log = structlog.get_logger("taskmesh.api")
+log = get_logger("taskmesh.api")
 
 BATCH_MAX = 1000
 
