@@ -38,7 +38,15 @@ class InvalidTaskError(TaskmeshError, ValueError):
 
 
 class TaskNotFoundError(TaskmeshError, LookupError):
-    """No task has the given id (the message is the id)."""
+    """No task has the given id.
+
+    :param task_id: the id asked for, as text.
+    :param detail: the message, when it is not ``no task has id <task_id>``.
+    """
+
+    def __init__(self, task_id: str, detail: str | None = None) -> None:
+        super().__init__(detail or f"no task has id {task_id}")
+        self.task_id = task_id
 
 
 class TaskFinishedError(TaskmeshError):
@@ -86,7 +94,14 @@ class TaskFailedError(TaskmeshError):
 
 
 class TaskCancelledError(TaskmeshError):
-    """A task waited for was cancelled (the message is the id)."""
+    """A task waited for was cancelled.
+
+    :param task_id: the task's id, as text.
+    """
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"task {task_id} was cancelled")
+        self.task_id = task_id
 
 
 class WaitTimeoutError(TaskmeshError, TimeoutError):

@@ -263,7 +263,7 @@ class Tasks(TaskActions):
             else:
                 found = existing.get(spec.dedup_key or "")  # only a key conflict inserts nothing
                 if found is None:  # deleted between the two statements: vanishingly rare, say so
-                    raise TaskNotFoundError(f"task with dedup_key {spec.dedup_key!r} vanished")
+                    raise TaskNotFoundError("", f"the task of dedup_key {spec.dedup_key!r} was deleted meanwhile")
                 found_id, status, found_trace = found
                 out.append(Enqueued(found_id, status, created=False, trace_id=found_trace))
                 if self.metrics:

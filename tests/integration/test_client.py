@@ -58,5 +58,7 @@ async def test_the_client_refuses_bad_input_like_the_api_and_writes_nothing(
 
 async def test_get_of_an_unknown_task_raises_task_not_found(database_url: str, redis_url: str, prefix: str) -> None:
     async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix) as client:
-        with pytest.raises(taskmesh.TaskNotFoundError):
-            await client.get(uuid.uuid4())
+        missing = uuid.uuid4()
+        with pytest.raises(taskmesh.TaskNotFoundError) as info:
+            await client.get(missing)
+    assert (str(info.value), info.value.task_id) == (f"no task has id {missing}", str(missing))

@@ -94,8 +94,9 @@ async def test_wait_raises_for_a_failed_a_cancelled_and_a_late_task(
         assert time.monotonic() - t0 >= 1 and isinstance(late.value, TimeoutError)
         assert str(late.value) == f"task {later} is still queued after 1 s"
         await client.cancel(later)
-        with pytest.raises(taskmesh.TaskCancelledError):
+        with pytest.raises(taskmesh.TaskCancelledError) as cancelled:
             await client.wait(later, timeout=5)
+        assert (str(cancelled.value), cancelled.value.task_id) == (f"task {later} was cancelled", str(later))
         with pytest.raises(InvalidTaskError) as bad:
             await client.get("not-a-uuid")
         assert (bad.value.field, bad.value.message) == ("task_id", "must be a UUID")

@@ -59,7 +59,7 @@ def _validation(exc: Any) -> Response:
 
 
 def _task_not_found(exc: Any) -> Response:
-    return problem(404, "Task not found", f"no task has id {exc}")
+    return problem(404, "Task not found", str(exc))
 
 
 def _schedule_not_found(exc: Any) -> Response:
