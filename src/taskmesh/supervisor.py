@@ -106,6 +106,11 @@ class Instance:
     """``time.monotonic()`` of the signal that asked for the stop: the grace period counts from it."""
 
 
+def handled_names(registry: Registry) -> list[str] | None:
+    """The task names this instance advertises (``workers.handlers``); ``None``: any, it has a fallback."""
+    return None if registry.fallback is not None else sorted(registry.names())
+
+
 async def run(
     settings: Settings, registry: Registry, instance: Instance | None = None, *, signals: bool = True
 ) -> None:
@@ -125,7 +130,12 @@ async def run(
     metrics = Metrics(task_names=registry, queues=settings.queue_names)  # bounded labels (issue 10, break 10)
     current_metrics.set(metrics)  # this task and the services it starts count their store errors here
     own = frozenset(settings.queue_names) if settings.workers_enabled else frozenset[str]()
-    state = AppState(metrics=metrics, queues=list(settings.queue_names), served=ServedQueues(own=own))
+    own_names = handled_names(registry)
+    state = AppState(
+        metrics=metrics,
+        queues=list(settings.queue_names),
+        served=ServedQueues(own=own, own_names=None if own_names is None else frozenset(own_names)),
+    )
     inst.state = state
     sock = bind_http(settings.http_host, settings.http_port)
     inst.port = sock.getsockname()[1]
@@ -350,6 +360,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
             is_draining=lambda: p.state.draining,
             cancel=p.cancel_run,
             metrics=p.metrics,
+            handlers=handled_names(p.registry),
         )
         table.append(ServiceSpec("heartbeat", beat, critical=True))
     table += [
@@ -490,7 +501,12 @@ async def _serve(
         # Register before the first claim, so that no run of ours looks orphaned to a reclaimer.
         async def register() -> None:
             await heartbeat.run_once(
-                stores.pg, inst.worker_id, concurrency, lease_seconds=settings.lease_seconds, metrics=metrics
+                stores.pg,
+                inst.worker_id,
+                concurrency,
+                lease_seconds=settings.lease_seconds,
+                metrics=metrics,
+                handlers=handled_names(registry),
             )
 
         await call_until_done("heartbeat", register)

@@ -189,13 +189,63 @@ async def test_a_task_sent_to_a_queue_no_instance_serves_is_visible_in_the_answe
 async def test_the_served_queues_are_read_once_per_ttl_and_the_instances_own_always_count(
     stores: Stores, pool: asyncpg.Pool
 ) -> None:
-    served = ServedQueues(own=frozenset({"mine"}), ttl=0.3)
-    assert await served.get(stores.pg) == {"mine"}
+    served = ServedQueues(own=frozenset({"mine"}), own_names=frozenset({"a.job"}), ttl=0.3)
+    assert await served.get(stores.pg) == {"mine": frozenset({"a.job"})}
     await pool.execute(
-        """INSERT INTO workers (id, host, pid, queues, version, state)
-           VALUES ('w-1', 'h', 1, '{"emails": 2, "reports": 1}', 'v', 'running'),
-                  ('w-2', 'h', 2, '{"gone": 1}', 'v', 'stopped')"""
+        """INSERT INTO workers (id, host, pid, queues, version, state, handlers)
+           VALUES ('w-1', 'h', 1, '{"emails": 2, "reports": 1}', 'v', 'running', '{mail.send,report.export}'),
+                  ('w-2', 'h', 2, '{"reports": 1, "mine": 1}', 'v', 'running', '{report.pdf}'),
+                  ('w-3', 'h', 3, '{"any": 1}', 'v', 'draining', NULL),
+                  ('w-4', 'h', 4, '{"gone": 1}', 'v', 'stopped', '{x}')"""
     )
-    assert await served.get(stores.pg) == {"mine"}, "read again within the ttl"
+    assert await served.get(stores.pg) == {"mine": frozenset({"a.job"})}, "read again within the ttl"
     await anyio.sleep(0.35)
-    assert await served.get(stores.pg) == {"mine", "emails", "reports"}
+    assert await served.get(stores.pg) == {
+        "mine": frozenset({"a.job", "report.pdf"}),
+        "emails": frozenset({"mail.send", "report.export"}),
+        "reports": frozenset({"mail.send", "report.export", "report.pdf"}),
+        "any": None,
+    }
+
+
+async def test_a_task_name_no_live_instance_has_a_handler_for_is_created_with_a_warning(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    @registry.task("report.export")
+    async def export(payload: Any) -> str:
+        return "ok"
+
+    async with start_instance(queue_names=["default"]) as inst, http(inst) as client:
+        typo = await client.post(TASKS, json={"name": "reprot.export"})
+        known = await client.post(TASKS, json={"name": "report.export"})
+        batch = await client.post(f"{TASKS}:batch", json={"tasks": [{"name": "report.export"}, {"name": "report.pdf"}]})
+        # Another live instance serving the queue with a handler for it: no warning from then on
+        # (this instance reads the workers table again after its cache's ttl).
+        await pool.execute(
+            """INSERT INTO workers (id, host, pid, queues, version, state, handlers)
+               VALUES ('pdf-worker', 'h', 1, '{"default": 1}', 'v', 'running', '{report.pdf}')"""
+        )
+        assert inst.state is not None
+        inst.state.served.ttl = 0
+        pdf = await client.post(TASKS, json={"name": "report.pdf", "delay_seconds": 3600})
+    assert (typo.status_code, typo.json()["warnings"]) == (
+        201,
+        ["no live instance serving queue 'default' has a handler for 'reprot.export'"],
+    )
+    assert known.status_code == 201 and "warnings" not in known.json()
+    assert [r.get("warnings") for r in batch.json()["results"]] == [
+        None,
+        ["no live instance serving queue 'default' has a handler for 'report.pdf'"],
+    ]
+    assert pdf.status_code == 201 and "warnings" not in pdf.json()
+
+
+async def test_an_instance_with_a_fallback_handler_runs_any_name_so_no_name_is_warned_about(
+    start_instance: Any, registry: Registry
+) -> None:
+    from taskmesh.demo import demo_handler
+
+    registry.fallback = demo_handler()
+    async with start_instance(queue_names=["default"]) as inst, http(inst) as client:
+        r = await client.post(TASKS, json={"name": "anything.at.all", "delay_seconds": 3600})
+    assert r.status_code == 201 and "warnings" not in r.json()

@@ -167,17 +167,19 @@ def is_name(value: str) -> bool:
     return _NAME.fullmatch(value) is not None
 
 
-async def unserved_warnings(state: AppState, queues: Iterable[str]) -> dict[str, str]:
-    """A warning for each of ``queues`` that no live instance serves (issue 10, break 10).
+async def task_warnings(state: AppState, created: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """A warning for each created ``(queue, task name)`` that no live instance will run.
 
-    A task sent there waits until a worker is started for its queue (a typo such as
-    ``defualt`` waits for ever); the create still succeeds and says so. The served set is
-    cached (:class:`~taskmesh.api.state.ServedQueues`). When PostgreSQL cannot say, there
-    are no warnings (the task is stored already; the answer must not turn into an error).
+    Either no live instance serves the queue (issue 10, break 10: a typo such as ``defualt``
+    waits for ever), or none of those serving it has a handler for the name (issue 11: the
+    task would fail when claimed). The create still succeeds and says so. What live instances
+    serve is cached (:class:`~taskmesh.api.state.ServedQueues`). When PostgreSQL cannot say,
+    there are no warnings (the task is stored already; the answer must not turn into an error).
 
-    :returns: ``{queue: "queue 'defualt' is served by no live instance"}`` for the unserved ones.
+    :returns: ``{(queue, name): "queue 'defualt' is served by no live instance"}`` or
+        ``"no live instance serving queue 'reports' has a handler for 'reprot.export'"``.
     """
-    wanted = set(queues)
+    wanted = set(created)
     if not wanted or state.stores is None:
         return {}
     try:
@@ -185,7 +187,15 @@ async def unserved_warnings(state: AppState, queues: Iterable[str]) -> dict[str,
     except StoreError as exc:
         log.warning("served_queues_unknown", error=str(exc))
         return {}
-    return {q: f"queue {q!r} is served by no live instance" for q in sorted(wanted - served)}
+    warnings: dict[tuple[str, str], str] = {}
+    for queue, name in sorted(wanted):
+        if queue not in served:
+            warnings[queue, name] = f"queue {queue!r} is served by no live instance"
+            continue
+        names = served[queue]
+        if names is not None and name not in names:
+            warnings[queue, name] = f"no live instance serving queue {queue!r} has a handler for {name!r}"
+    return warnings
 
 
 def with_trace(spec: TaskSpec, request: Request) -> TaskSpec:

@@ -21,25 +21,29 @@ SERVED_QUEUES_READ = 10_000
 
 @dataclass
 class ServedQueues:
-    """The queues live (running or draining) workers serve, read at most every ``ttl`` seconds.
+    """The queues live (running or draining) workers serve and the task names they have handlers
+    for, read at most every ``ttl`` seconds.
 
-    Creates ask it whether their queue is served (issue 10, break 10), so it must stay cheap:
-    one read of the ``workers`` table per ``ttl`` however many creates, while other creates
-    keep the last answer. Before the first read completes every caller reads.
+    Creates ask it whether their queue is served and their name handled there (issue 10, break
+    10; issue 11), so it must stay cheap: one read of the ``workers`` table per ``ttl`` however
+    many creates, while other creates keep the last answer. Before the first read completes every
+    caller reads.
 
     :param own: the queues this instance serves itself (its ``queue_names`` when its workers are
         on): served whatever the table says (before its first heartbeat, or after a stale read).
+    :param own_names: the task names this instance has handlers for; ``None``: any (a fallback).
     :param ttl: seconds a read is trusted.
     """
 
     own: frozenset[str] = frozenset()
+    own_names: frozenset[str] | None = None
     ttl: float = SERVED_CACHE_SECONDS
-    _queues: frozenset[str] = frozenset()
+    _handlers: dict[str, frozenset[str] | None] = field(default_factory=dict)
     _read_at: float | None = None
     _reading: bool = False
 
-    async def get(self, pg: PgStore) -> frozenset[str]:
-        """The served queues, read again when the last read is older than ``ttl``.
+    async def get(self, pg: PgStore) -> dict[str, frozenset[str] | None]:
+        """``{served queue: the task names handled there, None for any}``, read again when older than ``ttl``.
 
         :raises StoreError: PostgreSQL failed (the next call reads again).
         """
@@ -47,11 +51,15 @@ class ServedQueues:
         if self._read_at is None or (stale and not self._reading):
             self._reading = True
             try:
-                self._queues = frozenset(await pg.workers.served_queues(SERVED_QUEUES_READ))
+                self._handlers = await pg.workers.served_handlers(SERVED_QUEUES_READ)
                 self._read_at = time.monotonic()
             finally:
                 self._reading = False
-        return self._queues | self.own
+        served = dict(self._handlers)
+        for queue in self.own:
+            theirs = served.get(queue, frozenset())
+            served[queue] = None if theirs is None or self.own_names is None else theirs | self.own_names
+        return served
 
 
 @dataclass

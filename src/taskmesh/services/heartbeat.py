@@ -44,10 +44,12 @@ async def run_once(
     draining: bool = False,
     cancel: Callable[[uuid.UUID], bool] | None = None,
     metrics: Metrics | None = None,
+    handlers: Collection[str] | None = None,
 ) -> list[uuid.UUID]:
     """One beat; returns the ids of held tasks to cancel (and cancels them via ``cancel``).
 
     :param held: run ids whose leases to extend.
+    :param handlers: the task names this instance has handlers for (``None``: any, a fallback).
     :raises StoreError: PostgreSQL failed.
     """
     to_cancel = await pg.workers.heartbeat(
@@ -59,6 +61,7 @@ async def run_once(
         WorkerState.DRAINING if draining else WorkerState.RUNNING,
         lease_seconds,
         list(held),
+        None if handlers is None else sorted(handlers),
     )
     if metrics is not None:
         metrics.heartbeats.inc()
@@ -79,8 +82,9 @@ async def run(
     is_draining: Callable[[], bool],
     cancel: Callable[[uuid.UUID], bool],
     metrics: Metrics | None = None,
+    handlers: Collection[str] | None = None,
 ) -> None:
-    """Beat for ever (cancelled by the supervisor after deregistering)."""
+    """Beat for ever (cancelled by the supervisor after deregistering); ``handlers`` as :func:`run_once`."""
 
     async def beat() -> Counts:
         await run_once(
@@ -92,6 +96,7 @@ async def run(
             draining=is_draining(),
             cancel=cancel,
             metrics=metrics,
+            handlers=handlers,
         )
         return {}
 

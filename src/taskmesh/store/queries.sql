@@ -387,10 +387,10 @@ LIMIT $2;
 -- keeps its lease and is reclaimed once that expires. Returns the held runs'
 -- tasks whose cancellation was requested, for the instance to cancel.
 WITH w AS (
-    INSERT INTO workers (id, host, pid, queues, version, state)
-    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6)
+    INSERT INTO workers (id, host, pid, queues, version, state, handlers)
+    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $9::text[])
     ON CONFLICT (id) DO UPDATE
-    SET heartbeat_at = now(), state = EXCLUDED.state, stopped_at = NULL
+    SET heartbeat_at = now(), state = EXCLUDED.state, stopped_at = NULL, handlers = EXCLUDED.handlers
     RETURNING id
 ), leases AS (
     UPDATE task_runs
@@ -425,6 +425,19 @@ LIMIT $1;
 
 -- name: worker_sample_by_state
 SELECT state, count(*) AS n FROM workers GROUP BY state;
+
+-- name: worker_list_served_handlers
+-- Per queue live instances work (at most $1 queues): whether one of them runs any name
+-- (handlers NULL: a fallback, or an older version) and the names the others have handlers for.
+SELECT q.queue, bool_or(w.handlers IS NULL) AS any_name,
+       coalesce(array_agg(DISTINCT h.name) FILTER (WHERE h.name IS NOT NULL), '{}') AS names
+FROM workers w
+CROSS JOIN LATERAL jsonb_object_keys(w.queues) AS q(queue)
+LEFT JOIN LATERAL unnest(w.handlers) AS h(name) ON true
+WHERE w.state IN ('running', 'draining')
+GROUP BY q.queue
+ORDER BY q.queue
+LIMIT $1;
 
 -- name: worker_list_served_queues
 -- The queues live instances (running or draining) work, at most $1 of them.

@@ -23,13 +23,24 @@ class WorkerQueries(Queries):
         state: str,
         lease_seconds: float,
         held_run_ids: Sequence[uuid.UUID],
+        handlers: Sequence[str] | None = None,
     ) -> list[uuid.UUID]:
         """``worker_heartbeat``: upsert the row, extend the held runs' leases.
 
+        :param handlers: the task names this instance has handlers for; ``None``: any name.
         :returns: ids of held runs' tasks whose cancellation was requested.
         """
         rows = await self._fetch(
-            "worker_heartbeat", worker_id, host, pid, queues_json, version, state, lease_seconds, list(held_run_ids)
+            "worker_heartbeat",
+            worker_id,
+            host,
+            pid,
+            queues_json,
+            version,
+            state,
+            lease_seconds,
+            list(held_run_ids),
+            None if handlers is None else list(handlers),
         )
         return [r["id"] for r in rows]
 
@@ -52,6 +63,14 @@ class WorkerQueries(Queries):
     async def sample_by_state(self) -> dict[str, int]:
         """``worker_sample_by_state``: rows per state."""
         return {r["state"]: r["n"] for r in await self._fetch("worker_sample_by_state")}
+
+    async def served_handlers(self, limit: int) -> dict[str, frozenset[str] | None]:
+        """``worker_list_served_handlers``: per served queue, the task names its live instances can run.
+
+        :returns: ``{queue: names}``; ``None`` for a queue one of whose instances runs any name.
+        """
+        rows = await self._fetch("worker_list_served_handlers", limit)
+        return {r["queue"]: None if r["any_name"] else frozenset(r["names"]) for r in rows}
 
     async def served_queues(self, limit: int) -> Sequence[str]:
         """``worker_list_served_queues``: the queues live (running or draining) instances work, at most ``limit``."""

@@ -21,7 +21,7 @@ from taskmesh.api.deps import (
     parse_body,
     parse_task_id,
     read_json,
-    unserved_warnings,
+    task_warnings,
     with_trace,
 )
 from taskmesh.api.problems import problem, problem_responses
@@ -75,14 +75,15 @@ class Created(BaseModel):
 async def create_task(request: Request, tasks: TasksDep, state: StateDep) -> Response:
     """Validate and store one task, then push it (201; 200 when its ``dedup_key`` repeats).
 
-    The 201 answer carries ``warnings`` when no live instance serves the task's queue.
+    The 201 answer carries ``warnings`` when no live instance serves the task's queue or has a
+    handler for its name there.
     """
     spec = with_trace(parse_task_spec(await read_json(request, "payload")), request)
     result = await tasks.enqueue(spec)
     body: dict[str, Any] = {"task_id": str(result.task_id), "status": result.status, "trace_id": result.trace_id}
     if not result.created:
         return json_response({**body, "deduplicated": True}, 200)
-    warnings = await unserved_warnings(state, [result.queue] if result.queue else [])
+    warnings = await task_warnings(state, [(result.queue, spec.name)] if result.queue else [])
     if warnings:
         body["warnings"] = list(warnings.values())
     return json_response(body, 201, headers={"Location": f"/api/v1/tasks/{result.task_id}"})
@@ -127,7 +128,7 @@ def _parse_batch(data: Any, tasks: Tasks) -> tuple[list[TaskSpec], list[int], li
 async def create_batch(request: Request, tasks: TasksDep, state: StateDep) -> Response:
     """Store the valid items of a batch (all or none when ``atomic``) and report each item.
 
-    A created item whose queue no live instance serves carries ``warnings``, as a single create.
+    A created item no live instance will run carries ``warnings``, as a single create.
     """
     specs, positions, results, atomic = _parse_batch(await read_json(request, "tasks"), tasks)
     rejected = len(results) - len(specs)
@@ -141,16 +142,17 @@ async def create_batch(request: Request, tasks: TasksDep, state: StateDep) -> Re
             results=[r or {"index": i, "status": "not stored"} for i, r in enumerate(results)],
         )
     outcomes = await tasks.enqueue_many([with_trace(s, request) for s in specs])
-    warnings = await unserved_warnings(state, {o.queue for o in outcomes if o.queue})
-    for i, outcome in zip(positions, outcomes, strict=True):
+    named = [(o.queue or "", spec.name) for o, spec in zip(outcomes, specs, strict=True)]
+    warnings = await task_warnings(state, [(q, n) for q, n in named if q])
+    for i, outcome, (queue, name) in zip(positions, outcomes, named, strict=True):
         results[i] = {
             "index": i,
             "status": "created" if outcome.created else "deduplicated",
             "task_id": str(outcome.task_id),
             "trace_id": outcome.trace_id,
         }
-        if outcome.queue in warnings:
-            results[i]["warnings"] = [warnings[outcome.queue]]
+        if (queue, name) in warnings:
+            results[i]["warnings"] = [warnings[queue, name]]
     created = sum(1 for o in outcomes if o.created)
     return json_response(
         {"created": created, "deduplicated": len(outcomes) - created, "rejected": rejected, "results": results}
