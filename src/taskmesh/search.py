@@ -17,7 +17,7 @@ import base64
 import re
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -182,7 +182,11 @@ def _time(single: dict[str, str], key: str) -> datetime | None:
         value = None
     if value is None or value.tzinfo is None:
         raise InvalidTaskError(key, "must be an RFC 3339 time with an offset, e.g. 2026-01-01T12:00:00Z")
-    return value
+    try:
+        # In UTC, as PostgreSQL compares it: 9999-12-31T23:59:59-23:00 is past year 9999 there.
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidTaskError(key, "must be between 0001-01-01 and 9999-12-31 in UTC") from None
 
 
 def _scalar(raw: str) -> Any:

@@ -110,7 +110,7 @@ async def test_bulk_replay_by_filter_counts_first_asks_for_yes_then_follows_the_
         args = ("bulk", "replay", "--status", "failed", "--name", "cli.flaky")
 
         dry = await cli(inst, *args, "--dry-run")
-        assert dry.code == 0 and dry.lines()[0] == "would replay 30 tasks", dry.out
+        assert dry.code == 0 and dry.lines()[0] == "would replay 30 tasks, for example:", dry.out
         assert {line.strip() for line in dry.lines()[1:]} <= set(ids) and len(dry.lines()) == 11
 
         unasked = await cli(inst, *args)
@@ -143,3 +143,40 @@ async def test_bulk_replay_by_filter_counts_first_asks_for_yes_then_follows_the_
         )
         unknown = await cli(inst, "bulk", "show", MISSING)
         assert unknown.code == 3, unknown.err
+
+
+async def test_ids_and_names_cannot_reach_another_route_and_control_characters_print_escaped(
+    start_instance: Any, registry: Registry
+) -> None:
+    register(registry)
+    async with start_instance() as inst, http(inst) as client:
+        queued = await create(client, {"name": "cli.ok", "delay_seconds": 3600, "tenant_id": "acme\x1b[2J\x1b]0;owned"})
+        orphan = await create(client, {"name": "cli.ok", "queue_name": "orphans"})
+
+        injected = await cli(inst, "queues", "pause", f"../tasks/{queued}/cancel?")
+        assert (injected.code, injected.err) == (
+            2,
+            f"taskmesh: error: Invalid request: queue: must match [A-Za-z0-9_.:-]{{1,128}} "
+            f"(got '../tasks/{queued}/cancel?')\n",
+        )
+        sneaky = await cli(inst, "tasks", "retry", "../queues/zz/pause?")
+        assert sneaky.code == 2
+        assert sneaky.err == (
+            "taskmesh: error: ../queues/zz/pause?: Invalid request: task_id: must be a UUID "
+            "(got '../queues/zz/pause?')\n"
+        )
+        newline = await cli(inst, "tasks", "show", "a\nb")
+        assert (newline.code, newline.err) == (
+            2,
+            "taskmesh: error: Invalid request: task_id: must be a UUID (got 'a\\nb')\n",
+        )
+        assert await status_is(client, queued, "queued")
+        assert (await client.get("/api/v1/queues/zz")).json()["paused"] is False
+
+        shown = await cli(inst, "tasks", "show", queued)
+        assert "\x1b" not in shown.out
+        assert re.search(r"^tenant +acme\\x1b\[2J\\x1b\]0;owned$", shown.out, re.M), shown.out
+
+        workers = await cli(inst, "workers")
+        assert workers.err == "queues with work and no instance serving them: orphans (1 queued)\n"
+        assert orphan

@@ -111,7 +111,7 @@ async def test_tasks_show_prints_fields_runs_and_the_traceback_and_waits_for_the
             inst.worker_id,
             f"NonRetryableError: {MARKUP_ERROR}",
         )
-        assert "latest traceback:" in shown.lines()
+        assert "traceback of attempt 1:" in shown.lines()
 
         slow = await create(client, {"name": "cli.slow"})
         waited = await cli(inst, "tasks", "show", slow, "--wait", "20", "--json")
@@ -126,7 +126,10 @@ async def test_tasks_show_prints_fields_runs_and_the_traceback_and_waits_for_the
             f"taskmesh: error: Task not found: no task has id {MISSING}\n",
         )
         not_uuid = await cli(inst, "tasks", "show", "nope")
-        assert (not_uuid.code, not_uuid.err) == (2, "taskmesh: error: Invalid request: task_id: must be a UUID\n")
+        assert (not_uuid.code, not_uuid.err) == (
+            2,
+            "taskmesh: error: Invalid request: task_id: must be a UUID (got 'nope')\n",
+        )
 
 
 async def test_retry_cancel_and_delete_act_on_each_id_and_exit_with_the_first_refusal(

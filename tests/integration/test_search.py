@@ -195,6 +195,20 @@ BAD_SEARCHES = [
         "a payload filter's value must be a number, a string, true, false or null",
     ),
     invalid("a filter given twice", "GET", f"{TASKS}?queue=a&queue=b", "queue", "given twice"),
+    invalid(
+        "a time past year 9999 in UTC",
+        "GET",
+        f"{TASKS}?created_after=9999-12-31T23:59:59-23:00",
+        "created_after",
+        "must be between 0001-01-01 and 9999-12-31 in UTC",
+    ),
+    invalid(
+        "a time before year 1 in UTC",
+        "GET",
+        f"{TASKS}?finished_before=0001-01-01T00:00:00%2B05:00",
+        "finished_before",
+        "must be between 0001-01-01 and 9999-12-31 in UTC",
+    ),
     invalid("an error of 201 characters", "GET", f"{TASKS}?error={'e' * 201}", "error", "must be 1 to 200 characters"),
 ]
 

@@ -8,7 +8,7 @@ import httpx
 
 from taskmesh.cli.api import _problem
 from taskmesh.cli.exit_codes import ExitCode, for_http_status
-from taskmesh.cli.output import ago, duration, one_line, when
+from taskmesh.cli.output import ago, clean, duration, one_line, when
 
 
 def answer(status: int, **body: object) -> httpx.Response:
@@ -51,5 +51,6 @@ def test_times_print_in_utc_to_the_second_and_ages_in_their_largest_unit() -> No
     assert ago((now - timedelta(seconds=4.5)).isoformat(), now) == "4s"
     assert ago((now - timedelta(hours=3, minutes=5)).isoformat(), now) == "3h"
     assert [duration(s) for s in (0.0123, 59, 61, 86400 * 2)] == ["12ms", "59s", "1m", "2d"]
-    assert one_line("first line\nsecond", 80) == "first line"
-    assert one_line("x" * 100, 10) == "x" * 9 + "…"
+    assert one_line("first line\nsecond") == "first line"
+    assert clean("a\x1b[2Jb\x07\tc") == "a\\x1b[2Jb\\x07\\tc"
+    assert clean("line\nnext\x1b]0;title", newlines=True) == "line\nnext\\x1b]0;title"

@@ -66,10 +66,12 @@ def root(
 
     Examples:
 
-        taskmesh dev
-        taskmesh tasks list --status failed
-        taskmesh queues pause emails --reason "provider outage"
-        TASKMESH_URL=http://tm.internal:8080 taskmesh bulk replay --status failed --queue emails
+    ```
+    taskmesh dev
+    taskmesh tasks list --status failed
+    taskmesh queues pause emails --reason "provider outage"
+    TASKMESH_URL=http://tm.internal:8080 taskmesh bulk replay --status failed --queue emails
+    ```
     """
     if config:
         os.environ["TASKMESH_CONFIG"] = config
@@ -96,6 +98,12 @@ def _terminate_early(signum: int, frame: object) -> None:
     raise _Terminated
 
 
+def _refused(exc: StoreError) -> bool:
+    """A refused password: trying again will not help, though the failure model counts Redis's
+    refusal as an outage (an instance waits for the password to be fixed rather than exit)."""
+    return exc.detail.startswith("AuthenticationError")
+
+
 def _error(message: object) -> None:
     print(f"taskmesh: error: {message}", file=sys.stderr)
 
@@ -116,7 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ApiError as exc:
         _error(exc)
         return exc.exit_code
-    except (MigrationError, ServiceFailedError, StoreError) as exc:
+    except StoreError as exc:
+        # The operator's verbs that use the stores: an outage may pass (5), a refusal will not (1).
+        _error(exc)
+        return ExitCode.UNAVAILABLE if exc.transient and not _refused(exc) else ExitCode.FAILED
+    except (MigrationError, ServiceFailedError) as exc:
         # Not an outage: a migration or a store refusing for good, or a critical service that
         # kept crashing. The instance has shut down gracefully; the process manager decides.
         _error(exc)

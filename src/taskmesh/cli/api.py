@@ -6,17 +6,22 @@ validation (and, with issue 12, the same authentication) as any other client.
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
 
 from taskmesh import __version__
 from taskmesh.cli.exit_codes import ExitCode, for_http_status
+from taskmesh.validation import NAME_REGEX
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+_QUEUE = re.compile(NAME_REGEX)
 TIMEOUT_SECONDS = 15.0
 """How long one request may take (connect, write, read), beyond a ``wait`` the request asks for."""
 
@@ -106,6 +111,11 @@ class Api:
         )
         try:
             response = self._http.request(method, path, params=query, content=content, headers=headers, timeout=timeout)
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            raise ApiError(
+                f"{self.url} is not a URL the CLI can call ({exc}): give --url as http://host:port",
+                ExitCode.USAGE,
+            ) from None
         except httpx.TimeoutException as exc:
             raise ApiError(
                 f"the taskmesh API at {self.url} did not answer in time ({type(exc).__name__})",
@@ -118,6 +128,21 @@ class Api:
                 ExitCode.UNAVAILABLE,
             ) from None
         if response.status_code >= 400:
+            if not _is_problem(response) and response.status_code < 500:
+                # Not one of the API's answers: --url names another server, or a path under one.
+                raise ApiError(
+                    f"{self.url} answered {response.status_code} {response.reason_phrase} to {method} {path}, not "
+                    "as a taskmesh API does: give --url as the instance's http://host:port",
+                    ExitCode.USAGE,
+                    response.status_code,
+                )
+            if response.status_code == 404 and _title(response) == "Not Found":
+                # The API's answer for a path it has no route for (its own 404s name the task, schedule...).
+                raise ApiError(
+                    f"{self.url} has no route {method} {path}: give --url as the instance's http://host:port",
+                    ExitCode.USAGE,
+                    404,
+                )
             raise ApiError(_problem(response), for_http_status(response.status_code), response.status_code)
         if not response.content:
             return Answer(response.status_code, None)
@@ -138,6 +163,47 @@ def _reason(exc: httpx.HTTPError) -> str:
         cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
     text = str(cause) or type(cause).__name__
     return text.split("] ", 1)[-1] if text.startswith("[Errno") else text
+
+
+def _title(response: httpx.Response) -> str | None:
+    try:
+        problem = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return None
+    return str(problem.get("title")) if isinstance(problem, dict) else None
+
+
+def _is_problem(response: httpx.Response) -> bool:
+    return str(response.headers.get("content-type", "")).startswith("application/problem+json")
+
+
+def segment(value: str) -> str:
+    """``value`` quoted as one path segment: an id or a queue name can never reach another route
+    (``/`` and ``?`` are escaped, and so are the dots of ``.`` and ``..``, which a URL would resolve)."""
+    return value.replace(".", "%2E") if value in (".", "..") else quote(value, safe="")
+
+
+def task_path(task_id: str, suffix: str = "") -> str:
+    """``/api/v1/tasks/{task_id}{suffix}``, once ``task_id`` is a UUID.
+
+    :raises ApiError: not a UUID (exit 2), with the API's own message.
+    """
+    try:
+        uuid.UUID(task_id)
+    except ValueError:
+        raise ApiError(f"Invalid request: task_id: must be a UUID (got {task_id!r})", ExitCode.USAGE, 422) from None
+    return f"/api/v1/tasks/{task_id}{suffix}"
+
+
+def queue_path(queue: str, suffix: str = "") -> str:
+    """``/api/v1/queues/{queue}{suffix}``, once ``queue`` is a valid queue name.
+
+    :raises ApiError: not a valid name (exit 2), with the API's own message.
+    """
+    if not _QUEUE.fullmatch(queue):
+        pattern = NAME_REGEX.strip("^$")
+        raise ApiError(f"Invalid request: queue: must match {pattern} (got {queue!r})", ExitCode.USAGE, 422)
+    return f"/api/v1/queues/{segment(queue)}{suffix}"
 
 
 def _problem(response: httpx.Response) -> str:

@@ -18,7 +18,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from taskmesh.cli import common
-from taskmesh.cli.api import Api
+from taskmesh.cli.api import Api, segment
 from taskmesh.cli.exit_codes import EPILOG, ExitCode
 from taskmesh.cli.output import note, print_json, say, stderr_console
 
@@ -73,7 +73,7 @@ def run_action(
             print_json(count)
         else:
             more = "" if count["complete"] else " or more"
-            say(f"would {action} {count['matched']:,}{more} tasks")
+            say(f"would {action} {count['matched']:,}{more} tasks" + (", for example:" if count["sample"] else ""))
             for task_id in count["sample"]:
                 say(f"  {task_id}")
         return
@@ -118,7 +118,7 @@ def follow(api: Api, operation_id: str, total: int | None, *, show: bool) -> dic
     :param total: the expected number of tasks (the dry run's count), ``None`` when unknown.
     :returns: the operation's final answer of ``GET /api/v1/operations/{id}``.
     """
-    path = f"/api/v1/operations/{operation_id}"
+    path = f"/api/v1/operations/{segment(operation_id)}"
     if not show:
         return _poll(api, path, lambda op: None)
     columns = (
@@ -221,8 +221,10 @@ def _make(action: str) -> None:
 
     Examples:
 
-        taskmesh bulk {action} {example_filter} --dry-run
-        taskmesh bulk {action} {example_filter} --reason "INC-4211" --yes
+    ```
+    taskmesh bulk {action} {example_filter} --dry-run
+    taskmesh bulk {action} {example_filter} --reason "INC-4211" --yes
+    ```
     """
     app.command(action)(command)
 
@@ -244,10 +246,12 @@ def show(
 
     Examples:
 
-        taskmesh bulk show 6a1f0c9e-8b2d-4e3f-a1b2-c3d4e5f6a7b8 --follow
+    ```
+    taskmesh bulk show 6a1f0c9e-8b2d-4e3f-a1b2-c3d4e5f6a7b8 --follow
+    ```
     """
     with Api(url) as api:
-        op = api.get(f"/api/v1/operations/{operation_id}").body
+        op = api.get(f"/api/v1/operations/{segment(operation_id)}").body
         if follow_it and op["status"] == "running":
             op = follow(api, operation_id, None, show=not json)
     finish(op, json)

@@ -31,6 +31,7 @@ Json = Annotated[
     bool,
     typer.Option("--json", help="Print the API's JSON answer on one line instead of a table (for scripts)."),
 ]
+StoresJson = Annotated[bool, typer.Option("--json", help="Print JSON on one line instead of a table (for scripts).")]
 
 Status = Annotated[
     list[str] | None,
@@ -41,13 +42,15 @@ Status = Annotated[
         metavar="STATUS",
     ),
 ]
-Queue = Annotated[str | None, typer.Option("--queue", "-q", help="Only tasks of this queue.")]
-Name = Annotated[str | None, typer.Option("--name", "-n", help="Only tasks of this task name.")]
-Tenant = Annotated[int | None, typer.Option("--tenant-id", help="Only tasks of this tenant id.")]
-DedupKey = Annotated[str | None, typer.Option("--dedup-key", help="Only the task with this dedup key.")]
+Queue = Annotated[str | None, typer.Option("--queue", "-q", help="Only tasks of this queue.", metavar="QUEUE")]
+Name = Annotated[str | None, typer.Option("--name", "-n", help="Only tasks of this task name.", metavar="NAME")]
+Tenant = Annotated[str | None, typer.Option("--tenant-id", help="Only tasks of this tenant id.", metavar="TENANT")]
+DedupKey = Annotated[str | None, typer.Option("--dedup-key", help="Only the task with this dedup key.", metavar="KEY")]
 ErrorText = Annotated[
     str | None,
-    typer.Option("--error", "-e", help="Only tasks whose latest run's error contains this text (case-insensitive)."),
+    typer.Option(
+        "--error", "-e", help="Only tasks whose latest run's error contains this text (any case).", metavar="TEXT"
+    ),
 ]
 CreatedAfter = Annotated[
     str | None, typer.Option("--created-after", help="Created at or after this ISO 8601 time.", metavar="TIME")
@@ -80,7 +83,7 @@ class SearchFilter:
     status: list[str] | None = None
     queue: str | None = None
     name: str | None = None
-    tenant_id: int | None = None
+    tenant_id: str | None = None
     dedup_key: str | None = None
     error: str | None = None
     created_after: str | None = None
@@ -94,7 +97,7 @@ class SearchFilter:
 
         :raises typer.BadParameter: a ``--payload`` without ``=``.
         """
-        pairs: list[tuple[str, str]] = [("status", s) for s in self.status or []]
+        pairs: list[tuple[str, str]] = [("status", s.lower()) for s in self.status or []]
         for key in (
             "queue",
             "name",

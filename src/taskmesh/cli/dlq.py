@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from taskmesh.cli import bulk, common
-from taskmesh.cli.api import Api, ApiError
+from taskmesh.cli.api import Api, ApiError, queue_path, task_path
 from taskmesh.cli.exit_codes import EPILOG, ExitCode
 from taskmesh.cli.output import note, one_line, print_json, print_table, say, when
 
@@ -19,7 +19,10 @@ app = typer.Typer(
 )
 
 QueueName = Annotated[str, typer.Argument(help="The queue's name.", metavar="QUEUE")]
-Ids = Annotated[list[str] | None, typer.Argument(help="Task ids (UUIDs) of dead-lettered tasks.", metavar="[ID]...")]
+Ids = Annotated[list[str] | None, typer.Argument(help="Task ids (UUIDs) of dead-lettered tasks.", metavar="ID")]
+YesAll = Annotated[
+    bool, typer.Option("--yes", "-y", help="With --all: do not ask before acting (needed without a terminal).")
+]
 All = Annotated[
     bool, typer.Option("--all", help="Every dead-lettered task of the queue, as a bulk operation with progress.")
 ]
@@ -38,20 +41,20 @@ def list_dlq(
 
     Examples:
 
-        taskmesh dlq list emails
-        taskmesh dlq list emails --count 500 --json | jq -r '.tasks[].id'
+    ```
+    taskmesh dlq list emails
+    taskmesh dlq list emails --count 500 --json | jq -r '.tasks[].id'
+    ```
     """
     with Api(url) as api:
-        answer = api.get(f"/api/v1/queues/{queue}/dlq", [("count", str(count))]).body
+        answer = api.get(queue_path(queue, "/dlq"), [("count", str(count))]).body
     if json:
         print_json(answer)
         return
     rows = []
     for t in answer["tasks"]:
         run = t.get("latest_run") or {}
-        rows.append(
-            (t["id"], t["name"], run.get("attempt"), when(run.get("finished_at")), one_line(run.get("error"), 80))
-        )
+        rows.append((t["id"], t["name"], run.get("attempt"), when(run.get("finished_at")), one_line(run.get("error"))))
     print_table(("ID", "NAME", "ATTEMPT", "FAILED (UTC)", "ERROR"), rows)
     if not rows:
         note(f"the dead-letter queue of {queue} is empty")
@@ -68,7 +71,7 @@ def replay(
     priority: Annotated[
         int | None, typer.Option("--priority", min=0, max=1000, help="Replay at this priority (0 to 1000).")
     ] = None,
-    yes: bulk.Yes = False,
+    yes: YesAll = False,
     url: common.Url = common.UrlDefault,
     json: common.Json = False,
 ) -> None:
@@ -79,9 +82,11 @@ def replay(
 
     Examples:
 
-        taskmesh dlq replay emails 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
-        taskmesh dlq replay emails --count 100 --priority 900
-        taskmesh dlq replay emails --all --yes
+    ```
+    taskmesh dlq replay emails 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
+    taskmesh dlq replay emails --count 100 --priority 900
+    taskmesh dlq replay emails --all --yes
+    ```
     """
     if sum((bool(task_ids), count is not None, all_)) > 1:
         raise typer.BadParameter("give ids, --count or --all, not several", param_hint="'ID'")
@@ -97,7 +102,7 @@ def replay(
         body: dict[str, Any] = {"ids": task_ids} if task_ids else {"count": count or 1}
         if priority is not None:
             body["override_priority"] = priority
-        answer = api.post(f"/api/v1/queues/{queue}/dlq/replay", body).body
+        answer = api.post(queue_path(queue, "/dlq/replay"), body).body
     missing = answer.get("not_replayed") or []
     if json:
         print_json(answer)
@@ -116,7 +121,7 @@ def discard(
     queue: QueueName,
     task_ids: Ids = None,
     all_: All = False,
-    yes: bulk.Yes = False,
+    yes: YesAll = False,
     url: common.Url = common.UrlDefault,
     json: common.Json = False,
 ) -> None:
@@ -127,8 +132,10 @@ def discard(
 
     Examples:
 
-        taskmesh dlq discard emails 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
-        taskmesh dlq discard emails --all --yes
+    ```
+    taskmesh dlq discard emails 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
+    taskmesh dlq discard emails --all --yes
+    ```
     """
     if bool(task_ids) == all_:
         raise typer.BadParameter("give the ids to discard, or --all", param_hint="'ID'")
@@ -142,14 +149,14 @@ def discard(
         worst = ExitCode.OK
         for task_id in task_ids or []:
             try:
-                task = api.get(f"/api/v1/tasks/{task_id}").body["task"]
+                task = api.get(task_path(task_id)).body["task"]
                 if task["status"] != "failed" or task["queue_name"] != queue:
                     _refuse(
                         task_id, f"not dead-lettered in {queue} (it is {task['status']} in {task['queue_name']})", json
                     )
                     worst = worst or ExitCode.FAILED
                     continue
-                api.delete(f"/api/v1/tasks/{task_id}")
+                api.delete(task_path(task_id))
             except ApiError as exc:
                 if exc.status is None:
                     raise

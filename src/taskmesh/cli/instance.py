@@ -36,8 +36,10 @@ def run() -> None:
 
     Examples:
 
-        DATABASE_URL=postgresql://app@db/app REDIS_URL=redis://cache:6379/0 TASKMESH_HANDLERS=myapp.tasks taskmesh run
-        taskmesh --config /etc/taskmesh/taskmesh.toml run
+    ```
+    DATABASE_URL=postgresql://app@db/app REDIS_URL=redis://cache:6379/0 TASKMESH_HANDLERS=myapp.tasks taskmesh run
+    taskmesh --config /etc/taskmesh/taskmesh.toml run
+    ```
     """
     from taskmesh import supervisor
 
@@ -56,8 +58,10 @@ def dev() -> None:
 
     Examples:
 
-        taskmesh dev
-        TASKMESH_DEV_DIR=/tmp/tm TASKMESH_HANDLERS=myapp.tasks taskmesh dev
+    ```
+    taskmesh dev
+    TASKMESH_DEV_DIR=/tmp/tm TASKMESH_HANDLERS=myapp.tasks taskmesh dev
+    ```
     """
     from taskmesh import supervisor
     from taskmesh.demo import demo_handler
@@ -78,7 +82,9 @@ def migrate() -> None:
 
     Examples:
 
-        DATABASE_URL=postgresql://app@db/app taskmesh migrate
+    ```
+    DATABASE_URL=postgresql://app@db/app taskmesh migrate
+    ```
     """
     from taskmesh.store.postgres import migrate_url
 

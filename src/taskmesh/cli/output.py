@@ -42,13 +42,43 @@ def print_json(value: Any) -> None:
     sys.stdout.flush()
 
 
+def clean(value: Any, *, newlines: bool = False) -> str:
+    """``value`` as text a terminal shows as it is: control characters (an escape sequence that
+    would move the cursor, clear the screen or set the title) are written as ``\\x1b``, ``\\n``...
+
+    :param newlines: keep line breaks (a traceback), escape the rest.
+    """
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or (newlines and c == "\n") else c.encode("unicode_escape").decode("ascii") for c in text
+    )
+
+
+CUT_COLUMN = "ERROR"
+"""The column a narrow terminal cuts with an ellipsis; the others (ids above all) never wrap or shrink."""
+
+
 def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None) -> None:
-    """Print rows under a header; ``None`` cells print as ``-``, the rest as plain text."""
+    """Print rows under a header; ``None`` cells print as ``-``, the rest as plain text (:func:`clean`).
+
+    On a terminal too narrow for the rows, only the ``ERROR`` column is cut (with ``…``); into a
+    pipe nothing is cut or wrapped.
+    """
+    cells = [[Text("-" if cell is None else clean(cell)) for cell in row] for row in rows]
+    console = stdout_console()
+    widths = [max([len(column), *(row[i].cell_len for row in cells)]) for i, column in enumerate(columns)]
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*(Text("-" if cell is None else str(cell)) for cell in row))
+    for i, column in enumerate(columns):
+        most = None
+        if column == CUT_COLUMN and console.is_terminal:
+            # What the other columns leave of the terminal's width (2 spaces between columns).
+            most = max(10, console.width - sum(w for j, w in enumerate(widths) if j != i) - 2 * (len(columns) - 1))
+        keep = None if column == CUT_COLUMN else widths[i]
+        table.add_column(column, no_wrap=True, overflow="ellipsis", max_width=most, min_width=keep)
+    for row in cells:
+        table.add_row(*row)
     _print(table)
 
 
@@ -70,18 +100,20 @@ def print_fields(pairs: Iterable[tuple[str, Any]]) -> None:
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for name, value in pairs:
-        table.add_row(Text(name), Text("-" if value is None else str(value)))
+        table.add_row(Text(name), Text("-" if value is None else clean(value)))
     _print(table)
 
 
-def say(text: str) -> None:
-    """Print one line of plain text on stdout."""
-    stdout_console().print(Text(text))
+def say(text: str, *, newlines: bool = False) -> None:
+    """Print plain text on stdout, as one line (:func:`clean`) unless ``newlines``."""
+    sys.stdout.write(clean(text, newlines=newlines) + "\n")
+    sys.stdout.flush()
 
 
 def note(text: str) -> None:
-    """Print one line for the person on stderr (kept out of stdout's data)."""
-    stderr_console().print(Text(text))
+    """Print one line for the person on stderr (kept out of stdout's data), never wrapped."""
+    sys.stderr.write(clean(text) + "\n")
+    sys.stderr.flush()
 
 
 def when(value: str | None) -> str | None:
@@ -119,9 +151,8 @@ def duration(delta: Any) -> str:
     return f"{int(seconds)}s"
 
 
-def one_line(text: str | None, most: int = 80) -> str | None:
-    """The first line of ``text`` cut to ``most`` characters (a table cell for an error)."""
+def one_line(text: str | None) -> str | None:
+    """The first line of ``text`` (a table cell for an error; a terminal cuts it to fit)."""
     if text is None:
         return None
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return first if len(first) <= most else first[: most - 1] + "…"
+    return text.strip().splitlines()[0] if text.strip() else ""

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from taskmesh.cli import common
-from taskmesh.cli.api import Api
+from taskmesh.cli.api import Api, queue_path
 from taskmesh.cli.exit_codes import EPILOG
 from taskmesh.cli.output import ago, duration, note, print_fields, print_json, print_table, say, when
 
@@ -33,8 +33,10 @@ def list_queues(url: common.Url = common.UrlDefault, json: common.Json = False) 
 
     Examples:
 
-        taskmesh queues list
-        taskmesh queues list --json | jq '.queues[] | select(.paused)'
+    ```
+    taskmesh queues list
+    taskmesh queues list --json | jq '.queues[] | select(.paused)'
+    ```
     """
     with Api(url) as api:
         answer = api.get("/api/v1/queues").body
@@ -87,10 +89,12 @@ def show(queue: QueueName, url: common.Url = common.UrlDefault, json: common.Jso
 
     Examples:
 
-        taskmesh queues show emails
+    ```
+    taskmesh queues show emails
+    ```
     """
     with Api(url) as api:
-        q = api.get(f"/api/v1/queues/{queue}").body
+        q = api.get(queue_path(queue)).body
     if json:
         print_json(q)
         return
@@ -134,10 +138,12 @@ def pause(
 
     Examples:
 
-        taskmesh queues pause emails --reason "provider outage"
+    ```
+    taskmesh queues pause emails --reason "provider outage"
+    ```
     """
     with Api(url) as api:
-        q = api.post(f"/api/v1/queues/{queue}/pause", {"reason": reason} if reason else None).body
+        q = api.post(queue_path(queue, "/pause"), {"reason": reason} if reason is not None else None).body
     if json:
         print_json(q)
     else:
@@ -150,10 +156,12 @@ def resume(queue: QueueName, url: common.Url = common.UrlDefault, json: common.J
 
     Examples:
 
-        taskmesh queues resume emails
+    ```
+    taskmesh queues resume emails
+    ```
     """
     with Api(url) as api:
-        q = api.post(f"/api/v1/queues/{queue}/resume").body
+        q = api.post(queue_path(queue, "/resume")).body
     if json:
         print_json(q)
     else:
@@ -167,8 +175,10 @@ def workers(url: common.Url = common.UrlDefault, json: common.Json = False) -> N
 
     Examples:
 
-        taskmesh workers
-        taskmesh workers --json | jq '.workers[] | select(.state != "running")'
+    ```
+    taskmesh workers
+    taskmesh workers --json | jq '.workers[] | select(.state != "running")'
+    ```
     """
     with Api(url) as api:
         answer = api.get("/api/v1/workers").body
@@ -193,6 +203,7 @@ def workers(url: common.Url = common.UrlDefault, json: common.Json = False) -> N
         ],
     )
     if answer.get("unserved_queues"):
-        note("queues with work and no instance serving them: " + ", ".join(answer["unserved_queues"]))
+        unserved = ", ".join(f"{q['queue']} ({q['queued']} queued)" for q in answer["unserved_queues"])
+        note(f"queues with work and no instance serving them: {unserved}")
     if answer.get("paused_queues"):
         note("paused queues: " + ", ".join(q["queue"] for q in answer["paused_queues"]))

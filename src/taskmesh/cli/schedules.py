@@ -77,13 +77,15 @@ def schedules(ctx: typer.Context) -> None:
 
 
 @app.command("list")
-def list_schedules(json: common.Json = False) -> None:
+def list_schedules(json: common.StoresJson = False) -> None:
     """List the schedules: cron, zone, state, the last fire and the next one in the schedule's local time.
 
     Examples:
 
-        taskmesh schedules list
-        taskmesh schedules list --json | jq '.schedules[] | select(.paused)'
+    ```
+    taskmesh schedules list
+    taskmesh schedules list --json | jq '.schedules[] | select(.paused)'
+    ```
     """
 
     async def go(s: Schedules) -> list[dict[str, Any]]:
@@ -109,14 +111,16 @@ def trigger(
         str | None,
         typer.Option("--idempotency-key", help="The task's idempotency key, so a repeat makes no second task."),
     ] = None,
-    json: common.Json = False,
+    json: common.StoresJson = False,
 ) -> None:
     """Enqueue the schedule's task now, outside its cron times (the next fire is unchanged).
 
     Examples:
 
-        taskmesh schedules trigger nightly-report
-        taskmesh schedules trigger nightly-report --idempotency-key rerun-2026-12-01
+    ```
+    taskmesh schedules trigger nightly-report
+    taskmesh schedules trigger nightly-report --idempotency-key rerun-2026-12-01
+    ```
     """
 
     async def go(s: Schedules) -> tuple[Any, str, bool]:
@@ -142,22 +146,26 @@ def _set_paused(name: str, paused: bool, json: bool) -> None:
 
 
 @app.command("pause")
-def pause(name: ScheduleName, json: common.Json = False) -> None:
+def pause(name: ScheduleName, json: common.StoresJson = False) -> None:
     """Pause a schedule until resumed (or until its config changes); fires while paused are not made.
 
     Examples:
 
-        taskmesh schedules pause nightly-report
+    ```
+    taskmesh schedules pause nightly-report
+    ```
     """
     _set_paused(name, True, json)
 
 
 @app.command("resume")
-def resume(name: ScheduleName, json: common.Json = False) -> None:
+def resume(name: ScheduleName, json: common.StoresJson = False) -> None:
     """Resume a paused schedule from its next fire; fires missed while paused are not made.
 
     Examples:
 
-        taskmesh schedules resume nightly-report
+    ```
+    taskmesh schedules resume nightly-report
+    ```
     """
     _set_paused(name, False, json)

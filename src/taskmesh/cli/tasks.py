@@ -9,7 +9,7 @@ import orjson
 import typer
 
 from taskmesh.cli import common
-from taskmesh.cli.api import Api, ApiError
+from taskmesh.cli.api import Api, ApiError, task_path
 from taskmesh.cli.exit_codes import EPILOG
 from taskmesh.cli.output import (
     duration,
@@ -62,10 +62,12 @@ def list_tasks(
 
     Examples:
 
-        taskmesh tasks list --status failed
-        taskmesh tasks list -q emails -s queued -s running --limit 100
-        taskmesh tasks list --payload customer.id=42 --created-after 2026-12-01T00:00:00Z
-        taskmesh tasks list --error timeout --json | jq -r '.tasks[].id'
+    ```
+    taskmesh tasks list --status failed
+    taskmesh tasks list -q emails -s queued -s running --limit 100
+    taskmesh tasks list --payload customer.id=42 --created-after 2026-12-01T00:00:00Z
+    taskmesh tasks list --error timeout --json | jq -r '.tasks[].id'
+    ```
     """
     flt = common.SearchFilter(
         status,
@@ -99,7 +101,7 @@ def list_tasks(
                 t["status"],
                 f"{t['attempts']}/{t['max_retries'] + 1}",
                 when(t["created_at"]),
-                one_line(run.get("error"), 60),
+                one_line(run.get("error")),
             )
         )
     print_table(("ID", "NAME", "QUEUE", "STATUS", "ATTEMPT", "CREATED (UTC)", "ERROR"), rows)
@@ -134,13 +136,15 @@ def show(
 
     Examples:
 
-        taskmesh tasks show 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
-        taskmesh tasks show 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f --wait 30 --json
+    ```
+    taskmesh tasks show 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
+    taskmesh tasks show 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f --wait 30 --json
+    ```
     """
     with Api(url) as api:
         params = [("wait", _seconds(wait))] if wait else None
-        answer = api.get(f"/api/v1/tasks/{task_id}", params, wait_seconds=wait).body
-        runs = api.get(f"/api/v1/tasks/{task_id}/runs").body["runs"]
+        answer = api.get(task_path(task_id), params, wait_seconds=wait).body
+        runs = api.get(task_path(task_id, "/runs")).body["runs"]
     if json:
         print_json({**answer, "runs": runs})
         return
@@ -173,17 +177,17 @@ def show(
                 r["worker_id"],
                 when(r["started_at"]),
                 _took(r),
-                one_line(r.get("error"), 100),
+                one_line(r.get("error")),
             )
             for r in runs
         ],
         title="runs",
     )
-    tb = next((r["traceback"] for r in reversed(runs) if r.get("traceback")), None)
+    tb = runs[-1].get("traceback") if runs else None
     if tb:
         say("")
-        say("latest traceback:")
-        say(tb.rstrip())
+        say(f"traceback of attempt {runs[-1]['attempt']}:")
+        say(tb.rstrip(), newlines=True)
 
 
 @app.command("retry")
@@ -202,8 +206,10 @@ def retry(
 
     Examples:
 
-        taskmesh tasks retry 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
-        taskmesh tasks retry ID1 ID2 --priority 500 --queue urgent
+    ```
+    taskmesh tasks retry 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
+    taskmesh tasks retry ID1 ID2 --priority 500 --queue urgent
+    ```
     """
     body: dict[str, Any] = {}
     if priority is not None:
@@ -212,7 +218,7 @@ def retry(
         body["queue_name"] = queue
 
     def one(api: Api, task_id: str) -> tuple[dict[str, Any], str]:
-        answer = api.post(f"/api/v1/tasks/{task_id}/retry", body).body
+        answer = api.post(task_path(task_id, "/retry"), body).body
         return answer, f"{task_id}: {answer['previous_status']} -> queued on {answer['queue_name']}"
 
     _each(url, task_ids, json, one)
@@ -226,12 +232,14 @@ def cancel(task_ids: TaskIds, url: common.Url = common.UrlDefault, json: common.
 
     Examples:
 
-        taskmesh tasks cancel 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
-        taskmesh tasks list -s queued -q reports --json | jq -r '.tasks[].id' | xargs taskmesh tasks cancel
+    ```
+    taskmesh tasks cancel 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
+    taskmesh tasks list -s queued -q reports --json | jq -r '.tasks[].id' | xargs taskmesh tasks cancel
+    ```
     """
 
     def one(api: Api, task_id: str) -> tuple[dict[str, Any], str]:
-        answer = api.post(f"/api/v1/tasks/{task_id}/cancel").body
+        answer = api.post(task_path(task_id, "/cancel")).body
         if answer["status"] == "cancelled":
             return answer, f"{task_id}: cancelled"
         return answer, f"{task_id}: running, its worker was asked to cancel it"
@@ -247,11 +255,13 @@ def delete(task_ids: TaskIds, url: common.Url = common.UrlDefault, json: common.
 
     Examples:
 
-        taskmesh tasks delete 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
+    ```
+    taskmesh tasks delete 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
+    ```
     """
 
     def one(api: Api, task_id: str) -> tuple[dict[str, Any], str]:
-        api.delete(f"/api/v1/tasks/{task_id}")
+        api.delete(task_path(task_id))
         return {"task_id": task_id, "deleted": True}, f"{task_id}: deleted"
 
     _each(url, task_ids, json, one)
