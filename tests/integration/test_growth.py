@@ -74,7 +74,7 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "task_list_unclaimed_queued": (ids,),
         "run_finish_many": (one, one, ["succeeded"], [None], ['"ok"'], [0.0], [None], "w-1"),
         "run_reclaim_expired": (30.0, 500),
-        "worker_heartbeat": ("w-1", "h", 1, "{}", "v", "running", 30.0, one),
+        "worker_heartbeat": ("w-1", "h", 1, "{}", "v", "running", 30.0, one, ["a.job"]),
         "task_list_failed_with_latest_run": ("default", 1000),
         "task_lock_oldest_failed": ("default", 10),
         "task_list_queued_after": ("default", now, ids[0], 5.0, 1000),
