@@ -14,6 +14,7 @@ import orjson
 import typer
 
 from taskmesh.cli.api import DEFAULT_URL
+from taskmesh.search import FILTERS
 
 Url = Annotated[
     str,
@@ -76,6 +77,10 @@ Payload = Annotated[
 ]
 
 
+SINGLE_FILTERS = tuple(f for f in FILTERS if f not in ("status", "order", "limit", "cursor"))
+"""The search's filters that take one value (``status`` takes several, the rest are paging)."""
+
+
 @dataclass(frozen=True)
 class SearchFilter:
     """The filter flags as given; each ``None`` or empty one is left out."""
@@ -98,17 +103,7 @@ class SearchFilter:
         :raises typer.BadParameter: a ``--payload`` without ``=``.
         """
         pairs: list[tuple[str, str]] = [("status", s.lower()) for s in self.status or []]
-        for key in (
-            "queue",
-            "name",
-            "tenant_id",
-            "dedup_key",
-            "error",
-            "created_after",
-            "created_before",
-            "finished_after",
-            "finished_before",
-        ):
+        for key in SINGLE_FILTERS:
             value = getattr(self, key)
             if value is not None:
                 pairs.append((key, str(value)))

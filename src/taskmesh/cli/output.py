@@ -116,28 +116,24 @@ def note(text: str) -> None:
     sys.stderr.flush()
 
 
-def when(value: str | None) -> str | None:
-    """An ISO 8601 time from the API as ``YYYY-MM-DD HH:MM:SS`` UTC (``None`` stays ``None``)."""
-    if value is None:
-        return None
+def _utc(value: str) -> datetime | None:
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        return value
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
+        return None
+    return moment.astimezone(UTC) if moment.tzinfo is not None else moment
+
+
+def when(value: str | None) -> str | None:
+    """An ISO 8601 time from the API as ``YYYY-MM-DD HH:MM:SS`` UTC (``None`` stays ``None``)."""
+    moment = None if value is None else _utc(value)
+    return value if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def ago(value: str | None, now: datetime | None = None) -> str | None:
     """How long before ``now`` an ISO 8601 time was, for people: ``4s``, ``3m``, ``2h``, ``5d``."""
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        return value
-    return duration((now or datetime.now(UTC)) - moment.astimezone(UTC))
+    moment = None if value is None else _utc(value)
+    return value if moment is None else duration((now or datetime.now(UTC)) - moment)
 
 
 def duration(delta: Any) -> str:
