@@ -143,6 +143,11 @@ async def test_bulk_replay_by_filter_counts_first_asks_for_yes_then_follows_the_
         )
         unknown = await cli(inst, "bulk", "show", MISSING)
         assert unknown.code == 3, unknown.err
+        not_uuid = await cli(inst, "bulk", "show", "../x")
+        assert (not_uuid.code, not_uuid.err) == (
+            2,
+            "taskmesh: error: Invalid request: operation_id: must be a UUID (got '../x')\n",
+        )
 
 
 async def test_ids_and_names_cannot_reach_another_route_and_control_characters_print_escaped(

@@ -22,6 +22,8 @@ from taskmesh.validation import NAME_REGEX
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 _QUEUE = re.compile(NAME_REGEX)
+PROXY_OUTAGES = (502, 503, 504)
+"""Statuses a proxy in front of an instance answers while it is down: transient, whatever the body."""
 TIMEOUT_SECONDS = 15.0
 """How long one request may take (connect, write, read), beyond a ``wait`` the request asks for."""
 
@@ -128,7 +130,7 @@ class Api:
                 ExitCode.UNAVAILABLE,
             ) from None
         if response.status_code >= 400:
-            if not _is_problem(response) and response.status_code < 500:
+            if not _is_problem(response) and response.status_code not in PROXY_OUTAGES:
                 # Not one of the API's answers: --url names another server, or a path under one.
                 raise ApiError(
                     f"{self.url} answered {response.status_code} {response.reason_phrase} to {method} {path}, not "
@@ -188,11 +190,25 @@ def task_path(task_id: str, suffix: str = "") -> str:
 
     :raises ApiError: not a UUID (exit 2), with the API's own message.
     """
+    return f"/api/v1/tasks/{_uuid('task_id', task_id)}{suffix}"
+
+
+def operation_path(operation_id: str) -> str:
+    """``/api/v1/operations/{operation_id}``, once ``operation_id`` is a UUID.
+
+    :raises ApiError: not a UUID (exit 2), with the API's own message.
+    """
+    return f"/api/v1/operations/{_uuid('operation_id', operation_id)}"
+
+
+def _uuid(field: str, value: str) -> str:
     try:
-        uuid.UUID(task_id)
+        parsed = uuid.UUID(value) if value.strip() == value else None
     except ValueError:
-        raise ApiError(f"Invalid request: task_id: must be a UUID (got {task_id!r})", ExitCode.USAGE, 422) from None
-    return f"/api/v1/tasks/{task_id}{suffix}"
+        parsed = None
+    if parsed is None:
+        raise ApiError(f"Invalid request: {field}: must be a UUID (got {value!r})", ExitCode.USAGE, 422)
+    return str(parsed)
 
 
 def queue_path(queue: str, suffix: str = "") -> str:

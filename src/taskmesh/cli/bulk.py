@@ -18,7 +18,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from taskmesh.cli import common
-from taskmesh.cli.api import Api, segment
+from taskmesh.cli.api import Api, operation_path
 from taskmesh.cli.exit_codes import EPILOG, ExitCode
 from taskmesh.cli.output import note, print_json, say, stderr_console
 
@@ -73,7 +73,7 @@ def run_action(
             print_json(count)
         else:
             more = "" if count["complete"] else " or more"
-            say(f"would {action} {count['matched']:,}{more} tasks" + (", for example:" if count["sample"] else ""))
+            say(f"would {action} {_tasks(count['matched'])}{more}" + (", for example:" if count["sample"] else ""))
             for task_id in count["sample"]:
                 say(f"  {task_id}")
         return
@@ -103,13 +103,17 @@ def run_action(
 def _confirm(action: str, count: dict[str, Any]) -> None:
     if not sys.stdin.isatty():
         note(
-            f"taskmesh: error: {action} would act on {count['matched']:,} tasks; give --yes to do it without a terminal"
+            f"taskmesh: error: {action} would act on {_tasks(count['matched'])}; give --yes to do it without a terminal"
         )
         raise typer.Exit(int(ExitCode.USAGE))
     more = "" if count["complete"] else " or more"
-    if not typer.confirm(f"{action} {count['matched']:,}{more} tasks?", err=True):
+    if not typer.confirm(f"{action} {_tasks(count['matched'])}{more}?", err=True):
         note("nothing done")
         raise typer.Exit(int(ExitCode.OK))
+
+
+def _tasks(n: int) -> str:
+    return f"{n:,} task" if n == 1 else f"{n:,} tasks"
 
 
 def follow(api: Api, operation_id: str, total: int | None, *, show: bool) -> dict[str, Any]:
@@ -118,7 +122,7 @@ def follow(api: Api, operation_id: str, total: int | None, *, show: bool) -> dic
     :param total: the expected number of tasks (the dry run's count), ``None`` when unknown.
     :returns: the operation's final answer of ``GET /api/v1/operations/{id}``.
     """
-    path = f"/api/v1/operations/{segment(operation_id)}"
+    path = operation_path(operation_id)
     if not show:
         return _poll(api, path, lambda op: None)
     columns = (
@@ -251,7 +255,7 @@ def show(
     ```
     """
     with Api(url) as api:
-        op = api.get(f"/api/v1/operations/{segment(operation_id)}").body
+        op = api.get(operation_path(operation_id)).body
         if follow_it and op["status"] == "running":
             op = follow(api, operation_id, None, show=not json)
     finish(op, json)

@@ -99,12 +99,12 @@ def list_tasks(
                 t["name"],
                 t["queue_name"],
                 t["status"],
-                f"{t['attempts']}/{t['max_retries'] + 1}",
+                t["attempts"],
                 when(t["created_at"]),
                 one_line(run.get("error")),
             )
         )
-    print_table(("ID", "NAME", "QUEUE", "STATUS", "ATTEMPT", "CREATED (UTC)", "ERROR"), rows)
+    print_table(("ID", "NAME", "QUEUE", "STATUS", "ATTEMPTS", "CREATED (UTC)", "ERROR"), rows)
     if page.get("partial"):
         note("this page was cut short: its filter reads a bounded window of the index per page; go on with the cursor")
     if page.get("next_cursor"):
@@ -158,7 +158,8 @@ def show(
             ("priority", task["priority"]),
             ("tenant", task["tenant_id"]),
             ("dedup key", task["dedup_key"]),
-            ("attempts", f"{task['attempts']} of {task['max_retries'] + 1}"),
+            ("attempts", task["attempts"]),
+            ("retries", f"{task['retries']} of {task['max_retries']} spent in this delivery cycle"),
             ("run at (UTC)", when(task["run_at"])),
             ("created (UTC)", when(task["created_at"])),
             ("updated (UTC)", when(task["updated_at"])),
