@@ -1,5 +1,5 @@
 """``python -m taskmesh``: see :mod:`taskmesh.cli`."""
 
-from taskmesh.cli import exit_main
+from taskmesh.entry import main
 
-exit_main()
+main()

@@ -176,3 +176,31 @@ async def test_stores_that_refuse_a_password_or_a_role_end_with_one_line_and_exi
         'taskmesh: error: postgres error in connect: InvalidAuthorizationSpecificationError: role "nobody" does '
         "not exist\n",
     )
+
+
+CTRL_C_WHILE_LOADING = """
+import builtins, os, signal, sys
+real_import = builtins.__import__
+
+def interrupting_import(name, *args, **kwargs):
+    if name == "taskmesh.cli":  # Ctrl-C lands while the command line loads
+        os.kill(os.getpid(), signal.SIGINT)
+    return real_import(name, *args, **kwargs)
+
+builtins.__import__ = interrupting_import
+sys.argv = ["taskmesh", "workers", "--url", sys.argv[1]]
+from taskmesh.entry import main
+main()
+"""
+
+
+def test_ctrl_c_while_the_command_line_loads_ends_with_130_and_no_traceback() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_WHILE_LOADING, f"http://127.0.0.1:{free_port()}"],
+        env=env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
