@@ -195,6 +195,13 @@ class Settings(BaseSettings):
     """Address the HTTP API binds; ``0.0.0.0`` to serve other hosts."""
     http_port: int = Field(default=8080, ge=0, le=65535, validation_alias=_aliases("http_port", "HTTP_PORT"))
     """Port of the HTTP API (0 picks a free one)."""
+    auth: Literal["keys", "none"] = Field(default="keys", validation_alias=_aliases("auth"))
+    """``keys``: every ``/api/v1`` route needs an API key with its scope (``taskmesh keys create``);
+    an instance on a loopback address runs open while no key exists, and one on another address
+    refuses to start without a key. ``none``: no key is asked for anywhere (say so explicitly)."""
+    metrics_auth: Literal["open", "scope"] = Field(default="open", validation_alias=_aliases("metrics_auth"))
+    """``open``: ``/metrics`` answers anyone (Prometheus scrapes it; put it behind your network's
+    rules); ``scope``: it needs a key with ``metrics:read``, like the API."""
     http_max_header_bytes: int = Field(
         default=65536, ge=1024, le=1048576, validation_alias=_aliases("http_max_header_bytes")
     )

@@ -135,6 +135,22 @@ class CronSpecError(TaskmeshError, ValueError):
     """A cron expression or a time zone is invalid; the message says what is wrong."""
 
 
+class AuthenticationError(TaskmeshError):
+    """A request without a usable API key: none given, not of the form ``tmk_<id>_<secret>``,
+    unknown, wrong, revoked or expired (the API answers 401; the message never holds the secret)."""
+
+
+class PermissionDeniedError(TaskmeshError):
+    """A valid key without the scope an action needs (the API answers 403 naming the scope).
+
+    :param scope: the scope the action needs.
+    """
+
+    def __init__(self, scope: str, detail: str | None = None) -> None:
+        super().__init__(detail or f"this key lacks the scope {scope!r}")
+        self.scope = scope
+
+
 class NotReadyError(TaskmeshError):
     """The instance is still connecting to its stores (the API answers 503)."""
 

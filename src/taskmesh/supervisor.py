@@ -26,6 +26,7 @@ grace + 15 s. After a critical service's failure the instance raises
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import secrets
 import socket
@@ -40,11 +41,12 @@ import anyio
 
 from taskmesh import __version__, emergency, notify
 from taskmesh.api.app import create_app
+from taskmesh.api.principals import KeyCache
 from taskmesh.api.server import HttpLimits, Server, bind_http, make_server
 from taskmesh.api.state import AppState, ServedQueues
 from taskmesh.clock import StoreClock
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
-from taskmesh.errors import MigrationError, ServiceFailedError, StoreError
+from taskmesh.errors import ConfigError, MigrationError, ServiceFailedError, StoreError
 from taskmesh.logs import get_logger, run_keys
 from taskmesh.loop_monitor import LoopMonitor
 from taskmesh.metrics import Metrics, current_metrics
@@ -135,6 +137,8 @@ async def run(
         metrics=metrics,
         queues=list(settings.queue_names),
         served=ServedQueues(own=own, own_names=None if own_names is None else frozenset(own_names)),
+        keys=KeyCache(enforce=settings.auth == "keys", loopback=is_loopback(settings.http_host)),
+        metrics_protected=settings.metrics_auth == "scope",
     )
     inst.state = state
     sock = bind_http(settings.http_host, settings.http_port)
@@ -224,6 +228,10 @@ async def _run_root(
         except (MigrationError, StoreError) as exc:
             fatal.append(exc)
             stores = None
+        if stores is not None and not await _may_serve(settings, state, stores):
+            fatal.append(ConfigError(NO_KEY.format(host=settings.http_host)))
+            await stores.close()
+            stores = None
         if stores is not None:
             try:
                 await _serve(settings, registry, stores, clock, inst, state, metrics)
@@ -236,6 +244,47 @@ async def _run_root(
             notify.stopping("stopped before the stores answered")
         await stop_http()
         root.cancel_scope.cancel()
+
+
+NO_KEY = (
+    "auth: the API listens on {host}, which is not a loopback address, and no API key exists: make the first "
+    "with `taskmesh keys create --name admin --role admin` (it talks to DATABASE_URL directly), or set "
+    'auth = "none" (TASKMESH_AUTH=none) to serve without keys'
+)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def _may_serve(settings: Settings, state: AppState, stores: Stores) -> bool:
+    """``False`` for an instance that would serve others with keys required and no key to use (issue 12).
+
+    Says at start when the API is open: ``auth_disabled`` (``auth = "none"``), or ``auth_open``
+    (loopback, no key yet; logged by the key cache, and ``auth_enforced`` once a key exists).
+    """
+    if not settings.api_enabled:  # a worker-only instance serves /healthz, /readyz and /metrics only
+        return True
+    if settings.auth != "keys":
+        log.warning("auth_disabled", setting='auth = "none"', http=settings.http_host)
+        return True
+    any_key: list[bool] = []
+
+    async def look() -> None:
+        if state.keys.loopback:
+            await state.keys.is_open(stores.pg)
+            any_key.append(True)
+        else:
+            any_key.append(await stores.pg.keys.any_active())
+
+    await call_until_done("postgres", look)
+    return any_key[0]
 
 
 async def _connect_until_stopped(

@@ -13,11 +13,13 @@ Routers: ``routes/tasks.py``,
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
 from taskmesh import __version__
 from taskmesh.api import errors
+from taskmesh.api.auth import SCOPE_OF
 from taskmesh.api.limits import BodyLimit
 from taskmesh.api.observe import ObserveRequests
 from taskmesh.api.routes import health, queues, schedules, tasks, workers
@@ -43,6 +45,17 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
     errors.install(app)
     if api_enabled:
         for router in (tasks.router, queues.router, schedules.router, workers.router):
+            _name_scopes(router)
             app.include_router(router)
     app.include_router(health.router)
     return app
+
+
+def _name_scopes(router: APIRouter) -> None:
+    """``x-required-scope`` on each guarded route of the OpenAPI document (from its :func:`require` guard)."""
+    for route in router.routes:
+        if isinstance(route, APIRoute):
+            for dependency in route.dependencies:
+                scope = SCOPE_OF.get(dependency.dependency)  # type: ignore[arg-type]
+                if scope is not None:
+                    route.openapi_extra = {**(route.openapi_extra or {}), "x-required-scope": scope}

@@ -9,6 +9,8 @@
 | ``TaskFinishedError`` | 409 | Task already finished |
 | ``TaskStateError`` | 409 | Task state conflict |
 | ``NotReadyError`` | 503 | Not ready |
+| ``AuthenticationError`` | 401 | Unauthorized (with ``WWW-Authenticate: Bearer``) |
+| ``PermissionDeniedError`` | 403 | Forbidden (names the ``scope``) |
 | ``StoreError``, transient | 503 | Store unavailable (names the store) |
 | ``StoreError``, not transient; anything else | 500 | Internal error (logged with its traceback) |
 | Starlette's ``HTTPException`` (404 route; 405 method, with ``Allow``: every method of the path) | its own | its own |
@@ -27,9 +29,11 @@ from starlette.routing import Match
 
 from taskmesh.api.problems import invalid, problem
 from taskmesh.errors import (
+    AuthenticationError,
     BadJsonError,
     InvalidTaskError,
     NotReadyError,
+    PermissionDeniedError,
     ScheduleNotFoundError,
     StoreError,
     TaskFinishedError,
@@ -74,6 +78,14 @@ def _state_conflict(exc: Any) -> Response:
     return problem(409, "Task state conflict", str(exc))
 
 
+def _unauthenticated(exc: Any) -> Response:
+    return problem(401, "Unauthorized", str(exc), headers={"WWW-Authenticate": 'Bearer realm="taskmesh"'})
+
+
+def _forbidden(exc: Any) -> Response:
+    return problem(403, "Forbidden", str(exc), scope=exc.scope)
+
+
 def _not_ready(exc: Any) -> Response:
     return problem(503, "Not ready", "the instance is still connecting to PostgreSQL and Redis")
 
@@ -87,6 +99,8 @@ ERROR_TABLE: list[tuple[type[Exception], Callable[[Any], Response]]] = [
     (TaskFinishedError, _finished),
     (TaskStateError, _state_conflict),
     (NotReadyError, _not_ready),
+    (AuthenticationError, _unauthenticated),
+    (PermissionDeniedError, _forbidden),
 ]
 """Errors with a fixed answer; :class:`StoreError` and anything else are handled below."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from taskmesh.api.principals import KeyCache
 from taskmesh.clock import Waker
 from taskmesh.metrics import Metrics
 from taskmesh.schedules import Schedules
@@ -73,6 +74,10 @@ class AppState:
     metrics: Metrics
     queues: list[str]
     served: ServedQueues = field(default_factory=ServedQueues)
+    keys: KeyCache = field(default_factory=KeyCache)
+    """API keys as last read, and whether the instance runs open (issue 12)."""
+    metrics_protected: bool = False
+    """``/metrics`` needs ``metrics:read`` (``metrics_auth = "scope"``)."""
     waiters: FinishedWaiters = field(default_factory=FinishedWaiters)
     stores: Stores | None = None
     tasks: Tasks | None = None

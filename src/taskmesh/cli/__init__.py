@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 
 from taskmesh import __version__
-from taskmesh.cli import bulk, dlq, instance, queues, schedules, tasks
+from taskmesh.cli import bulk, dlq, instance, keys, queues, schedules, tasks
 from taskmesh.cli.api import ApiError
 from taskmesh.cli.exit_codes import EPILOG, ExitCode
 from taskmesh.errors import ConfigError, MigrationError, ServiceFailedError, StoreError
@@ -54,6 +54,17 @@ def root(
             metavar="FILE",
         ),
     ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="TASKMESH_API_KEY",
+            help="The API key the operator verbs send (tmk_<id>_<secret>); better in TASKMESH_API_KEY than on "
+            "a command line others can read.",
+            show_envvar=True,
+            metavar="KEY",
+        ),
+    ] = None,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
@@ -75,6 +86,8 @@ def root(
     """
     if config:
         os.environ["TASKMESH_CONFIG"] = config
+    if api_key:
+        os.environ["TASKMESH_API_KEY"] = api_key
     if ctx.invoked_subcommand is None:
         instance.run()
 
@@ -88,6 +101,7 @@ app.add_typer(queues.app, name="queues")
 app.add_typer(dlq.app, name="dlq")
 app.command("workers")(queues.workers)
 app.add_typer(bulk.app, name="bulk")
+app.add_typer(keys.app, name="keys")
 
 
 class _Terminated(BaseException):

@@ -6,6 +6,7 @@ validation (and, with issue 12, the same authentication) as any other client.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -58,15 +59,17 @@ class Api:
     """A synchronous client of one taskmesh instance's HTTP API.
 
     :param url: the instance's base URL (``http://host:port``; a trailing ``/`` is ignored).
+
+    Sends ``TASKMESH_API_KEY`` (set by ``--api-key`` too) as ``Authorization: Bearer``.
     """
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.url,
-            timeout=TIMEOUT_SECONDS,
-            headers={"User-Agent": f"taskmesh-cli/{__version__}", "Accept": "application/json"},
-        )
+        headers = {"User-Agent": f"taskmesh-cli/{__version__}", "Accept": "application/json"}
+        key = os.environ.get("TASKMESH_API_KEY")
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._http = httpx.Client(base_url=self.url, timeout=TIMEOUT_SECONDS, headers=headers)
 
     def close(self) -> None:
         """Close the connection pool."""

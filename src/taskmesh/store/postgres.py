@@ -30,6 +30,7 @@ import asyncpg
 from taskmesh.errors import MigrationError
 from taskmesh.logs import get_logger
 from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
+from taskmesh.store.key_queries import KeyQueries
 from taskmesh.store.operation_queries import OperationQueries
 from taskmesh.store.queue_queries import QueueQueries
 from taskmesh.store.schedule_queries import ScheduleQueries
@@ -76,6 +77,7 @@ class PgStore:
         self.queues = QueueQueries(ex)
         self.search = SearchQueries(ex)
         self.operations = OperationQueries(ex)
+        self.keys = KeyQueries(ex)
 
     @classmethod
     async def connect(cls, database_url: str, size: int = 10) -> PgStore:

@@ -662,3 +662,61 @@ UPDATE operations
 SET status = $3, error = $4, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND status = 'running'
 RETURNING *;
+
+-- ======================================================================
+-- api keys (issue 12): the hash of each key's secret, its scopes, tenant and queues.
+-- ======================================================================
+
+-- name: key_pepper_ensure
+-- The deployment's pepper: $1 (random bytes made by the caller) when there is none yet.
+WITH made AS (
+    INSERT INTO auth_pepper (pepper) VALUES ($1) ON CONFLICT (only_row) DO NOTHING RETURNING pepper
+)
+SELECT pepper FROM made UNION ALL SELECT pepper FROM auth_pepper LIMIT 1;
+
+-- name: key_pepper
+SELECT pepper FROM auth_pepper;
+
+-- name: key_insert
+INSERT INTO api_keys (id, name, secret_hash, scopes, tenant_id, queues, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at;
+
+-- name: key_use
+-- The key of id $1 for a request, marking it used: one statement per key per cache period.
+UPDATE api_keys SET last_used_at = now()
+WHERE id = $1
+RETURNING id, name, secret_hash, scopes, tenant_id, queues, expires_at, revoked_at, now() AS now;
+
+-- name: key_any
+-- Whether a key was ever made (revoked and expired ones count): an instance on loopback runs
+-- open only before the first key, so revoking every key never opens it again.
+SELECT EXISTS (SELECT 1 FROM api_keys);
+
+-- name: key_any_active
+-- Whether some key can be used: an API for other hosts does not start without one.
+SELECT EXISTS (
+    SELECT 1 FROM api_keys WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+);
+
+-- name: key_list
+SELECT id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at,
+       (revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())) AS active
+FROM api_keys
+ORDER BY created_at DESC, id
+LIMIT $1;
+
+-- name: key_get
+SELECT id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at
+FROM api_keys WHERE id = $1;
+
+-- name: key_revoke
+UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
+WHERE id = $1
+RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at;
+
+-- name: key_expire_at
+-- A rotated key keeps working until $2 (the overlap), unless it expires or is revoked sooner.
+UPDATE api_keys SET expires_at = least(expires_at, $2)
+WHERE id = $1 AND revoked_at IS NULL
+RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at;

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from taskmesh.api.auth import authenticate
 from taskmesh.api.deps import StateDep, json_response
 from taskmesh.errors import StoreError
 
@@ -69,6 +70,8 @@ async def readyz_head(state: StateDep) -> Response:
 
 
 @router.get("/metrics", summary="Prometheus metrics (gauges of stores sampled by the sampler, not per scrape)")
-async def metrics(state: StateDep) -> Response:
-    """The exposition text."""
+async def metrics(request: Request, state: StateDep) -> Response:
+    """The exposition text; with ``metrics_auth = "scope"``, only for a key with ``metrics:read``."""
+    if state.metrics_protected:
+        await authenticate(request, state, "metrics:read")
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
+from taskmesh.api.auth import require
 from taskmesh.api.deps import QueuePath, StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
 from taskmesh.api.problems import problem_responses
 from taskmesh.errors import InvalidTaskError
@@ -27,6 +28,7 @@ PAUSE_REASON_MAX = 500
 
 @router.get(
     "/api/v1/queues",
+    dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(),
     summary="Every queue with tasks, a pause or a live instance serving it: depths, age, workers, runs per minute",
 )
@@ -37,6 +39,7 @@ async def list_queues(stores: StoresDep) -> Response:
 
 @router.get(
     "/api/v1/queues/{queue}",
+    dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(422),
     summary="One queue: depths by state, age, pause, workers, runs per minute",
 )
@@ -57,6 +60,7 @@ class PauseRequest(BaseModel):
 
 @router.post(
     "/api/v1/queues/{queue}/pause",
+    dependencies=[Depends(require("queues:admin"))],
     responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(PauseRequest, required=False),
     summary="Pause a queue: no instance claims its tasks until it is resumed (enqueue goes on)",
@@ -78,6 +82,7 @@ async def pause_queue(queue: QueuePath, request: Request, stores: StoresDep) -> 
 
 @router.post(
     "/api/v1/queues/{queue}/resume",
+    dependencies=[Depends(require("queues:admin"))],
     responses=problem_responses(422),
     summary="Resume a paused queue (a running one stays running)",
 )
@@ -107,6 +112,7 @@ class ReplayRequest(BaseModel):
 
 @router.get(
     "/api/v1/queues/{queue}/dlq",
+    dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(422),
     summary="Dead-lettered tasks of a queue, oldest first",
 )
@@ -121,6 +127,7 @@ async def get_dlq(queue: QueuePath, tasks: TasksDep, count: str = "50") -> Respo
 
 @router.post(
     "/api/v1/queues/{queue}/dlq/replay",
+    dependencies=[Depends(require("dlq:replay"))],
     responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(ReplayRequest),
     summary="Replay dead-lettered tasks, oldest first; priority changes only with override_priority",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from taskmesh.api.auth import require
 from taskmesh.api.deps import SchedulePath, SchedulesDep, StateDep, body_schema, is_name, json_response, parse_body
 from taskmesh.api.problems import problem_responses
 from taskmesh.errors import ScheduleNotFoundError
@@ -30,6 +31,7 @@ def _named(name: str) -> str:
 
 @router.get(
     "/api/v1/schedules",
+    dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(),
     summary="Cron schedules: spec, zone, state, last fire and the next five fires",
 )
@@ -38,7 +40,12 @@ async def list_schedules(schedules: SchedulesDep) -> Response:
     return json_response({"schedules": await schedules.list()})
 
 
-@router.get("/api/v1/schedules/{name}", responses=problem_responses(404, 422), summary="One cron schedule")
+@router.get(
+    "/api/v1/schedules/{name}",
+    dependencies=[Depends(require("tasks:read"))],
+    responses=problem_responses(404, 422),
+    summary="One cron schedule",
+)
 async def get_schedule(name: SchedulePath, schedules: SchedulesDep) -> Response:
     """One schedule (404 when no row has this name)."""
     return json_response(await schedules.get(_named(name)))
@@ -46,6 +53,7 @@ async def get_schedule(name: SchedulePath, schedules: SchedulesDep) -> Response:
 
 @router.post(
     "/api/v1/schedules/{name}/trigger",
+    dependencies=[Depends(require("schedules:admin"))],
     responses=problem_responses(400, 404, 413, 422),
     status_code=201,
     openapi_extra=body_schema(TriggerRequest, required=False),
@@ -67,6 +75,7 @@ async def trigger_schedule(name: SchedulePath, request: Request, schedules: Sche
 
 @router.post(
     "/api/v1/schedules/{name}/pause",
+    dependencies=[Depends(require("schedules:admin"))],
     responses=problem_responses(404, 422),
     summary="Pause a schedule until resumed or its config changes",
 )
@@ -79,6 +88,7 @@ async def pause_schedule(name: SchedulePath, schedules: SchedulesDep, state: Sta
 
 @router.post(
     "/api/v1/schedules/{name}/resume",
+    dependencies=[Depends(require("schedules:admin"))],
     responses=problem_responses(404, 422),
     summary="Resume a schedule; fires missed while paused are not made",
 )

@@ -6,10 +6,11 @@ import uuid
 from typing import Any
 
 import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from taskmesh.api.auth import demand, require
 from taskmesh.api.deps import (
     OperationIdPath,
     StateDep,
@@ -31,7 +32,7 @@ from taskmesh.bulk import start as bulk_start
 from taskmesh.errors import InvalidTaskError, StoreError
 from taskmesh.logs import get_logger
 from taskmesh.search import parse_search, search
-from taskmesh.states import TaskStatus
+from taskmesh.states import BulkAction, TaskStatus
 from taskmesh.tasks import Tasks
 from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, check_json, parse_task_spec
 
@@ -66,6 +67,7 @@ class Created(BaseModel):
 
 @router.post(
     "/api/v1/tasks",
+    dependencies=[Depends(require("tasks:write"))],
     responses=problem_responses(400, 413, 422),
     status_code=201,
     response_model=Created,
@@ -121,6 +123,7 @@ def _parse_batch(data: Any, tasks: Tasks) -> tuple[list[TaskSpec], list[int], li
 
 @router.post(
     "/api/v1/tasks:batch",
+    dependencies=[Depends(require("tasks:write"))],
     responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(BatchRequest),
     summary="Create up to 1,000 tasks with one statement; each item's outcome is reported",
@@ -167,6 +170,7 @@ FALLBACK_READ_SECONDS = 1.0
 
 @router.get(
     "/api/v1/tasks/{task_id}",
+    dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(404, 422),
     summary="A task and its latest run; with wait=N, once it finished or N s passed",
 )
@@ -216,6 +220,7 @@ def parse_wait(raw: str | None) -> float:
 
 @router.get(
     "/api/v1/tasks/{task_id}/runs",
+    dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(404, 422),
     summary="Every run (attempt) of a task, with its error and traceback",
 )
@@ -223,6 +228,15 @@ async def get_runs(task_id: TaskIdPath, tasks: TasksDep) -> Response:
     """Every run of the task, by attempt."""
     tid = parse_task_id(task_id)
     return json_response({"task_id": str(tid), "runs": await tasks.runs(tid)})
+
+
+BULK_SCOPES = {
+    BulkAction.RETRY: "tasks:write",
+    BulkAction.REPLAY: "dlq:replay",
+    BulkAction.CANCEL: "tasks:cancel",
+    BulkAction.DELETE: "tasks:write",
+}
+"""The scope a real bulk action needs: the same as the action on one task."""
 
 
 def _query(name: str, schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
@@ -262,6 +276,7 @@ SEARCH_PARAMETERS = [
 
 @router.get(
     "/api/v1/tasks",
+    dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(422),
     openapi_extra={"parameters": SEARCH_PARAMETERS},
     summary="Find tasks by status, queue, name, tenant, dedup key, error, times and payload fields; keyset pages",
@@ -281,19 +296,23 @@ async def search_tasks(request: Request, stores: StoresDep) -> Response:
 
 @router.post(
     "/api/v1/tasks:bulk",
+    dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(BulkRequest),
     summary="Retry, replay, cancel or delete every task a filter matches (a dry run counts them first)",
 )
 async def bulk(request: Request, stores: StoresDep) -> Response:
     """A dry run answers 200 ``{"matched", "complete", "sample"}`` at once; a real run answers 202 with the
-    operation (``GET /api/v1/operations/{id}`` follows it) and runs in the background in batches."""
+    operation (``GET /api/v1/operations/{id}`` follows it) and runs in the background in batches.
+
+    Counting needs ``tasks:read``; acting needs the action's own scope (:data:`BULK_SCOPES`)."""
     req = await parse_body(request, BulkRequest)
     f = parse_filter(req.filter)
     if req.reason is not None:
         check_json(req.reason, "reason")
     if req.dry_run:
         return json_response({"action": req.action.value, **await bulk_dry_run(stores.pg, f)})
+    demand(request, BULK_SCOPES[req.action])
     op = await bulk_start(stores.pg, req)
     log.info("operation_started", operation_id=op["operation_id"], action=op["action"], reason=req.reason)
     return json_response(op, 202, headers={"Location": f"/api/v1/operations/{op['operation_id']}"})
@@ -301,6 +320,7 @@ async def bulk(request: Request, stores: StoresDep) -> Response:
 
 @router.get(
     "/api/v1/operations/{operation_id}",
+    dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(404, 422),
     summary="A bulk operation's progress: done, skipped, status",
 )
@@ -318,6 +338,7 @@ async def get_operation(operation_id: OperationIdPath, stores: StoresDep) -> Res
 
 @router.post(
     "/api/v1/tasks/{task_id}/cancel",
+    dependencies=[Depends(require("tasks:cancel"))],
     responses=problem_responses(404, 409, 422),
     summary="Cancel a task: a queued one never runs (200), a running one is cancelled on its worker (202)",
 )
@@ -341,6 +362,7 @@ class RetryRequest(BaseModel):
 
 @router.post(
     "/api/v1/tasks/{task_id}/retry",
+    dependencies=[Depends(require("tasks:write"))],
     responses=problem_responses(400, 404, 409, 413, 422),
     openapi_extra=body_schema(RetryRequest, required=False),
     summary="Queue a failed or cancelled task again with a fresh retry budget (409 for any other state)",
@@ -363,6 +385,7 @@ async def retry_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> 
 
 @router.delete(
     "/api/v1/tasks/{task_id}",
+    dependencies=[Depends(require("tasks:write"))],
     responses=problem_responses(404, 409, 422),
     status_code=204,
     summary="Delete a finished task and its runs (409 while it is queued or running)",

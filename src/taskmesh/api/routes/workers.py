@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
+from taskmesh.api.auth import require
 from taskmesh.api.deps import StoresDep, json_response
 from taskmesh.api.problems import problem_responses
 from taskmesh.records import iso, json_value, pause_to_dict
@@ -21,6 +22,7 @@ PAUSED_LISTED = 1000
 
 @router.get(
     "/api/v1/workers",
+    dependencies=[Depends(require("workers:read"))],
     responses=problem_responses(),
     summary="Registered instances, live first, with their in-flight runs; queued tasks no live instance serves",
 )

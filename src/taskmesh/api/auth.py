@@ -1,0 +1,102 @@
+"""Who is calling (issue 12): the API key of a request, its scopes, and each route's guard.
+
+Every ``/api/v1`` route declares the scope it needs with :func:`require`; the guard
+reads ``Authorization: Bearer tmk_…`` (or ``X-API-Key``), finds the key through a
+:class:`KeyCache` and refuses with 401 (no usable key) or 403 (a key without the
+scope). The cache keeps a key's row for ``KEY_CACHE_SECONDS``, so a revoked or
+expired key stops working on every instance within that time, and marks the key used
+each time it reads it again (``last_used_at``, at most once per period per instance).
+
+An instance runs *open* (every request is allowed, as ``anonymous``) when
+``auth = "none"``, or while it listens on a loopback address and no key was ever made:
+the dev profile and a first start work before any key is made, and the first key made
+closes it within the cache period for good (revoking every key does not open it again).
+A non-loopback instance with ``auth = "keys"`` never runs open (``taskmesh.supervisor``
+refuses to start it without a key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from taskmesh import api_keys
+from taskmesh.api.principals import ANONYMOUS, Principal
+from taskmesh.api.state import AppState
+from taskmesh.errors import NotReadyError, PermissionDeniedError
+
+_bearer = HTTPBearer(auto_error=False, description="An API key, `tmk_<id>_<secret>`")
+_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="An API key, `tmk_<id>_<secret>`")
+
+
+def _get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.taskmesh
+    return state
+
+
+SCOPE_OF: dict[Callable[..., Awaitable[Principal]], str] = {}
+"""Each guard made by :func:`require` and its scope (the OpenAPI document names it per route)."""
+
+
+def require(scope: str) -> Callable[..., Awaitable[Principal]]:
+    """A route dependency: the caller, once it holds ``scope``; also kept on ``request.state.principal``.
+
+    :raises ValueError: ``scope`` is not one of :data:`taskmesh.api_keys.SCOPES` (a programming error).
+    """
+    if scope not in api_keys.SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    async def guard(
+        request: Request,
+        state: Annotated[AppState, Depends(_get_state)],
+        bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+        header: Annotated[str | None, Security(_header)],
+    ) -> Principal:
+        return await authenticate(request, state, scope, bearer.credentials if bearer is not None else header)
+
+    SCOPE_OF[guard] = scope
+    return guard
+
+
+async def authenticate(request: Request, state: AppState, scope: str, presented: str | None = None) -> Principal:
+    """The request's caller, once it holds ``scope``; ``presented`` defaults to the request's own key.
+
+    :raises NotReadyError: the stores have not answered yet (503).
+    :raises AuthenticationError: no usable key (401).
+    :raises PermissionDeniedError: a key without ``scope`` (403).
+    """
+    if state.stores is None:
+        raise NotReadyError()
+    if presented is None:
+        presented = presented_key(request)
+    principal = await state.keys.principal(state.stores.pg, presented)
+    if not principal.allows(scope):
+        raise PermissionDeniedError(scope)
+    request.state.principal = principal
+    return principal
+
+
+def presented_key(request: Request) -> str | None:
+    """The key of ``Authorization: Bearer …``, else of ``X-API-Key``, else ``None``."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.headers.get("x-api-key") or None
+
+
+def caller(request: Request) -> Principal:
+    """The principal the route's guard let through (:data:`ANONYMOUS` on a route without a guard)."""
+    principal: Principal = getattr(request.state, "principal", ANONYMOUS)
+    return principal
+
+
+def demand(request: Request, scope: str) -> None:
+    """Refuse the request unless its caller holds ``scope`` (for an action chosen in the body).
+
+    :raises PermissionDeniedError: the caller lacks it (403).
+    """
+    if not caller(request).allows(scope):
+        raise PermissionDeniedError(scope)

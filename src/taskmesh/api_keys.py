@@ -1,0 +1,147 @@
+"""API keys (issue 12): their form, their scopes, their hashes, and making, rotating and revoking them.
+
+A key is ``tmk_<id>_<secret>``: ``<id>`` (16 characters of base32) names its row in
+``api_keys``; ``<secret>`` (48 hex digits, 192 bits) is shown once, at creation, and only
+SHA-256 of the deployment's pepper followed by the secret is stored. With that much entropy
+a slow hash adds nothing; the pepper (``auth_pepper``, made with the first key) makes a copy
+of the hashes alone useless. A presented key is compared in constant time.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from taskmesh.errors import InvalidTaskError
+from taskmesh.store import PgStore
+
+SCOPES = (
+    "tasks:read",
+    "tasks:write",
+    "tasks:cancel",
+    "dlq:replay",
+    "queues:admin",
+    "schedules:admin",
+    "workers:read",
+    "keys:admin",
+    "audit:read",
+    "metrics:read",
+)
+"""Every scope a key may hold (see the README's route table for what each allows)."""
+ROLES: dict[str, tuple[str, ...]] = {
+    "viewer": ("tasks:read", "workers:read"),
+    "operator": ("tasks:read", "tasks:write", "tasks:cancel", "dlq:replay", "queues:admin", "workers:read"),
+    "admin": SCOPES,
+}
+"""Named sets of scopes that ``taskmesh keys create --role`` gives."""
+KEY_FORM = re.compile(r"^tmk_([a-z2-7]{16})_([0-9a-f]{48})$")
+LIST_MOST = 1000
+
+
+@dataclass(frozen=True)
+class NewKey:
+    """A key just made: ``key`` is shown once and never stored; ``record`` is its row as listed."""
+
+    key: str
+    record: dict[str, Any]
+
+
+def parse(presented: str) -> tuple[str, str] | None:
+    """``(key id, secret)`` of a presented key, ``None`` when it is not of the form ``tmk_<id>_<secret>``."""
+    match = KEY_FORM.fullmatch(presented)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def secret_hash(pepper: bytes, secret: str) -> bytes:
+    """SHA-256 of the pepper followed by the secret (32 bytes)."""
+    return hashlib.sha256(pepper + secret.encode("ascii")).digest()
+
+
+def matches(pepper: bytes, secret: str, stored: bytes) -> bool:
+    """Whether ``secret`` is the one whose hash is ``stored``, compared in constant time."""
+    return hmac.compare_digest(secret_hash(pepper, secret), stored)
+
+
+def check_scopes(scopes: list[str]) -> list[str]:
+    """The scopes, deduplicated in the order of :data:`SCOPES`.
+
+    :raises InvalidTaskError: an unknown scope, or none (field ``scopes``).
+    """
+    unknown = [s for s in scopes if s not in SCOPES]
+    if unknown:
+        raise InvalidTaskError("scopes", f"unknown scope {unknown[0]!r}; known: {', '.join(SCOPES)}")
+    if not scopes:
+        raise InvalidTaskError("scopes", "give at least one scope")
+    return [s for s in SCOPES if s in scopes]
+
+
+def record(row: Any) -> dict[str, Any]:
+    """A key's row as the CLI and the API show it (never its hash)."""
+    return {
+        "key_id": row["id"],
+        "name": row["name"],
+        "scopes": list(row["scopes"]),
+        "tenant_id": row["tenant_id"],
+        "queues": None if row["queues"] is None else list(row["queues"]),
+        "expires_at": _iso(row["expires_at"]),
+        "revoked_at": _iso(row["revoked_at"]),
+        "created_at": _iso(row["created_at"]),
+        "last_used_at": _iso(row["last_used_at"]),
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+async def create(
+    pg: PgStore,
+    name: str,
+    scopes: list[str],
+    *,
+    tenant_id: str | None = None,
+    queues: list[str] | None = None,
+    expires_at: datetime | None = None,
+) -> NewKey:
+    """Make a key (and the deployment's pepper, the first time).
+
+    :param name: the principal it belongs to (1..128 characters); several keys may share it.
+    :raises InvalidTaskError: a bad name or scope (naming the field).
+    :raises StoreError: PostgreSQL failed.
+    """
+    if not 1 <= len(name) <= 128 or not name.isprintable():
+        raise InvalidTaskError("name", "must be 1 to 128 printable characters")
+    scopes = check_scopes(scopes)
+    pepper = await pg.keys.ensure_pepper(secrets.token_bytes(32))
+    key_id = base64.b32encode(secrets.token_bytes(10)).decode("ascii").lower()
+    secret = secrets.token_hex(24)
+    row = await pg.keys.insert(key_id, name, secret_hash(pepper, secret), scopes, tenant_id, queues, expires_at)
+    return NewKey(f"tmk_{key_id}_{secret}", record(row))
+
+
+async def rotate(pg: PgStore, key_id: str, overlap: timedelta) -> NewKey:
+    """A new key like ``key_id`` (name, scopes, tenant, queues, expiry); the old one ends after ``overlap``.
+
+    :raises LookupError: no active key has this id.
+    :raises StoreError: PostgreSQL failed.
+    """
+    old = await pg.keys.get(key_id)
+    if old is None or old["revoked_at"] is not None:
+        raise LookupError(f"no active key has id {key_id}")
+    new = await create(
+        pg,
+        old["name"],
+        list(old["scopes"]),
+        tenant_id=old["tenant_id"],
+        queues=None if old["queues"] is None else list(old["queues"]),
+        expires_at=old["expires_at"],
+    )
+    now = datetime.fromisoformat(new.record["created_at"])
+    await pg.keys.expire_at(key_id, now + overlap)
+    return new

@@ -1,0 +1,244 @@
+"""``taskmesh keys create|list|revoke|rotate``: API keys, made in PostgreSQL directly (``DATABASE_URL``).
+
+Through the database rather than the API, so that the first admin key can be made
+before any key exists (whoever holds the database URL holds the deployment anyway).
+A key is printed once, at creation, and never again: only its hash is stored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import anyio
+import typer
+
+from taskmesh.cli import common
+from taskmesh.cli.exit_codes import EPILOG, ExitCode
+from taskmesh.cli.output import note, print_json, print_table, say, when
+from taskmesh.errors import ConfigError
+
+if TYPE_CHECKING:
+    from taskmesh.store import PgStore
+
+app = typer.Typer(
+    help="Make, list, revoke and rotate API keys (talks to the database: DATABASE_URL).",
+    epilog=EPILOG,
+    rich_markup_mode="markdown",
+    no_args_is_help=True,
+)
+
+T = TypeVar("T")
+KeyId = Annotated[str, typer.Argument(help="The key's id (the part after tmk_, 16 characters).", metavar="KEY_ID")]
+_DURATION = re.compile(r"^(\d{1,6})([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str, flag: str) -> timedelta:
+    """``90d``, ``12h``, ``30m`` or ``45s`` as a ``timedelta``.
+
+    :raises typer.BadParameter: anything else (naming ``flag``).
+    """
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise typer.BadParameter(f"{text!r} is not a duration such as 90d, 12h, 30m or 45s", param_hint=f"'{flag}'")
+    return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _with_pg(action: Callable[[PgStore], Awaitable[T]]) -> T:
+    """Open PostgreSQL (``DATABASE_URL``), run ``action``, close it.
+
+    :raises ConfigError: ``DATABASE_URL`` missing (exit 2).
+    :raises StoreError: PostgreSQL refused or is down (exit 1 or 5).
+    """
+    from taskmesh.config import load_settings
+    from taskmesh.logs import configure
+    from taskmesh.store import PgStore
+
+    settings = load_settings()
+    configure("warning", settings.log_format)
+    if not settings.database_url:
+        raise ConfigError("keys needs DATABASE_URL (the deployment's database, as the instances have it)")
+    database_url = settings.database_url
+
+    async def go() -> T:
+        pg = await PgStore.connect(database_url, size=2)
+        try:
+            return await action(pg)
+        finally:
+            await pg.close()
+
+    return anyio.run(go)
+
+
+@app.command("create")
+def create(
+    name: Annotated[str, typer.Option("--name", help="Who the key is for (a person, a service); 1 to 128 characters.")],
+    role: Annotated[
+        str | None,
+        typer.Option("--role", help="viewer, operator or admin: a named set of scopes (see the README)."),
+    ] = None,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option("--scope", help="A scope (tasks:read, tasks:write, ...); repeat for several; adds to --role."),
+    ] = None,
+    tenant_id: Annotated[
+        str | None, typer.Option("--tenant-id", help="Bind the key to this tenant.", metavar="TENANT")
+    ] = None,
+    queue: Annotated[
+        list[str] | None, typer.Option("--queue", help="Bind the key to this queue; repeat for several.")
+    ] = None,
+    expires_in: Annotated[
+        str | None, typer.Option("--expires-in", help="The key stops working after this: 90d, 12h, 30m.")
+    ] = None,
+    json: common.StoresJson = False,
+) -> None:
+    """Make an API key and print it once (only its hash is kept).
+
+    Examples:
+
+    ```
+    taskmesh keys create --name admin --role admin
+    taskmesh keys create --name grafana --scope tasks:read --scope workers:read --expires-in 90d
+    taskmesh keys create --name billing-app --role operator --tenant-id billing
+    ```
+    """
+    from taskmesh import api_keys
+
+    scopes = list(api_keys.ROLES.get(role, ())) if role else []
+    if role and role not in api_keys.ROLES:
+        raise typer.BadParameter(f"{role!r} is not one of {', '.join(api_keys.ROLES)}", param_hint="'--role'")
+    scopes += scope or []
+    expires_at = datetime.now(UTC) + duration(expires_in, "--expires-in") if expires_in else None
+
+    async def go(pg: PgStore) -> api_keys.NewKey:
+        return await api_keys.create(pg, name, scopes, tenant_id=tenant_id, queues=queue, expires_at=expires_at)
+
+    new = _bad_input(lambda: _with_pg(go))
+    if json:
+        print_json({"key": new.key, **new.record})
+        return
+    say(new.key)
+    note(
+        f"key {new.record['key_id']} for {name}: {', '.join(new.record['scopes'])}; it is shown once, "
+        "keep it now (Authorization: Bearer <key>, or TASKMESH_API_KEY for the CLI)"
+    )
+
+
+@app.command("list")
+def list_keys(json: common.StoresJson = False) -> None:
+    """List the keys, newest first: name, scopes, tenant and queues, state, expiry, last use.
+
+    Examples:
+
+    ```
+    taskmesh keys list
+    taskmesh keys list --json | jq '.keys[] | select(.state == "active") | .key_id'
+    ```
+    """
+    from taskmesh import api_keys
+
+    async def go(pg: PgStore) -> list[dict[str, Any]]:
+        rows = await pg.keys.list(api_keys.LIST_MOST)
+        return [{**api_keys.record(r), "state": _state(r)} for r in rows]
+
+    keys = _with_pg(go)
+    if json:
+        print_json({"keys": keys})
+        return
+    print_table(
+        ("KEY ID", "NAME", "STATE", "SCOPES", "TENANT", "QUEUES", "EXPIRES (UTC)", "LAST USED (UTC)"),
+        [
+            (
+                k["key_id"],
+                k["name"],
+                k["state"],
+                ",".join(k["scopes"]),
+                k["tenant_id"],
+                None if k["queues"] is None else ",".join(k["queues"]),
+                when(k["expires_at"]),
+                when(k["last_used_at"]),
+            )
+            for k in keys
+        ],
+    )
+
+
+def _state(row: Any) -> str:
+    if row["revoked_at"] is not None:
+        return "revoked"
+    return "active" if row["active"] else "expired"
+
+
+@app.command("revoke")
+def revoke(key_id: KeyId, json: common.StoresJson = False) -> None:
+    """Revoke a key: every instance refuses it within 5 seconds. Kept, as revoked, for the record.
+
+    Examples:
+
+    ```
+    taskmesh keys revoke 3kq7vz2mfa4xw5rt
+    ```
+    """
+    from taskmesh import api_keys
+
+    async def go(pg: PgStore) -> Any:
+        return await pg.keys.revoke(key_id)
+
+    row = _with_pg(go)
+    if row is None:
+        note(f"taskmesh: error: no key has id {key_id}")
+        raise typer.Exit(int(ExitCode.NOT_FOUND))
+    if json:
+        print_json(api_keys.record(row))
+    else:
+        say(f"{key_id}: revoked")
+
+
+@app.command("rotate")
+def rotate(
+    key_id: KeyId,
+    overlap: Annotated[
+        str, typer.Option("--overlap", help="How long the old key keeps working: 24h, 30m, 7d.")
+    ] = "24h",
+    json: common.StoresJson = False,
+) -> None:
+    """Make a new key like KEY_ID (name, scopes, tenant, queues) and end the old one after --overlap.
+
+    Examples:
+
+    ```
+    taskmesh keys rotate 3kq7vz2mfa4xw5rt
+    taskmesh keys rotate 3kq7vz2mfa4xw5rt --overlap 1h
+    ```
+    """
+    from taskmesh import api_keys
+
+    window = duration(overlap, "--overlap")
+
+    async def go(pg: PgStore) -> api_keys.NewKey | None:
+        try:
+            return await api_keys.rotate(pg, key_id, window)
+        except LookupError:
+            return None
+
+    new = _with_pg(go)
+    if new is None:
+        note(f"taskmesh: error: no active key has id {key_id}")
+        raise typer.Exit(int(ExitCode.NOT_FOUND))
+    if json:
+        print_json({"key": new.key, **new.record, "replaces": key_id})
+        return
+    say(new.key)
+    note(f"key {new.record['key_id']} replaces {key_id}, which works for {overlap} more; the new key is shown once")
+
+
+def _bad_input(call: Callable[[], T]) -> T:
+    from taskmesh.errors import InvalidTaskError
+
+    try:
+        return call()
+    except InvalidTaskError as exc:
+        raise typer.BadParameter(exc.message, param_hint=f"'--{exc.field.rstrip('s')}'") from None
