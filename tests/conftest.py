@@ -191,8 +191,10 @@ def start_instance(
 
 
 def http(inst: supervisor.Instance) -> httpx.AsyncClient:
-    """An HTTP client for a running instance."""
-    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{inst.port}", timeout=10)
+    """An HTTP client for a running instance; its bodies are JSON (``Content-Type`` set, as the API requires)."""
+    return httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{inst.port}", timeout=10, headers={"Content-Type": "application/json"}
+    )
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, interval: float = 0.02) -> Any:

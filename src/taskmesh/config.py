@@ -199,6 +199,12 @@ class Settings(BaseSettings):
     """``keys``: every ``/api/v1`` route needs an API key with its scope (``taskmesh keys create``);
     an instance on a loopback address runs open while no key exists, and one on another address
     refuses to start without a key. ``none``: no key is asked for anywhere (say so explicitly)."""
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, validation_alias=_aliases("allowed_hosts")
+    )
+    """Names the API answers in the ``Host`` header (``*``: any; ``*.example.com``: its subdomains;
+    comma-separated in the environment). Empty (the default): the loopback names when the API
+    listens on a loopback address (DNS rebinding cannot reach it), any name otherwise."""
     metrics_auth: Literal["open", "scope"] = Field(default="open", validation_alias=_aliases("metrics_auth"))
     """``open``: ``/metrics`` answers anyone (Prometheus scrapes it; put it behind your network's
     rules); ``scope``: it needs a key with ``metrics:read``, like the API."""
@@ -319,7 +325,7 @@ class Settings(BaseSettings):
     def _validate_schedules(cls, value: Any) -> Any:
         return _check_schedules(value)
 
-    @field_validator("queue_names", "handlers", mode="before")
+    @field_validator("queue_names", "handlers", "allowed_hosts", mode="before")
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -41,6 +41,7 @@ import anyio
 
 from taskmesh import __version__, emergency, notify
 from taskmesh.api.app import create_app
+from taskmesh.api.hygiene import LOOPBACK_HOSTS
 from taskmesh.api.principals import KeyCache
 from taskmesh.api.server import HttpLimits, Server, bind_http, make_server
 from taskmesh.api.state import AppState, ServedQueues
@@ -144,7 +145,7 @@ async def run(
     sock = bind_http(settings.http_host, settings.http_port)
     inst.port = sock.getsockname()[1]
     server = make_server(
-        create_app(state, api_enabled=settings.api_enabled),
+        create_app(state, api_enabled=settings.api_enabled, allowed_hosts=allowed_hosts(settings)),
         limits=HttpLimits.from_settings(settings),
         metrics=metrics,
         timeout_graceful_shutdown=3,
@@ -251,6 +252,13 @@ NO_KEY = (
     "with `taskmesh keys create --name admin --role admin` (it talks to DATABASE_URL directly), or set "
     'auth = "none" (TASKMESH_AUTH=none) to serve without keys'
 )
+
+
+def allowed_hosts(settings: Settings) -> list[str]:
+    """``allowed_hosts``, or by default the loopback names on a loopback address and any name elsewhere."""
+    if settings.allowed_hosts:
+        return settings.allowed_hosts
+    return list(LOOPBACK_HOSTS) if is_loopback(settings.http_host) else ["*"]
 
 
 def is_loopback(host: str) -> bool:

@@ -13,6 +13,8 @@ Routers: ``routes/tasks.py``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
@@ -20,6 +22,7 @@ from fastapi_offline import FastAPIOffline
 from taskmesh import __version__
 from taskmesh.api import errors
 from taskmesh.api.auth import SCOPE_OF
+from taskmesh.api.hygiene import BrowserGuard
 from taskmesh.api.limits import BodyLimit
 from taskmesh.api.observe import ObserveRequests
 from taskmesh.api.routes import health, queues, schedules, tasks, workers
@@ -28,11 +31,12 @@ from taskmesh.api.state import AppState
 __all__ = ["AppState", "create_app"]
 
 
-def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
+def create_app(state: AppState, *, api_enabled: bool = True, allowed_hosts: Sequence[str] = ("*",)) -> FastAPI:
     """Build the ASGI app over ``state``.
 
     :param api_enabled: serve the ``/api/v1`` routes; without them (a worker-only
         instance) the app still answers ``/healthz``, ``/readyz`` and ``/metrics``.
+    :param allowed_hosts: the names answered in ``Host`` (see :class:`~taskmesh.api.hygiene.BrowserGuard`).
     """
     app = FastAPIOffline(
         title="taskmesh",
@@ -41,7 +45,8 @@ def create_app(state: AppState, *, api_enabled: bool = True) -> FastAPI:
     )
     app.state.taskmesh = state
     app.add_middleware(BodyLimit)
-    app.add_middleware(ObserveRequests, metrics=state.metrics)  # outermost: sees 413s too
+    app.add_middleware(BrowserGuard, allowed_hosts=allowed_hosts)  # before the body is read
+    app.add_middleware(ObserveRequests, metrics=state.metrics)  # outermost: sees 400s, 413s and 415s too
     errors.install(app)
     if api_enabled:
         for router in (tasks.router, queues.router, schedules.router, workers.router):

@@ -55,12 +55,13 @@ PROBLEM_SCHEMA: dict[str, Any] = {
     },
 }
 ERROR_STATUSES: dict[int, str] = {
-    400: "Malformed JSON (`Invalid JSON`)",
+    400: "Malformed JSON (`Malformed JSON`), or a `Host` not in `allowed_hosts` (`Host not allowed`)",
     401: "No usable API key: none, malformed, unknown, revoked or expired (`Unauthorized`, with `WWW-Authenticate`)",
     403: "The key lacks the route's scope (`Forbidden`, naming the `scope`)",
     404: "No such task, operation or schedule (a problem naming the id)",
     409: "The task's state does not allow this (`Task state conflict`, saying what would)",
     413: "The body is over the size limit (`http_max_body_bytes`)",
+    415: "The body is not `application/json` (`Unsupported media type`)",
     422: "A field or parameter failed validation (`Invalid request`: `detail` and `errors` name each field)",
     503: "PostgreSQL or Redis is unavailable (`Store unavailable`, naming it); retry later",
 }
@@ -69,8 +70,9 @@ ERROR_STATUSES: dict[int, str] = {
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """A route's ``responses`` for the OpenAPI document: each error status as problem+json.
 
-    :param statuses: keys of :data:`ERROR_STATUSES`; 401 and 403 (every route is guarded by a
-        scope) and 503 (any store call may meet an outage) are added to every route.
+    :param statuses: keys of :data:`ERROR_STATUSES`; 400 (a ``Host`` not allowed), 401 and 403
+        (every route is guarded by a scope) and 503 (any store call may meet an outage) are added
+        to every route, and 415 to every route that takes a body (those given 413).
     :raises KeyError: a status without a description in :data:`ERROR_STATUSES`.
     """
     return {
@@ -78,5 +80,5 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
             "description": ERROR_STATUSES[status],
             "content": {"application/problem+json": {"schema": PROBLEM_SCHEMA}},
         }
-        for status in sorted({*statuses, 401, 403, 503})
+        for status in sorted({*statuses, 400, 401, 403, 503, *((415,) if 413 in statuses else ())})
     }
