@@ -15,7 +15,7 @@ import hmac
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from taskmesh.errors import InvalidTaskError
@@ -125,23 +125,20 @@ async def create(
     return NewKey(f"tmk_{key_id}_{secret}", record(row))
 
 
-async def rotate(pg: PgStore, key_id: str, overlap: timedelta) -> NewKey:
-    """A new key like ``key_id`` (name, scopes, tenant, queues, expiry); the old one ends after ``overlap``.
+async def rotate(
+    pg: PgStore, key_id: str, overlap: timedelta, *, expires_at: datetime | None = None
+) -> tuple[NewKey, str | None]:
+    """A new key with ``key_id``'s name and scopes; the old one ends after ``overlap`` (or sooner, at its expiry).
 
-    :raises LookupError: no active key has this id.
+    :param expires_at: the new key's expiry (``None``: none).
+    :returns: the new key, and when the old one now ends (ISO 8601).
+    :raises LookupError: no active key has this id (unknown, revoked or expired).
     :raises StoreError: PostgreSQL failed.
     """
     old = await pg.keys.get(key_id)
-    if old is None or old["revoked_at"] is not None:
+    now = datetime.now(UTC)
+    if old is None or old["revoked_at"] is not None or (old["expires_at"] is not None and old["expires_at"] <= now):
         raise LookupError(f"no active key has id {key_id}")
-    new = await create(
-        pg,
-        old["name"],
-        list(old["scopes"]),
-        tenant_id=old["tenant_id"],
-        queues=None if old["queues"] is None else list(old["queues"]),
-        expires_at=old["expires_at"],
-    )
-    now = datetime.fromisoformat(new.record["created_at"])
-    await pg.keys.expire_at(key_id, now + overlap)
-    return new
+    new = await create(pg, old["name"], list(old["scopes"]), expires_at=expires_at)
+    ended = await pg.keys.expire_at(key_id, datetime.fromisoformat(new.record["created_at"]) + overlap)
+    return new, None if ended is None else _iso(ended["expires_at"])

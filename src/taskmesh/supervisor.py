@@ -248,7 +248,7 @@ async def _run_root(
 
 
 NO_KEY = (
-    "auth: the API listens on {host}, which is not a loopback address, and no API key exists: make the first "
+    "auth: the API listens on {host}, which is not a loopback address, and no active API key exists: make one "
     "with `taskmesh keys create --name admin --role admin` (it talks to DATABASE_URL directly), or set "
     'auth = "none" (TASKMESH_AUTH=none) to serve without keys'
 )

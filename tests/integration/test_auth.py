@@ -193,6 +193,7 @@ async def test_a_rotated_key_overlaps_the_old_one_and_an_expired_key_is_refused(
         ["tasks:read"],
         old[4:20],
     )
+    assert rotated.json()["expires_at"] is None and rotated.json()["replaced_key_expires_at"] is not None
     async with start_instance(workers_enabled=False) as inst, http(inst) as client:
         assert inst.state is not None
         inst.state.keys.ttl = 0.1
@@ -202,6 +203,13 @@ async def test_a_rotated_key_overlaps_the_old_one_and_an_expired_key_is_refused(
         expired = await client.get("/api/v1/tasks", headers=bearer(old))
         assert (expired.status_code, expired.json()["detail"]) == (401, f"the key {old[4:20]} expired")
         assert (await client.get("/api/v1/tasks", headers=bearer(new))).status_code == 200
+    again = await anyio.to_thread.run_sync(
+        lambda: run_cli("keys", "rotate", old[4:20], environ=env(DATABASE_URL=database_url))
+    )
+    assert (again.code, again.err) == (
+        3,
+        f"taskmesh: error: no active key has id {old[4:20]} (revoked, expired or unknown)\n",
+    )
 
 
 async def test_metrics_behind_a_scope_when_configured(start_instance: Any, stores: Any) -> None:
@@ -224,7 +232,11 @@ async def test_the_cli_sends_its_key_and_says_when_one_is_missing(start_instance
         with_env = await anyio.to_thread.run_sync(lambda: cli("workers", TASKMESH_API_KEY=key))
         with_flag = await anyio.to_thread.run_sync(lambda: run_cli("--api-key", key, "workers", "--url", url))
         no_scope = await anyio.to_thread.run_sync(lambda: cli("queues", "pause", "default", TASKMESH_API_KEY=key))
-    assert (without.code, without.err) == (1, f"taskmesh: error: Unauthorized: {UNAUTHORIZED}\n")
+    assert (without.code, without.err) == (
+        1,
+        f"taskmesh: error: Unauthorized: {UNAUTHORIZED} "
+        "(give the key in TASKMESH_API_KEY or with taskmesh --api-key)\n",
+    )
     assert (with_env.code, with_flag.code) == (0, 0)
     assert (no_scope.code, no_scope.err) == (1, "taskmesh: error: Forbidden: this key lacks the scope 'queues:admin'\n")
 
@@ -251,7 +263,7 @@ async def test_an_api_instance_for_other_hosts_will_not_start_without_a_key(data
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1] == (
-        "taskmesh: error: auth: the API listens on 0.0.0.0, which is not a loopback address, and no API key "
-        "exists: make the first with `taskmesh keys create --name admin --role admin` (it talks to DATABASE_URL "
+        "taskmesh: error: auth: the API listens on 0.0.0.0, which is not a loopback address, and no active API key "
+        "exists: make one with `taskmesh keys create --name admin --role admin` (it talks to DATABASE_URL "
         'directly), or set auth = "none" (TASKMESH_AUTH=none) to serve without keys'
     )

@@ -54,6 +54,7 @@ class KeyCache:
     _keys: dict[str, tuple[float, Any]] = field(default_factory=dict)
     _open: tuple[float, bool] | None = None
     _pepper: bytes | None = None
+    _marked: dict[str, float] = field(default_factory=dict)
 
     async def is_open(self, pg: PgStore) -> bool:
         """Whether requests need no key now.
@@ -99,6 +100,7 @@ class KeyCache:
             raise AuthenticationError(f"the key {key_id} was revoked")
         if row["expires_at"] is not None and row["expires_at"] <= db_now:
             raise AuthenticationError(f"the key {key_id} expired")
+        await self._mark_used(pg, key_id)
         return Principal(
             key_id,
             row["name"],
@@ -107,13 +109,20 @@ class KeyCache:
             None if row["queues"] is None else frozenset(row["queues"]),
         )
 
+    async def _mark_used(self, pg: PgStore, key_id: str) -> None:
+        """``last_used_at`` for a key a request was let through with, at most once per ``ttl``."""
+        now = time.monotonic()
+        if now - self._marked.get(key_id, -self.ttl) >= self.ttl:
+            self._marked[key_id] = now
+            await pg.keys.mark_used(key_id)
+
     async def _row(self, pg: PgStore, key_id: str) -> Any:
         now = time.monotonic()
         cached = self._keys.get(key_id)
         if cached is None or now - cached[0] >= self.ttl:
             if self._pepper is None:  # made with the first key, which may come after this instance started
                 self._pepper = await pg.keys.pepper()
-            row = await pg.keys.use(key_id)
+            row = await pg.keys.lookup(key_id)
             if len(self._keys) > 10_000:  # made-up ids must not grow the cache without bound
                 self._keys.clear()
             self._keys[key_id] = (now, row)

@@ -149,7 +149,10 @@ class Api:
                     ExitCode.USAGE,
                     404,
                 )
-            raise ApiError(_problem(response), for_http_status(response.status_code), response.status_code)
+            message = _problem(response)
+            if response.status_code == 401:
+                message += " (give the key in TASKMESH_API_KEY or with taskmesh --api-key)"
+            raise ApiError(message, for_http_status(response.status_code), response.status_code)
         if not response.content:
             return Answer(response.status_code, None)
         try:

@@ -18,7 +18,7 @@ import typer
 from taskmesh.cli import common
 from taskmesh.cli.exit_codes import EPILOG, ExitCode
 from taskmesh.cli.output import note, print_json, print_table, say, when
-from taskmesh.errors import ConfigError
+from taskmesh.errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
     from taskmesh.store import PgStore
@@ -42,8 +42,10 @@ def duration(text: str, flag: str) -> timedelta:
     :raises typer.BadParameter: anything else (naming ``flag``).
     """
     match = _DURATION.fullmatch(text)
-    if match is None:
-        raise typer.BadParameter(f"{text!r} is not a duration such as 90d, 12h, 30m or 45s", param_hint=f"'{flag}'")
+    if match is None or int(match.group(1)) == 0:
+        raise typer.BadParameter(
+            f"{text!r} is not a duration above zero such as 90d, 12h, 30m or 45s", param_hint=f"'{flag}'"
+        )
     return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
 
 
@@ -70,7 +72,15 @@ def _with_pg(action: Callable[[PgStore], Awaitable[T]]) -> T:
         finally:
             await pg.close()
 
-    return anyio.run(go)
+    try:
+        return anyio.run(go)
+    except StoreError as exc:
+        if exc.detail.startswith("UndefinedTableError"):
+            raise ConfigError(
+                "the database of DATABASE_URL has no taskmesh tables (or not those of this version) yet: run "
+                "`taskmesh migrate` first"
+            ) from None
+        raise
 
 
 @app.command("create")
@@ -84,12 +94,6 @@ def create(
         list[str] | None,
         typer.Option("--scope", help="A scope (tasks:read, tasks:write, ...); repeat for several; adds to --role."),
     ] = None,
-    tenant_id: Annotated[
-        str | None, typer.Option("--tenant-id", help="Bind the key to this tenant.", metavar="TENANT")
-    ] = None,
-    queue: Annotated[
-        list[str] | None, typer.Option("--queue", help="Bind the key to this queue; repeat for several.")
-    ] = None,
     expires_in: Annotated[
         str | None, typer.Option("--expires-in", help="The key stops working after this: 90d, 12h, 30m.")
     ] = None,
@@ -102,7 +106,6 @@ def create(
     ```
     taskmesh keys create --name admin --role admin
     taskmesh keys create --name grafana --scope tasks:read --scope workers:read --expires-in 90d
-    taskmesh keys create --name billing-app --role operator --tenant-id billing
     ```
     """
     from taskmesh import api_keys
@@ -114,7 +117,7 @@ def create(
     expires_at = datetime.now(UTC) + duration(expires_in, "--expires-in") if expires_in else None
 
     async def go(pg: PgStore) -> api_keys.NewKey:
-        return await api_keys.create(pg, name, scopes, tenant_id=tenant_id, queues=queue, expires_at=expires_at)
+        return await api_keys.create(pg, name, scopes, expires_at=expires_at)
 
     new = _bad_input(lambda: _with_pg(go))
     if json:
@@ -203,36 +206,46 @@ def rotate(
     overlap: Annotated[
         str, typer.Option("--overlap", help="How long the old key keeps working: 24h, 30m, 7d.")
     ] = "24h",
+    expires_in: Annotated[
+        str | None, typer.Option("--expires-in", help="The new key stops working after this: 90d, 12h.")
+    ] = None,
     json: common.StoresJson = False,
 ) -> None:
-    """Make a new key like KEY_ID (name, scopes, tenant, queues) and end the old one after --overlap.
+    """Make a new key like KEY_ID (name, scopes) and end the old one after --overlap (sooner if it expires).
+
+    The new key has no expiry unless --expires-in gives one. A revoked or expired key is not rotated.
 
     Examples:
 
     ```
     taskmesh keys rotate 3kq7vz2mfa4xw5rt
-    taskmesh keys rotate 3kq7vz2mfa4xw5rt --overlap 1h
+    taskmesh keys rotate 3kq7vz2mfa4xw5rt --overlap 1h --expires-in 90d
     ```
     """
     from taskmesh import api_keys
 
     window = duration(overlap, "--overlap")
+    expires_at = datetime.now(UTC) + duration(expires_in, "--expires-in") if expires_in else None
 
-    async def go(pg: PgStore) -> api_keys.NewKey | None:
+    async def go(pg: PgStore) -> tuple[api_keys.NewKey, str | None] | None:
         try:
-            return await api_keys.rotate(pg, key_id, window)
+            return await api_keys.rotate(pg, key_id, window, expires_at=expires_at)
         except LookupError:
             return None
 
-    new = _with_pg(go)
-    if new is None:
-        note(f"taskmesh: error: no active key has id {key_id}")
+    rotated = _with_pg(go)
+    if rotated is None:
+        note(f"taskmesh: error: no active key has id {key_id} (revoked, expired or unknown)")
         raise typer.Exit(int(ExitCode.NOT_FOUND))
+    new, old_ends = rotated
     if json:
-        print_json({"key": new.key, **new.record, "replaces": key_id})
+        print_json({"key": new.key, **new.record, "replaces": key_id, "replaced_key_expires_at": old_ends})
         return
     say(new.key)
-    note(f"key {new.record['key_id']} replaces {key_id}, which works for {overlap} more; the new key is shown once")
+    note(
+        f"key {new.record['key_id']} replaces {key_id}, which works until {when(old_ends)} UTC; "
+        "the new key is shown once"
+    )
 
 
 def _bad_input(call: Callable[[], T]) -> T:

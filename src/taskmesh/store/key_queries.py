@@ -38,9 +38,13 @@ class KeyQueries(Queries):
         assert row is not None  # an INSERT ... RETURNING returns its row
         return row
 
-    async def use(self, key_id: str) -> asyncpg.Record | None:
-        """``key_use``: the key with its hash and the database's ``now``, marked used; ``None``: no such key."""
-        return await self._fetchrow("key_use", key_id)
+    async def lookup(self, key_id: str) -> asyncpg.Record | None:
+        """``key_lookup``: the key with its hash and the database's ``now``; ``None``: no such key."""
+        return await self._fetchrow("key_lookup", key_id)
+
+    async def mark_used(self, key_id: str) -> None:
+        """``key_mark_used``: ``last_used_at`` is now."""
+        await self._execute("key_mark_used", key_id)
 
     async def any(self) -> bool:
         """``key_any``: whether a key was ever made (revoked and expired ones count)."""

@@ -682,11 +682,14 @@ INSERT INTO api_keys (id, name, secret_hash, scopes, tenant_id, queues, expires_
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at;
 
--- name: key_use
--- The key of id $1 for a request, marking it used: one statement per key per cache period.
-UPDATE api_keys SET last_used_at = now()
-WHERE id = $1
-RETURNING id, name, secret_hash, scopes, tenant_id, queues, expires_at, revoked_at, now() AS now;
+-- name: key_lookup
+-- The key of id $1 for a request, with the database's clock (read once per key per cache period).
+SELECT id, name, secret_hash, scopes, tenant_id, queues, expires_at, revoked_at, now() AS now
+FROM api_keys WHERE id = $1;
+
+-- name: key_mark_used
+-- A request with key $1 was let through (at most once per key per cache period and instance).
+UPDATE api_keys SET last_used_at = now() WHERE id = $1;
 
 -- name: key_any
 -- Whether a key was ever made (revoked and expired ones count): an instance on loopback runs
