@@ -11,6 +11,8 @@ import contextlib
 import functools
 import os
 import secrets
+import shutil
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -30,6 +32,7 @@ from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import migrate_url
 from taskmesh.tasks import Tasks
+from tests.proc import free_port
 
 
 @pytest.fixture(scope="session")
@@ -207,3 +210,37 @@ async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, i
             return last
         await anyio.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s; last value: {last!r}")
+
+
+@pytest.fixture
+def redis_with_password() -> Iterator[str]:
+    """``host:port`` of a Redis of its own that requires the password ``s3cret``."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not on PATH")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--requirepass",
+            "s3cret",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

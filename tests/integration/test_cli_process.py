@@ -3,10 +3,8 @@ rely on, and no traceback for a closed pipe, an unreachable API or a store that 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -117,39 +115,6 @@ async def test_output_into_a_closed_pipe_ends_quietly(start_instance: Any, regis
 
         code, err = await anyio.to_thread.run_sync(closed_reader)
     assert (code, err) == (1, "")
-
-
-@pytest.fixture
-def redis_with_password() -> Iterator[str]:
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not on PATH")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--requirepass",
-            "s3cret",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.mark.anyio
