@@ -205,6 +205,23 @@ class Settings(BaseSettings):
     """Names the API answers in the ``Host`` header (``*``: any; ``*.example.com``: its subdomains;
     comma-separated in the environment). Empty (the default): the loopback names when the API
     listens on a loopback address (DNS rebinding cannot reach it), any name otherwise."""
+    rate_limit_read_per_second: float = Field(
+        default=200.0, gt=0, le=1_000_000, validation_alias=_aliases("rate_limit_read_per_second")
+    )
+    """Sustained reads an API key may make, per second, over all instances (GET routes)."""
+    rate_limit_write_per_second: float = Field(
+        default=1000.0, gt=0, le=1_000_000, validation_alias=_aliases("rate_limit_write_per_second")
+    )
+    """Sustained writes an API key may make, per second, over all instances (creates, cancels,
+    retries, replays, deletes, bulk actions)."""
+    rate_limit_admin_per_second: float = Field(
+        default=10.0, gt=0, le=1_000_000, validation_alias=_aliases("rate_limit_admin_per_second")
+    )
+    """Sustained admin calls (queue and schedule pause, resume, trigger) per key, per second."""
+    rate_limit_burst_seconds: float = Field(
+        default=2.0, gt=0, le=3600, validation_alias=_aliases("rate_limit_burst_seconds")
+    )
+    """A key may spend this many seconds' worth of its rate at once after a quiet spell (at least 1 request)."""
     metrics_auth: Literal["open", "scope"] = Field(default="open", validation_alias=_aliases("metrics_auth"))
     """``open``: ``/metrics`` answers anyone (Prometheus scrapes it; put it behind your network's
     rules); ``scope``: it needs a key with ``metrics:read``, like the API."""

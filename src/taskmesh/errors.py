@@ -151,6 +151,23 @@ class PermissionDeniedError(TaskmeshError):
         self.scope = scope
 
 
+class RateLimitedError(TaskmeshError):
+    """An API key spent its budget of a class of requests (the API answers 429 with ``Retry-After``).
+
+    :param policy_name: the class (``read``, ``write``, ``admin``).
+    :param policy: its IETF ``RateLimit-Policy`` item.
+    :param retry_after: seconds until one more request is allowed.
+    :param reset: seconds until the whole burst is available again.
+    """
+
+    def __init__(self, message: str, policy_name: str, policy: str, retry_after: float, reset: float) -> None:
+        super().__init__(message)
+        self.policy_name = policy_name
+        self.policy = policy
+        self.retry_after = retry_after
+        self.reset = reset
+
+
 class NotReadyError(TaskmeshError):
     """The instance is still connecting to its stores (the API answers 503)."""
 

@@ -42,7 +42,7 @@ import anyio
 from taskmesh import __version__, emergency, notify
 from taskmesh.api.app import create_app
 from taskmesh.api.hygiene import LOOPBACK_HOSTS
-from taskmesh.api.principals import KeyCache
+from taskmesh.api.principals import KeyCache, RatePolicy
 from taskmesh.api.server import HttpLimits, Server, bind_http, make_server
 from taskmesh.api.state import AppState, ServedQueues
 from taskmesh.clock import StoreClock
@@ -140,6 +140,7 @@ async def run(
         served=ServedQueues(own=own, own_names=None if own_names is None else frozenset(own_names)),
         keys=KeyCache(enforce=settings.auth == "keys", loopback=is_loopback(settings.http_host)),
         metrics_protected=settings.metrics_auth == "scope",
+        rate_policies=rate_policies(settings),
     )
     inst.state = state
     sock = bind_http(settings.http_host, settings.http_port)
@@ -252,6 +253,18 @@ NO_KEY = (
     "with `taskmesh keys create --name admin --role admin` (it talks to DATABASE_URL directly), or set "
     'auth = "none" (TASKMESH_AUTH=none) to serve without keys'
 )
+
+
+def rate_policies(settings: Settings) -> dict[str, RatePolicy]:
+    """The per-key rate limits of the settings, by class."""
+    rates = {
+        "read": settings.rate_limit_read_per_second,
+        "write": settings.rate_limit_write_per_second,
+        "admin": settings.rate_limit_admin_per_second,
+    }
+    return {
+        name: RatePolicy(rate, max(1, round(rate * settings.rate_limit_burst_seconds))) for name, rate in rates.items()
+    }
 
 
 def allowed_hosts(settings: Settings) -> list[str]:

@@ -24,9 +24,12 @@ from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from taskmesh import api_keys
-from taskmesh.api.principals import ANONYMOUS, Principal
+from taskmesh.api.principals import ANONYMOUS, RATE_CLASSES, Principal
 from taskmesh.api.state import AppState
-from taskmesh.errors import NotReadyError, PermissionDeniedError
+from taskmesh.errors import NotReadyError, PermissionDeniedError, RateLimitedError, StoreError
+from taskmesh.logs import get_logger
+
+log = get_logger("taskmesh.auth")
 
 _bearer = HTTPBearer(auto_error=False, description="An API key, `tmk_<id>_<secret>`")
 _header = APIKeyHeader(name="X-API-Key", auto_error=False, description="An API key, `tmk_<id>_<secret>`")
@@ -73,10 +76,41 @@ async def authenticate(request: Request, state: AppState, scope: str, presented:
     if presented is None:
         presented = presented_key(request)
     principal = await state.keys.principal(state.stores.pg, presented)
+    if principal.key_id is not None:
+        await _spend(state, principal.key_id, RATE_CLASSES[scope])
     if not principal.allows(scope):
         raise PermissionDeniedError(scope)
     request.state.principal = principal
     return principal
+
+
+async def _spend(state: AppState, key_id: str, name: str) -> None:
+    """One request of class ``name`` against the key's budget, shared by every instance through Redis.
+
+    A Redis that does not answer lets the request through (logged): the limit protects the
+    platform, and refusing everything during an outage would not.
+
+    :raises RateLimitedError: the budget is spent (429).
+    """
+    policy = state.rate_policies.get(name)
+    if policy is None or state.stores is None:
+        return
+    try:
+        allowed, _, retry_after, reset = await state.stores.redis.rate_limit(
+            f"{name}:{key_id}", policy.per_second, policy.burst
+        )
+    except StoreError as exc:
+        log.warning("rate_limit_unchecked", key_id=key_id, error=str(exc))
+        return
+    if not allowed:
+        raise RateLimitedError(
+            f"the key {key_id} made more than {policy.per_second:g} {name} requests per second "
+            f"(bursts of {policy.burst}); retry in {retry_after:.1f} s",
+            name,
+            policy.header(name),
+            retry_after,
+            reset,
+        )
 
 
 def presented_key(request: Request) -> str | None:

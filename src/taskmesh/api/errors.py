@@ -11,6 +11,7 @@
 | ``NotReadyError`` | 503 | Not ready |
 | ``AuthenticationError`` | 401 | Unauthorized (with ``WWW-Authenticate: Bearer``) |
 | ``PermissionDeniedError`` | 403 | Forbidden (names the ``scope``) |
+| ``RateLimitedError`` | 429 | Too many requests (``Retry-After``, ``RateLimit-Policy``, ``RateLimit``) |
 | ``StoreError``, transient | 503 | Store unavailable (names the store) |
 | ``StoreError``, not transient; anything else | 500 | Internal error (logged with its traceback) |
 | Starlette's ``HTTPException`` (404 route; 405 method, with ``Allow``: every method of the path) | its own | its own |
@@ -18,6 +19,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,6 +36,7 @@ from taskmesh.errors import (
     InvalidTaskError,
     NotReadyError,
     PermissionDeniedError,
+    RateLimitedError,
     ScheduleNotFoundError,
     StoreError,
     TaskFinishedError,
@@ -86,6 +89,21 @@ def _forbidden(exc: Any) -> Response:
     return problem(403, "Forbidden", str(exc), scope=exc.scope)
 
 
+def _rate_limited(exc: Any) -> Response:
+    retry = max(1, math.ceil(exc.retry_after))
+    return problem(
+        429,
+        "Too many requests",
+        str(exc),
+        headers={
+            "Retry-After": str(retry),
+            "RateLimit-Policy": exc.policy,
+            "RateLimit": f'"{exc.policy_name}";r=0;t={max(1, math.ceil(exc.reset))}',
+        },
+        policy=exc.policy_name,
+    )
+
+
 def _not_ready(exc: Any) -> Response:
     return problem(503, "Not ready", "the instance is still connecting to PostgreSQL and Redis")
 
@@ -101,6 +119,7 @@ ERROR_TABLE: list[tuple[type[Exception], Callable[[Any], Response]]] = [
     (NotReadyError, _not_ready),
     (AuthenticationError, _unauthenticated),
     (PermissionDeniedError, _forbidden),
+    (RateLimitedError, _rate_limited),
 ]
 """Errors with a fixed answer; :class:`StoreError` and anything else are handled below."""
 

@@ -17,6 +17,33 @@ from taskmesh.store import PgStore
 
 log = get_logger("taskmesh.auth")
 
+RATE_CLASSES = {
+    "tasks:read": "read",
+    "workers:read": "read",
+    "metrics:read": "read",
+    "audit:read": "read",
+    "tasks:write": "write",
+    "tasks:cancel": "write",
+    "dlq:replay": "write",
+    "queues:admin": "admin",
+    "schedules:admin": "admin",
+    "keys:admin": "admin",
+}
+"""The rate-limit class of each scope's routes."""
+
+
+@dataclass(frozen=True)
+class RatePolicy:
+    """Requests per second and burst of one class (``read``, ``write``, ``admin``), per API key."""
+
+    per_second: float
+    burst: int
+
+    def header(self, name: str) -> str:
+        """The policy as an IETF ``RateLimit-Policy`` item: quota ``q`` in a window ``w`` of seconds."""
+        return f'"{name}";q={self.burst};w={max(1, round(self.burst / self.per_second))}'
+
+
 KEY_CACHE_SECONDS = 5.0
 """How long an instance trusts what it read of a key (revocation reaches every instance within this)."""
 

@@ -62,6 +62,7 @@ ERROR_STATUSES: dict[int, str] = {
     409: "The task's state does not allow this (`Task state conflict`, saying what would)",
     413: "The body is over the size limit (`http_max_body_bytes`)",
     415: "The body is not `application/json` (`Unsupported media type`)",
+    429: "The key spent its rate limit for this class of requests (`Too many requests`, `Retry-After`, `RateLimit`)",
     422: "A field or parameter failed validation (`Invalid request`: `detail` and `errors` name each field)",
     503: "PostgreSQL or Redis is unavailable (`Store unavailable`, naming it); retry later",
 }
@@ -70,9 +71,9 @@ ERROR_STATUSES: dict[int, str] = {
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """A route's ``responses`` for the OpenAPI document: each error status as problem+json.
 
-    :param statuses: keys of :data:`ERROR_STATUSES`; 400 (a ``Host`` not allowed), 401 and 403
-        (every route is guarded by a scope) and 503 (any store call may meet an outage) are added
-        to every route, and 415 to every route that takes a body (those given 413).
+    :param statuses: keys of :data:`ERROR_STATUSES`; 400 (a ``Host`` not allowed), 401, 403 and
+        429 (every route is guarded by a scope and a rate limit) and 503 (any store call may meet
+        an outage) are added to every route, and 415 to every route that takes a body (those given 413).
     :raises KeyError: a status without a description in :data:`ERROR_STATUSES`.
     """
     return {
@@ -80,5 +81,5 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
             "description": ERROR_STATUSES[status],
             "content": {"application/problem+json": {"schema": PROBLEM_SCHEMA}},
         }
-        for status in sorted({*statuses, 400, 401, 403, 503, *((415,) if 413 in statuses else ())})
+        for status in sorted({*statuses, 400, 401, 403, 429, 503, *((415,) if 413 in statuses else ())})
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from taskmesh.api.principals import KeyCache
+from taskmesh.api.principals import KeyCache, RatePolicy
 from taskmesh.clock import Waker
 from taskmesh.metrics import Metrics
 from taskmesh.schedules import Schedules
@@ -76,6 +76,8 @@ class AppState:
     served: ServedQueues = field(default_factory=ServedQueues)
     keys: KeyCache = field(default_factory=KeyCache)
     """API keys as last read, and whether the instance runs open (issue 12)."""
+    rate_policies: dict[str, RatePolicy] = field(default_factory=dict)
+    """Per-key rate limits by class (``read``, ``write``, ``admin``); empty: none (issue 12)."""
     metrics_protected: bool = False
     """``/metrics`` needs ``metrics:read`` (``metrics_auth = "scope"``)."""
     waiters: FinishedWaiters = field(default_factory=FinishedWaiters)

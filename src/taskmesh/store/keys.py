@@ -77,6 +77,10 @@ class Keys:
         """Written after each resync; its absence means Redis was flushed or restarted empty."""
         return f"{self.prefix}:marker"
 
+    def rate_limit(self, bucket: str) -> str:
+        """A rate-limit bucket (``{class}:{key id}``): a GCRA arrival time, its TTL its own end."""
+        return f"{self.prefix}:ratelimit:{bucket}"
+
     def lock(self, service: str, queue: str = "") -> str:
         """A singleton lock; scoped to ``queue`` it shares that queue's hash tag (slot)."""
         return f"{self.prefix}:lock:{service}" + (f":{{{queue}}}" if queue else "")

@@ -112,6 +112,7 @@ class RedisStore:
         self.now_ms = now_ms
         self._move = client.register_script(lua("delayed_move"))
         self._release = client.register_script(lua("lock_release"))
+        self._rate = client.register_script(lua("rate_limit"))
         self.finished = FinishedChannel(client, keys)
         self._foreign_logged: dict[str, float] = {}
 
@@ -334,6 +335,18 @@ class RedisStore:
         with _Op("release_lock"):
             released = await self._release(keys=[key], args=[token])
         return bool(released)
+
+    async def rate_limit(self, bucket: str, per_second: float, burst: int) -> tuple[bool, int, float, float]:
+        """One request against the GCRA bucket ``bucket`` (``lua/rate_limit.lua``), on Redis's clock.
+
+        :returns: ``(allowed, remaining, retry_after_seconds, reset_seconds)``.
+        :raises StoreError: Redis failed.
+        """
+        with _Op("rate_limit"):
+            allowed, remaining, retry_us, reset_us = await self._rate(
+                keys=[self.keys.rate_limit(bucket)], args=[round(1_000_000 / per_second), burst]
+            )
+        return bool(allowed), int(remaining), int(retry_us) / 1e6, int(reset_us) / 1e6
 
     # -- the DLQ mirror, health ----------------------------------------------
 

@@ -1,0 +1,61 @@
+"""Rate limits (issue 12): one budget per API key and class of requests, shared by every instance
+through Redis, refused with 429 and the IETF RateLimit fields."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from taskmesh import api_keys
+from tests.conftest import http
+
+pytestmark = pytest.mark.anyio
+
+TIGHT = {"rate_limit_write_per_second": 1.0, "rate_limit_burst_seconds": 5.0, "workers_enabled": False}
+"""One write a second, bursts of five: a quick run of requests meets the burst, not the refill."""
+
+
+@pytest.fixture(autouse=True)
+async def no_keys_left(pool: asyncpg.Pool) -> AsyncIterator[None]:
+    yield
+    await pool.execute("TRUNCATE api_keys")
+
+
+async def test_two_instances_share_one_budget_per_key_and_refuse_past_it_with_429(
+    start_instance: Any, stores: Any
+) -> None:
+    key = (await api_keys.create(stores.pg, "app", ["tasks:read", "tasks:write"])).key
+    headers = {"Authorization": f"Bearer {key}"}
+    async with start_instance(**TIGHT) as first, start_instance(**TIGHT) as second:
+        async with http(first) as one, http(second) as two:
+            answers = [
+                await (one if i % 2 == 0 else two).post("/api/v1/tasks", json={"name": "x"}, headers=headers)
+                for i in range(12)
+            ]
+            reads = await one.get("/api/v1/tasks", headers=headers)  # another class, another budget
+    codes = [r.status_code for r in answers]
+    # Five of the burst (a sixth when a second passed meanwhile); two instances do not make it ten.
+    assert 5 <= codes.count(201) <= 6 and set(codes) == {201, 429}, codes
+    assert codes[:5] == [201] * 5
+    refused = next(r for r in answers if r.status_code == 429)
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.headers["ratelimit-policy"] == '"write";q=5;w=5'
+    assert re.fullmatch(r'"write";r=0;t=\d+', refused.headers["ratelimit"])
+    body = refused.json()
+    assert (body["title"], body["status"], body["policy"]) == ("Too many requests", 429, "write")
+    assert re.fullmatch(
+        rf"the key {key[4:20]} made more than 1 write requests per second \(bursts of 5\); retry in \d+\.\d s",
+        body["detail"],
+    )
+    assert reads.status_code == 200
+
+
+async def test_an_open_instance_and_its_anonymous_callers_are_not_limited(start_instance: Any) -> None:
+    async with start_instance(**TIGHT) as inst, http(inst) as client:
+        codes = {(await client.post("/api/v1/tasks", json={"name": "x"})).status_code for _ in range(10)}
+    assert codes == {201}
