@@ -41,6 +41,7 @@ ROLES: dict[str, tuple[str, ...]] = {
 }
 """Named sets of scopes that ``taskmesh keys create --role`` gives."""
 KEY_FORM = re.compile(r"^tmk_([a-z2-7]{16})_([0-9a-f]{48})$")
+KEY_ID_FORM = re.compile(r"^[a-z2-7]{16}$")
 LIST_MOST = 1000
 
 
@@ -94,6 +95,13 @@ def record(row: Any) -> dict[str, Any]:
         "created_at": _iso(row["created_at"]),
         "last_used_at": _iso(row["last_used_at"]),
     }
+
+
+def state(row: Any) -> str:
+    """``active``, ``revoked`` or ``expired``, for a row of ``key_list`` (which has ``active``)."""
+    if row["revoked_at"] is not None:
+        return "revoked"
+    return "active" if row["active"] else "expired"
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -34,6 +34,7 @@ DUMMY = {
     "operation_id": "00000000-0000-4000-8000-000000000000",
     "queue": "default",
     "name": "nightly",
+    "key_id": "aaaaaaaaaaaaaaaa",
 }
 
 
@@ -133,7 +134,7 @@ async def test_every_api_route_names_its_scope_and_refuses_no_key_with_401_and_a
                     "scope": scope,
                 }
                 checked.append((method.upper(), path, scope))
-    assert len(checked) == 22
+    assert len(checked) == 26
     assert ("POST", "/api/v1/queues/{queue}/pause", "queues:admin") in checked
     assert ("GET", "/api/v1/workers", "workers:read") in checked
 
@@ -267,3 +268,46 @@ async def test_an_api_instance_for_other_hosts_will_not_start_without_a_key(data
         "exists: make one with `taskmesh keys create --name admin --role admin` (it talks to DATABASE_URL "
         'directly), or set auth = "none" (TASKMESH_AUTH=none) to serve without keys'
     )
+
+
+async def test_keys_are_managed_over_the_api_with_keys_admin(start_instance: Any, stores: Any) -> None:
+    admin = await make_key(stores.pg, "admin", *SCOPES)
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        assert inst.state is not None
+        inst.state.keys.ttl = 0.1
+        made = await client.post(
+            "/api/v1/keys",
+            json={"name": "grafana", "role": "viewer", "expires_in_seconds": 3600},
+            headers=bearer(admin),
+        )
+        assert made.status_code == 201, made.text
+        viewer = made.json()["key"]
+        assert (made.json()["scopes"], made.json()["state"]) == (["tasks:read", "workers:read"], "active")
+        assert (await client.get("/api/v1/workers", headers=bearer(viewer))).status_code == 200
+        listed = (await client.get("/api/v1/keys", headers=bearer(admin))).json()["keys"]
+        assert {k["name"] for k in listed} == {"admin", "grafana"}
+        assert all("key" not in k and "secret_hash" not in k for k in listed)
+        rotated = await client.post(
+            f"/api/v1/keys/{viewer[4:20]}/rotate", json={"overlap_seconds": 0}, headers=bearer(admin)
+        )
+        assert (rotated.status_code, rotated.json()["replaces"]) == (201, viewer[4:20])
+        successor = rotated.json()["key"]
+        revoked = await client.post(f"/api/v1/keys/{successor[4:20]}/revoke", headers=bearer(admin))
+        assert (revoked.status_code, revoked.json()["state"]) == (200, "revoked")
+        await anyio.sleep(0.2)
+        for gone in (viewer, successor):
+            assert (await client.get("/api/v1/workers", headers=bearer(gone))).status_code == 401
+        bad_scope = await client.post("/api/v1/keys", json={"name": "x", "scopes": ["root"]}, headers=bearer(admin))
+        unknown = await client.post("/api/v1/keys/aaaaaaaaaaaaaaaa/revoke", headers=bearer(admin))
+        malformed = await client.post("/api/v1/keys/nope/revoke", headers=bearer(admin))
+        no_admin = await client.get("/api/v1/keys", headers=bearer(viewer))
+    assert (bad_scope.status_code, bad_scope.json()["detail"]) == (
+        422,
+        f"scopes: unknown scope 'root'; known: {', '.join(SCOPES)}",
+    )
+    assert (unknown.status_code, unknown.json()["detail"]) == (404, "no key has id aaaaaaaaaaaaaaaa")
+    assert (malformed.status_code, malformed.json()["detail"]) == (
+        422,
+        "key_id: must be the 16 characters of a key's id (a-z, 2-7)",
+    )
+    assert no_admin.status_code == 401  # revoked by now; a live key without keys:admin gets 403 (the walk above)

@@ -53,6 +53,9 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
         "/api/v1/schedules/{name}/trigger",
         "/api/v1/schedules/{name}/pause",
         "/api/v1/schedules/{name}/resume",
+        "/api/v1/keys",
+        "/api/v1/keys/{key_id}/revoke",
+        "/api/v1/keys/{key_id}/rotate",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -101,6 +104,7 @@ async def test_every_path_parameter_is_typed_in_the_openapi_document(start_insta
     wanted = {"task_id": {"type": "string", "format": "uuid"}, "queue": {"type": "string", "pattern": NAME_REGEX}}
     wanted["name"] = wanted["queue"]
     wanted["operation_id"] = wanted["task_id"]
+    wanted["key_id"] = {"type": "string", "pattern": "^[a-z2-7]{16}$"}
     seen = 0
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
@@ -127,7 +131,7 @@ async def test_every_api_route_documents_its_errors_as_problems_and_the_search_i
             where = f"{method.upper()} {path}"
             errors = {int(s) for s in operation["responses"] if int(s) >= 400}
             wanted = {400, 401, 403, 429, 503}  # a Host not allowed; a scope and a rate limit (issue 12)
-            if any(p in path for p in ("{task_id}", "{operation_id}", "{name}")):
+            if any(p in path for p in ("{task_id}", "{operation_id}", "{name}", "{key_id}")):
                 wanted.add(404)
             if operation.get("parameters"):
                 wanted.add(422)
@@ -140,7 +144,7 @@ async def test_every_api_route_documents_its_errors_as_problems_and_the_search_i
                 content = operation["responses"][str(status)]["content"]
                 assert set(content) == {"application/problem+json"}, (where, status)
             checked += 1
-    assert checked == 22
+    assert checked == 26
     search = spec["paths"]["/api/v1/tasks"]["get"]
     assert {p["name"] for p in search["parameters"]} == {*FILTERS, "payload.{path}"}
 

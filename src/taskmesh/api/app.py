@@ -25,7 +25,7 @@ from taskmesh.api.auth import SCOPE_OF
 from taskmesh.api.hygiene import BrowserGuard
 from taskmesh.api.limits import BodyLimit
 from taskmesh.api.observe import ObserveRequests
-from taskmesh.api.routes import health, queues, schedules, tasks, workers
+from taskmesh.api.routes import health, keys, queues, schedules, tasks, workers
 from taskmesh.api.state import AppState
 
 __all__ = ["AppState", "create_app"]
@@ -49,7 +49,7 @@ def create_app(state: AppState, *, api_enabled: bool = True, allowed_hosts: Sequ
     app.add_middleware(ObserveRequests, metrics=state.metrics)  # outermost: sees 400s, 413s and 415s too
     errors.install(app)
     if api_enabled:
-        for router in (tasks.router, queues.router, schedules.router, workers.router):
+        for router in (tasks.router, queues.router, schedules.router, workers.router, keys.router):
             _name_scopes(router)
             app.include_router(router)
     app.include_router(health.router)

@@ -145,7 +145,7 @@ def list_keys(json: common.StoresJson = False) -> None:
 
     async def go(pg: PgStore) -> list[dict[str, Any]]:
         rows = await pg.keys.list(api_keys.LIST_MOST)
-        return [{**api_keys.record(r), "state": _state(r)} for r in rows]
+        return [{**api_keys.record(r), "state": api_keys.state(r)} for r in rows]
 
     keys = _with_pg(go)
     if json:
@@ -167,12 +167,6 @@ def list_keys(json: common.StoresJson = False) -> None:
             for k in keys
         ],
     )
-
-
-def _state(row: Any) -> str:
-    if row["revoked_at"] is not None:
-        return "revoked"
-    return "active" if row["active"] else "expired"
 
 
 @app.command("revoke")

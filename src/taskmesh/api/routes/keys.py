@@ -1,0 +1,124 @@
+"""Key routes (issue 12): API keys managed over the API with ``keys:admin``, as ``taskmesh keys`` does."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from taskmesh import api_keys
+from taskmesh.api.auth import require
+from taskmesh.api.deps import StoresDep, body_schema, json_response, parse_body
+from taskmesh.api.problems import problem, problem_responses
+from taskmesh.errors import InvalidTaskError
+
+router = APIRouter()
+
+KeyIdPath = Annotated[
+    str, Path(description="A key's id (the 16 characters after tmk_).", json_schema_extra={"pattern": "^[a-z2-7]{16}$"})
+]
+YEAR_SECONDS = 366 * 86400 * 10
+
+
+class CreateKey(BaseModel):
+    """Body of ``POST /api/v1/keys``: a name, and scopes or a role (or both: the union)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    scopes: list[str] = Field(default_factory=list, max_length=len(api_keys.SCOPES))
+    role: str | None = Field(default=None, pattern="^(viewer|operator|admin)$")
+    expires_in_seconds: int | None = Field(default=None, gt=0, le=YEAR_SECONDS)
+
+
+class RotateKey(BaseModel):
+    """Body of ``POST /api/v1/keys/{key_id}/rotate`` (optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    overlap_seconds: int = Field(default=86400, ge=0, le=YEAR_SECONDS)
+    expires_in_seconds: int | None = Field(default=None, gt=0, le=YEAR_SECONDS)
+
+
+def _key_id(key_id: str) -> str:
+    if api_keys.KEY_ID_FORM.fullmatch(key_id) is None:
+        raise InvalidTaskError("key_id", "must be the 16 characters of a key's id (a-z, 2-7)")
+    return key_id
+
+
+def _not_found(key_id: str) -> Response:
+    return problem(404, "Key not found", f"no active key has id {key_id}")
+
+
+def _expiry(seconds: int | None) -> datetime | None:
+    return None if seconds is None else datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+@router.get(
+    "/api/v1/keys",
+    dependencies=[Depends(require("keys:admin"))],
+    responses=problem_responses(),
+    summary="Every API key, newest first: name, scopes, state, expiry, last use (never a secret or hash)",
+)
+async def list_keys(stores: StoresDep) -> Response:
+    """Up to 1,000 keys, each with ``state``: ``active``, ``revoked`` or ``expired``."""
+    rows = await stores.pg.keys.list(api_keys.LIST_MOST)
+    return json_response({"keys": [{**api_keys.record(r), "state": api_keys.state(r)} for r in rows]})
+
+
+@router.post(
+    "/api/v1/keys",
+    status_code=201,
+    dependencies=[Depends(require("keys:admin"))],
+    responses=problem_responses(400, 413, 422),
+    openapi_extra=body_schema(CreateKey),
+    summary="Make an API key: 201 with the key, shown this once",
+)
+async def create_key(request: Request, stores: StoresDep) -> Response:
+    """Make a key with ``scopes`` and/or a ``role``'s; ``key`` in the answer is never shown again."""
+    req = await parse_body(request, CreateKey)
+    scopes = [*api_keys.ROLES.get(req.role or "", ()), *req.scopes]
+    new = await api_keys.create(stores.pg, req.name, scopes, expires_at=_expiry(req.expires_in_seconds))
+    return json_response({"key": new.key, **new.record, "state": "active"}, 201)
+
+
+@router.post(
+    "/api/v1/keys/{key_id}/revoke",
+    dependencies=[Depends(require("keys:admin"))],
+    responses=problem_responses(404, 422),
+    summary="Revoke a key: every instance refuses it within 5 seconds",
+)
+async def revoke_key(key_id: KeyIdPath, stores: StoresDep) -> Response:
+    """The key, revoked (kept for the record); 404 when no key has this id."""
+    row = await stores.pg.keys.revoke(_key_id(key_id))
+    if row is None:
+        return problem(404, "Key not found", f"no key has id {key_id}")
+    return json_response({**api_keys.record(row), "state": "revoked"})
+
+
+@router.post(
+    "/api/v1/keys/{key_id}/rotate",
+    status_code=201,
+    dependencies=[Depends(require("keys:admin"))],
+    responses=problem_responses(400, 404, 413, 422),
+    openapi_extra=body_schema(RotateKey, required=False),
+    summary="A new key like this one; the old one ends after overlap_seconds (default a day)",
+)
+async def rotate_key(key_id: KeyIdPath, request: Request, stores: StoresDep) -> Response:
+    """201 with the new key (shown this once), ``replaces`` and ``replaced_key_expires_at``; 404 for a key
+    that is unknown, revoked or expired."""
+    req = await parse_body(request, RotateKey, optional=True)
+    try:
+        new, ends = await api_keys.rotate(
+            stores.pg,
+            _key_id(key_id),
+            timedelta(seconds=req.overlap_seconds),
+            expires_at=_expiry(req.expires_in_seconds),
+        )
+    except LookupError:
+        return _not_found(key_id)
+    answer: dict[str, Any] = {**new.record, "state": "active", "replaces": key_id, "replaced_key_expires_at": ends}
+    return json_response({"key": new.key, **answer}, 201)
