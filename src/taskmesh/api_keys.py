@@ -20,6 +20,7 @@ from typing import Any
 
 from taskmesh.errors import InvalidTaskError
 from taskmesh.store import PgStore
+from taskmesh.validation import NAME_REGEX
 
 SCOPES = (
     "tasks:read",
@@ -43,6 +44,8 @@ ROLES: dict[str, tuple[str, ...]] = {
 KEY_FORM = re.compile(r"^tmk_([a-z2-7]{16})_([0-9a-f]{48})$")
 KEY_ID_FORM = re.compile(r"^[a-z2-7]{16}$")
 LIST_MOST = 1000
+QUEUES_MOST = 100
+QUEUE_NAME = re.compile(NAME_REGEX)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,20 @@ def check_scopes(scopes: list[str]) -> list[str]:
     if not scopes:
         raise InvalidTaskError("scopes", "give at least one scope")
     return [s for s in SCOPES if s in scopes]
+
+
+def check_queues(queues: list[str]) -> list[str]:
+    """The queues, deduplicated and sorted.
+
+    :raises InvalidTaskError: none, more than :data:`QUEUES_MOST`, or a name that is not a queue's
+        (field ``queues``).
+    """
+    if not 1 <= len(queues) <= QUEUES_MOST:
+        raise InvalidTaskError("queues", f"give 1 to {QUEUES_MOST} queues")
+    for queue in queues:
+        if QUEUE_NAME.fullmatch(queue) is None:
+            raise InvalidTaskError("queues", f"{queue!r} is not a queue name ([A-Za-z0-9_.:-]{{1,128}})")
+    return sorted(set(queues))
 
 
 def record(row: Any) -> dict[str, Any]:
@@ -120,12 +137,18 @@ async def create(
     """Make a key (and the deployment's pepper, the first time).
 
     :param name: the principal it belongs to (1..128 characters); several keys may share it.
-    :raises InvalidTaskError: a bad name or scope (naming the field).
+    :param tenant_id: the one tenant it sees and acts on (``None``: every tenant).
+    :param queues: the queues it sees and acts on (``None``: every queue).
+    :raises InvalidTaskError: a bad name, scope, tenant or queue (naming the field).
     :raises StoreError: PostgreSQL failed.
     """
     if not 1 <= len(name) <= 128 or not name.isprintable():
         raise InvalidTaskError("name", "must be 1 to 128 printable characters")
     scopes = check_scopes(scopes)
+    if tenant_id is not None and (not 1 <= len(tenant_id) <= 128 or not tenant_id.isprintable()):
+        raise InvalidTaskError("tenant_id", "must be 1 to 128 printable characters")
+    if queues is not None:
+        queues = check_queues(queues)
     pepper = await pg.keys.ensure_pepper(secrets.token_bytes(32))
     key_id = base64.b32encode(secrets.token_bytes(10)).decode("ascii").lower()
     secret = secrets.token_hex(24)
@@ -136,7 +159,8 @@ async def create(
 async def rotate(
     pg: PgStore, key_id: str, overlap: timedelta, *, expires_at: datetime | None = None
 ) -> tuple[NewKey, str | None]:
-    """A new key with ``key_id``'s name and scopes; the old one ends after ``overlap`` (or sooner, at its expiry).
+    """A new key with ``key_id``'s name, scopes, tenant and queues; the old one ends after ``overlap``
+    (or sooner, at its expiry).
 
     :param expires_at: the new key's expiry (``None``: none).
     :returns: the new key, and when the old one now ends (ISO 8601).
@@ -147,6 +171,13 @@ async def rotate(
     now = datetime.now(UTC)
     if old is None or old["revoked_at"] is not None or (old["expires_at"] is not None and old["expires_at"] <= now):
         raise LookupError(f"no active key has id {key_id}")
-    new = await create(pg, old["name"], list(old["scopes"]), expires_at=expires_at)
+    new = await create(
+        pg,
+        old["name"],
+        list(old["scopes"]),
+        tenant_id=old["tenant_id"],
+        queues=None if old["queues"] is None else list(old["queues"]),
+        expires_at=expires_at,
+    )
     ended = await pg.keys.expire_at(key_id, datetime.fromisoformat(new.record["created_at"]) + overlap)
     return new, None if ended is None else _iso(ended["expires_at"])

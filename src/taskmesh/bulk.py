@@ -25,6 +25,7 @@ from taskmesh.search import START, WINDOW, parse_search
 from taskmesh.states import BulkAction
 from taskmesh.store import PgStore
 from taskmesh.store.search_queries import SearchFilter
+from taskmesh.tenancy import EVERYTHING, Reach
 
 DRY_RUN_MOST = 100_000
 """Most matches a dry run counts (it says when there are more)."""
@@ -111,6 +112,8 @@ def operation_to_dict(row: Any) -> dict[str, Any]:
         "status": row["status"],
         "filter": dict(orjson.loads(row["filter"]) if isinstance(row["filter"], str | bytes) else row["filter"]),
         "reason": row["reason"],
+        "tenant_id": row["tenant_id"],
+        "queues": None if row["queues"] is None else list(row["queues"]),
         "done": row["done"],
         "skipped": row["skipped"],
         "error": row["error"],
@@ -120,10 +123,18 @@ def operation_to_dict(row: Any) -> dict[str, Any]:
     }
 
 
-async def start(pg: PgStore, req: BulkRequest) -> dict[str, Any]:
+async def start(pg: PgStore, req: BulkRequest, reach: Reach = EVERYTHING) -> dict[str, Any]:
     """Store the operation (the ``operations`` service runs it); its row in the API's shape.
 
+    :param reach: the starting key's tenant and queues: the operation acts only on tasks within them.
     :raises StoreError: PostgreSQL failed.
     """
-    row = await pg.operations.insert(uuid.uuid4(), req.action.value, orjson.dumps(req.filter).decode(), req.reason)
+    row = await pg.operations.insert(
+        uuid.uuid4(),
+        req.action.value,
+        orjson.dumps(req.filter).decode(),
+        req.reason,
+        reach.tenant_id,
+        None if reach.queues is None else sorted(reach.queues),
+    )
     return operation_to_dict(row)

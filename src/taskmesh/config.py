@@ -96,6 +96,8 @@ class ScheduleSettings(BaseModel):
     overlap: Literal["allow", "skip"] = "allow"
     """``skip``: no fire while the previous fire's task is still queued or running."""
     enabled: StrictBool = True
+    tenant_id: str | None = Field(default=None, min_length=1, max_length=128)
+    """The tenant its tasks belong to; only keys of that tenant (or of none) see the schedule."""
 
     @field_validator("cron")
     @classmethod
@@ -138,7 +140,9 @@ class ScheduleSettings(BaseModel):
 
     def config_hash(self) -> str:
         """SHA-256 (hex) of the declaration; a change resets pause state and the next fire."""
-        return hashlib.sha256(orjson.dumps(self.model_dump(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+        # Without a tenant the hash is what it was before tenants existed: an upgrade keeps pauses.
+        declared = self.model_dump(exclude={"tenant_id"} if self.tenant_id is None else None)
+        return hashlib.sha256(orjson.dumps(declared, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def _check_schedules(value: Any) -> list[ScheduleSettings]:

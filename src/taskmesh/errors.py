@@ -151,6 +151,31 @@ class PermissionDeniedError(TaskmeshError):
         self.scope = scope
 
 
+class BeyondReachError(TaskmeshError):
+    """A request names a tenant or queue beyond its key's reach (the API answers 403 naming the field).
+
+    :param field: the request's field (``tenant_id``, ``queue_name``, ``queues``, ``scopes``).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class QuotaExceededError(TaskmeshError):
+    """A tenant's quota refuses a create (the API answers 429, or 413 for payload bytes, naming the quota).
+
+    :param quota: ``max_queued``, ``max_payload_bytes`` or ``enqueue_per_second``.
+    :param retry_after: seconds until a retry may succeed (``None``: not until the tenant's tasks finish).
+    """
+
+    def __init__(self, tenant_id: str, quota: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.tenant_id = tenant_id
+        self.quota = quota
+        self.retry_after = retry_after
+
+
 class RateLimitedError(TaskmeshError):
     """An API key spent its budget of a class of requests (the API answers 429 with ``Retry-After``).
 

@@ -45,6 +45,7 @@ from taskmesh.records import json_value
 from taskmesh.states import TaskStatus, TaskType
 from taskmesh.store import PgStore
 from taskmesh.tasks import Tasks, dump_json
+from taskmesh.tenancy import EVERYTHING, Reach
 from taskmesh.validation import TaskSpec
 
 log = get_logger("taskmesh.scheduler")
@@ -128,6 +129,7 @@ def schedule_to_dict(row: Any, now: datetime | None = None) -> dict[str, Any]:
         "misfire": row["misfire"],
         "misfire_grace_seconds": row["misfire_grace_seconds"],
         "overlap": row["overlap"],
+        "tenant_id": row["tenant_id"],
         "enabled": row["enabled"],
         "paused": row["paused"],
         "state": state,
@@ -243,6 +245,7 @@ class Schedules:
                     s.config_hash(),
                     nxt,
                     now,
+                    s.tenant_id,
                 )
                 if upserted:
                     changed.append(s.name)
@@ -362,6 +365,7 @@ class Schedules:
             "payload": json_value(row["payload"]),
             "dedup_key": key,
             "max_retries": row["max_retries"],
+            "tenant_id": row["tenant_id"],
         }
         if row["queue"]:
             fields["queue_name"] = row["queue"]
@@ -378,34 +382,36 @@ class Schedules:
 
     # -- the operator's side ----------------------------------------------
 
-    async def list(self) -> list[dict[str, Any]]:
-        """Every schedule in the table, by name, in the API's shape (``overdue`` by PostgreSQL's clock)."""
+    async def list(self, reach: Reach = EVERYTHING) -> list[dict[str, Any]]:
+        """Every schedule in ``reach``, by name, in the API's shape (``overdue`` by PostgreSQL's clock)."""
         rows = await self.pg.schedules.list()
         now = await self.pg.now()
-        return [schedule_to_dict(r, now) for r in rows]
+        return [schedule_to_dict(r, now) for r in rows if reach.sees(r["tenant_id"], r["queue"] or "")]
 
-    async def get(self, name: str) -> dict[str, Any]:
+    async def get(self, name: str, reach: Reach = EVERYTHING) -> dict[str, Any]:
         """One schedule in the API's shape.
 
-        :raises ScheduleNotFoundError: no row has this name.
+        :raises ScheduleNotFoundError: no row has this name, or not one within ``reach``.
         """
         row = await self.pg.schedules.get(name)
-        if row is None:
+        if row is None or not reach.sees(row["tenant_id"], row["queue"] or ""):
             raise ScheduleNotFoundError(name)
         return schedule_to_dict(row, await self.pg.now())
 
-    async def set_paused(self, name: str, paused: bool, now: datetime | None = None) -> dict[str, Any]:
+    async def set_paused(
+        self, name: str, paused: bool, now: datetime | None = None, reach: Reach = EVERYTHING
+    ) -> dict[str, Any]:
         """Pause or resume a schedule; persisted until a config change of that schedule.
 
         Resuming computes the next fire from ``now`` (default PostgreSQL's clock, the
         scheduler's, not this host's): fires missed while paused are not misfires, they
         are simply not made.
 
-        :raises ScheduleNotFoundError: no row has this name.
+        :raises ScheduleNotFoundError: no row has this name, or not one within ``reach``.
         """
         async with self.pg.transaction() as tx:
             row = await tx.schedules.get_for_update(name)
-            if row is None:
+            if row is None or not reach.sees(row["tenant_id"], row["queue"] or ""):
                 raise ScheduleNotFoundError(name)
             now = now or await tx.now()
             if row["paused"] == paused:  # resuming an active schedule must not drop its due fires
@@ -419,7 +425,9 @@ class Schedules:
         log.info("schedule_paused" if paused else "schedule_resumed", schedule=name)
         return schedule_to_dict(updated, now)
 
-    async def trigger(self, name: str, idempotency_key: str | None = None) -> tuple[uuid.UUID, str, bool]:
+    async def trigger(
+        self, name: str, idempotency_key: str | None = None, reach: Reach = EVERYTHING
+    ) -> tuple[uuid.UUID, str, bool]:
         """Fire a schedule now, outside its spec (also when paused or disabled).
 
         :param idempotency_key: the caller's key for this trigger, scoped to the schedule:
@@ -427,10 +435,10 @@ class Schedules:
             uuid4, so each call makes exactly one task; a repeated key makes none).
         :returns: ``(task_id, idempotency_key, created)``; ``created`` is ``False``
             when the key already named a task.
-        :raises ScheduleNotFoundError: no row has this name.
+        :raises ScheduleNotFoundError: no row has this name, or not one within ``reach``.
         """
         row = await self.pg.schedules.get(name)
-        if row is None:
+        if row is None or not reach.sees(row["tenant_id"], row["queue"] or ""):
             raise ScheduleNotFoundError(name)
         key = f"cron:{name}:trigger:{idempotency_key or uuid.uuid4()}"
         [result] = await self.tasks.enqueue_many([self._spec_for(row, key)], field_prefix="", task_type=TaskType.CRON)

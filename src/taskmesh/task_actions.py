@@ -153,19 +153,23 @@ class TaskActions:
         count: int,
         override_priority: int | None = None,
         ids: Sequence[uuid.UUID] | None = None,
+        tenant_id: str | None = None,
     ) -> list[str]:
         """Move up to ``count`` dead-lettered tasks back to ready, oldest first; or the given ``ids``.
 
         Each gets a fresh retry budget; its priority changes only when
         ``override_priority`` is given (as in the original platform). With ``ids``,
         ``count`` is ignored and the ids that are not dead-lettered in ``queue`` are left alone.
+        With ``tenant_id``, only that tenant's tasks are replayed.
 
         :returns: the replayed task ids.
         """
         async with self.pg.transaction() as tx:
             if ids is None:
-                ids = await tx.tasks.lock_oldest_failed(queue, count)
-            rows = await tx.tasks.requeue(ids, [TaskStatus.FAILED], priority=override_priority, only_queue=queue)
+                ids = await tx.tasks.lock_oldest_failed(queue, count, tenant_id)
+            rows = await tx.tasks.requeue(
+                ids, [TaskStatus.FAILED], priority=override_priority, only_queue=queue, only_tenant=tenant_id
+            )
         items = [(str(r["id"]), r["priority"]) for r in rows]
         try:
             await self.redis.replay(queue, items)

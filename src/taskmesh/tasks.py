@@ -246,11 +246,15 @@ class Tasks(TaskActions):
             traces,
         )
         created = {r["id"]: r for r in rows}
-        existing: dict[str, tuple[uuid.UUID, str, str | None]] = {}
-        missing_keys = [s.dedup_key for s, i in zip(specs, ids, strict=True) if i not in created and s.dedup_key]
+        existing: dict[tuple[str, str], tuple[uuid.UUID, str, str | None]] = {}
+        missing_keys = [
+            (s.dedup_key, s.tenant_id or "")
+            for s, i in zip(specs, ids, strict=True)
+            if i not in created and s.dedup_key
+        ]
         if missing_keys:
             for r in await pg.tasks.find_by_idempotency_keys(missing_keys):
-                existing[r["idempotency_key"]] = (r["id"], r["status"], r["trace_id"])
+                existing[r["idempotency_key"], r["tenant"]] = (r["id"], r["status"], r["trace_id"])
         out: list[Enqueued] = []
         targets: list[PushTarget] = []
         for spec, task_id, trace, (queue, _, _) in zip(specs, ids, traces, prepared, strict=True):
@@ -261,7 +265,8 @@ class Tasks(TaskActions):
                 if self.metrics:
                     self.metrics.task_created(queue)
             else:
-                found = existing.get(spec.dedup_key or "")  # only a key conflict inserts nothing
+                # Only a key conflict inserts nothing (keys are unique per tenant).
+                found = existing.get((spec.dedup_key or "", spec.tenant_id or ""))
                 if found is None:  # deleted between the two statements: vanishingly rare, say so
                     raise TaskNotFoundError("", f"the task of dedup_key {spec.dedup_key!r} was deleted meanwhile")
                 found_id, status, found_trace = found
@@ -303,13 +308,15 @@ class Tasks(TaskActions):
             raise TaskNotFoundError(str(task_id))
         return [_run_to_dict(r) for r in rows]
 
-    async def dead_letters(self, queue: str, count: int) -> list[dict[str, Any]]:
-        """Up to ``count`` dead-lettered tasks of ``queue``, oldest first, read in one statement.
+    async def dead_letters(self, queue: str, count: int, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        """Up to ``count`` dead-lettered tasks of ``queue`` (of ``tenant_id`` when given), oldest first, read in
+        one statement.
 
         :returns: each task in the API's shape without ``payload`` (:meth:`get` has it), with
             ``latest_run``: ``{"attempt", "status", "error", "finished_at"}`` saying why it failed.
         """
-        return [task_summary_to_dict(r) for r in await self.pg.tasks.list_failed_with_latest_run(queue, count)]
+        rows = await self.pg.tasks.list_failed_with_latest_run(queue, count, tenant_id)
+        return [task_summary_to_dict(r) for r in rows]
 
     # -- claim and finish ----------------------------------------------------------
 

@@ -26,8 +26,9 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from taskmesh import api_keys
 from taskmesh.api.principals import ANONYMOUS, RATE_CLASSES, Principal
 from taskmesh.api.state import AppState
-from taskmesh.errors import NotReadyError, PermissionDeniedError, RateLimitedError, StoreError
+from taskmesh.errors import BeyondReachError, NotReadyError, PermissionDeniedError, RateLimitedError, StoreError
 from taskmesh.logs import get_logger
+from taskmesh.tenancy import Reach
 
 log = get_logger("taskmesh.auth")
 
@@ -134,3 +135,33 @@ def demand(request: Request, scope: str) -> None:
     """
     if not caller(request).allows(scope):
         raise PermissionDeniedError(scope)
+
+
+def reach_of(request: Request) -> Reach:
+    """The tenant and queues the request's caller sees and acts on."""
+    return caller(request).reach
+
+
+def platform_wide(request: Request, scope: str, what: str, *, every_queue: bool = False) -> None:
+    """Refuse a tenant-bound caller a view or action that spans every tenant (queue depths, workers).
+
+    :param every_queue: the view spans every queue too (workers, metrics): a queue-bound key is refused.
+    :raises PermissionDeniedError: the caller's key is bound to a tenant (or to queues) (403).
+    """
+    principal = caller(request)
+    if principal.tenant_id is not None:
+        raise PermissionDeniedError(
+            scope, f"{what} spans every tenant; this key is bound to tenant {principal.tenant_id!r}"
+        )
+    if every_queue and principal.queues is not None:
+        raise PermissionDeniedError(scope, f"{what} spans every queue; this key is bound to some queues")
+
+
+def check_queue_reach(request: Request, queue: str, field: str = "queue") -> None:
+    """Refuse a queue beyond the caller's queues.
+
+    :raises BeyondReachError: the caller's key is bound to other queues (403 naming ``field``).
+    """
+    queues = caller(request).queues
+    if queues is not None and queue not in queues:
+        raise BeyondReachError(field, f"this key may use the queues {', '.join(sorted(queues))}; not {queue!r}")

@@ -12,6 +12,8 @@
 | ``AuthenticationError`` | 401 | Unauthorized (with ``WWW-Authenticate: Bearer``) |
 | ``PermissionDeniedError`` | 403 | Forbidden (names the ``scope``) |
 | ``RateLimitedError`` | 429 | Too many requests (``Retry-After``, ``RateLimit-Policy``, ``RateLimit``) |
+| ``BeyondReachError`` | 403 | Forbidden (names the field: a tenant or queue beyond the key's reach) |
+| ``QuotaExceededError`` | 429, 413 for payload bytes | Quota exceeded (names the ``quota`` and tenant) |
 | ``StoreError``, transient | 503 | Store unavailable (names the store) |
 | ``StoreError``, not transient; anything else | 500 | Internal error (logged with its traceback) |
 | Starlette's ``HTTPException`` (404 route; 405 method, with ``Allow``: every method of the path) | its own | its own |
@@ -33,9 +35,11 @@ from taskmesh.api.problems import invalid, problem
 from taskmesh.errors import (
     AuthenticationError,
     BadJsonError,
+    BeyondReachError,
     InvalidTaskError,
     NotReadyError,
     PermissionDeniedError,
+    QuotaExceededError,
     RateLimitedError,
     ScheduleNotFoundError,
     StoreError,
@@ -89,6 +93,16 @@ def _forbidden(exc: Any) -> Response:
     return problem(403, "Forbidden", str(exc), scope=exc.scope)
 
 
+def _beyond_reach(exc: Any) -> Response:
+    return problem(403, "Forbidden", str(exc), errors=[(exc.field, str(exc))])
+
+
+def _quota(exc: Any) -> Response:
+    status = 413 if exc.quota == "max_payload_bytes" else 429
+    headers = {} if exc.retry_after is None else {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    return problem(status, "Quota exceeded", str(exc), headers=headers, quota=exc.quota, tenant_id=exc.tenant_id)
+
+
 def _rate_limited(exc: Any) -> Response:
     retry = max(1, math.ceil(exc.retry_after))
     return problem(
@@ -120,6 +134,8 @@ ERROR_TABLE: list[tuple[type[Exception], Callable[[Any], Response]]] = [
     (AuthenticationError, _unauthenticated),
     (PermissionDeniedError, _forbidden),
     (RateLimitedError, _rate_limited),
+    (BeyondReachError, _beyond_reach),
+    (QuotaExceededError, _quota),
 ]
 """Errors with a fixed answer; :class:`StoreError` and anything else are handled below."""
 

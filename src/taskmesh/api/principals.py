@@ -14,6 +14,7 @@ from taskmesh import api_keys
 from taskmesh.errors import AuthenticationError
 from taskmesh.logs import get_logger
 from taskmesh.store import PgStore
+from taskmesh.tenancy import Reach
 
 log = get_logger("taskmesh.auth")
 
@@ -61,6 +62,11 @@ class Principal:
     def allows(self, scope: str) -> bool:
         """Whether the caller holds ``scope``."""
         return scope in self.scopes
+
+    @property
+    def reach(self) -> Reach:
+        """The tenant and queues the caller sees and acts on."""
+        return Reach(self.tenant_id, self.queues)
 
 
 ANONYMOUS = Principal(None, "anonymous", frozenset(api_keys.SCOPES))

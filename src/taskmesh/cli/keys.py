@@ -97,6 +97,14 @@ def create(
     expires_in: Annotated[
         str | None, typer.Option("--expires-in", help="The key stops working after this: 90d, 12h, 30m.")
     ] = None,
+    tenant_id: Annotated[
+        str | None,
+        typer.Option("--tenant-id", help="Bind the key to this tenant: it sees and makes only the tenant's tasks."),
+    ] = None,
+    queue: Annotated[
+        list[str] | None,
+        typer.Option("--queue", help="Bind the key to this queue; repeat for several (default: every queue)."),
+    ] = None,
     json: common.StoresJson = False,
 ) -> None:
     """Make an API key and print it once (only its hash is kept).
@@ -106,6 +114,7 @@ def create(
     ```
     taskmesh keys create --name admin --role admin
     taskmesh keys create --name grafana --scope tasks:read --scope workers:read --expires-in 90d
+    taskmesh keys create --name acme-app --scope tasks:read --scope tasks:write --tenant-id acme
     ```
     """
     from taskmesh import api_keys
@@ -117,15 +126,21 @@ def create(
     expires_at = datetime.now(UTC) + duration(expires_in, "--expires-in") if expires_in else None
 
     async def go(pg: PgStore) -> api_keys.NewKey:
-        return await api_keys.create(pg, name, scopes, expires_at=expires_at)
+        return await api_keys.create(pg, name, scopes, tenant_id=tenant_id, queues=queue, expires_at=expires_at)
 
     new = _bad_input(lambda: _with_pg(go))
     if json:
         print_json({"key": new.key, **new.record})
         return
     say(new.key)
+    bound = "".join(
+        [
+            f" in tenant {new.record['tenant_id']}" if new.record["tenant_id"] else "",
+            f" on queues {','.join(new.record['queues'])}" if new.record["queues"] else "",
+        ]
+    )
     note(
-        f"key {new.record['key_id']} for {name}: {', '.join(new.record['scopes'])}; it is shown once, "
+        f"key {new.record['key_id']} for {name}{bound}: {', '.join(new.record['scopes'])}; it is shown once, "
         "keep it now (Authorization: Bearer <key>, or TASKMESH_API_KEY for the CLI)"
     )
 

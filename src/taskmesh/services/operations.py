@@ -28,6 +28,7 @@ from taskmesh.search import START, WINDOW
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.states import BulkAction, OperationStatus
 from taskmesh.tasks import Tasks
+from taskmesh.tenancy import Reach
 
 log = get_logger("taskmesh.operations")
 
@@ -55,6 +56,12 @@ async def run_once(tasks: Tasks, owner: str) -> Counts:
     except InvalidTaskError as exc:
         await tasks.pg.operations.finish(op["id"], owner, OperationStatus.FAILED, f"filter not readable: {exc}")
         return {}
+    reach = Reach(op["tenant_id"], None if op["queues"] is None else frozenset(op["queues"]))
+    narrowed = reach.narrow(f)  # the starting key's tenant and queues bound what it acts on
+    if narrowed is None:
+        await tasks.pg.operations.finish(op["id"], owner, OperationStatus.DONE, None)
+        return {}
+    f = narrowed
     action = BulkAction(op["action"])
     cursor = (op["cursor_created_at"], op["cursor_id"]) if op["cursor_id"] is not None else START["asc"]
     done = skipped = 0

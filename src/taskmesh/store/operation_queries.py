@@ -23,9 +23,19 @@ class OperationQueries(Queries):
         """``bulk_delete``: ``id, queue, status`` of the finished tasks deleted."""
         return await self._fetch("bulk_delete", list(ids))
 
-    async def insert(self, op_id: uuid.UUID, action: str, filter_json: str, reason: str | None) -> asyncpg.Record:
-        """``operation_insert``: the new operation's row."""
-        row = await self._fetchrow("operation_insert", op_id, action, filter_json, reason)
+    async def insert(
+        self,
+        op_id: uuid.UUID,
+        action: str,
+        filter_json: str,
+        reason: str | None,
+        tenant_id: str | None = None,
+        queues: Sequence[str] | None = None,
+    ) -> asyncpg.Record:
+        """``operation_insert``: the new operation's row, bound to the starting key's tenant and queues."""
+        row = await self._fetchrow(
+            "operation_insert", op_id, action, filter_json, reason, tenant_id, None if queues is None else list(queues)
+        )
         assert row is not None  # an insert returns its row
         return row
 

@@ -26,7 +26,7 @@ WITH input AS (
                 ELSE GREATEST(run_at, now()) END,  -- GREATEST skips nulls: hence the CASE
            tenant_id, trace_id
     FROM input
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key, (COALESCE(tenant_id, ''))) DO NOTHING
     RETURNING id, run_at
 ), r AS (
     INSERT INTO task_runs (task_id, attempt, status)
@@ -35,7 +35,10 @@ WITH input AS (
 SELECT id, run_at, run_at > now() AS delayed FROM t;
 
 -- name: task_find_by_idempotency_keys
-SELECT idempotency_key, id, status, trace_id FROM tasks WHERE idempotency_key = ANY($1::text[]);
+-- The tasks of (dedup key, tenant) pairs; '' is no tenant (dedup keys are unique per tenant).
+SELECT t.idempotency_key, COALESCE(t.tenant_id, '') AS tenant, t.id, t.status, t.trace_id
+FROM unnest($1::text[], $2::text[]) AS k(key, tenant)
+JOIN tasks t ON t.idempotency_key = k.key AND COALESCE(t.tenant_id, '') = k.tenant;
 
 -- name: task_get_with_latest_run
 -- A task and its latest run read in one statement, so both come from one snapshot.
@@ -55,6 +58,10 @@ WHERE t.id = $1;
 
 -- name: task_exists
 SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1);
+
+-- name: task_owner
+-- Whose a task is (issue 12): its tenant and queue, for a key bound to a tenant or queues.
+SELECT tenant_id, queue FROM tasks WHERE id = $1;
 
 -- name: run_list_by_task
 SELECT id, task_id, attempt, status, worker_id, claimed_at, started_at, finished_at,
@@ -238,15 +245,15 @@ FROM tasks t
 LEFT JOIN LATERAL (
     SELECT attempt, status, error, finished_at FROM task_runs WHERE task_id = t.id ORDER BY attempt DESC LIMIT 1
 ) r ON true
-WHERE t.queue = $1 AND t.status = 'failed'
+WHERE t.queue = $1 AND t.status = 'failed' AND ($3::text IS NULL OR t.tenant_id = $3)
 ORDER BY t.updated_at, t.id LIMIT $2;
 
 -- name: task_lock_oldest_failed
 -- The ids of up to $2 dead-lettered tasks of queue $1, oldest first, locked until the transaction
 -- ends (a replay of the oldest; rows another replay holds are skipped). They are then moved by
--- task_requeue in the same transaction.
+-- task_requeue in the same transaction. Only tenant $3's when it is not null.
 SELECT id FROM tasks
-WHERE queue = $1 AND status = 'failed'
+WHERE queue = $1 AND status = 'failed' AND ($3::text IS NULL OR tenant_id = $3)
 ORDER BY updated_at, id
 LIMIT $2
 FOR UPDATE SKIP LOCKED;
@@ -263,7 +270,7 @@ RETURNING status, queue;
 -- name: task_requeue
 -- Move the tasks of ids $1 whose status is in $2 back to queued (issue 11: retry one task, replay
 -- chosen dead letters, bulk retry and replay): due now, a fresh retry budget, at priority $3 and
--- in queue $4 when they are not null, only those of queue $5 when it is not null; the cancel
+-- in queue $4 when they are not null, only those of queue $5 and of tenant $6 when not null; the cancel
 -- request of the cycle that ended is forgotten. `attempts` first catches up with the highest
 -- run row (a task cancelled while queued has its queued run ended 'cancelled' at attempts + 1),
 -- so the next attempt's run is a new, queued row.
@@ -273,6 +280,7 @@ WITH upd AS (
         run_at = now(), cancel_requested_at = NULL, updated_at = now(),
         attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
     WHERE t.id = ANY($1::uuid[]) AND t.status = ANY($2::text[]) AND ($5::text IS NULL OR t.queue = $5)
+      AND ($6::text IS NULL OR t.tenant_id = $6)
     RETURNING t.id, t.queue, t.priority, t.attempts
 ), runs AS (
     INSERT INTO task_runs (task_id, attempt, status)
@@ -455,14 +463,15 @@ LIMIT $1;
 -- name: schedule_upsert
 -- A new declaration, or a changed one (its hash differs): reset pause and the next fire.
 INSERT INTO schedules AS s (name, cron, timezone, task, queue, priority, payload, max_retries, misfire,
-                            misfire_grace_seconds, overlap, enabled, config_hash, next_fire_at, synced_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12, $13, $14, $15)
+                            misfire_grace_seconds, overlap, enabled, config_hash, next_fire_at, synced_at, tenant_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 ON CONFLICT (name) DO UPDATE
    SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, task = EXCLUDED.task, queue = EXCLUDED.queue,
        priority = EXCLUDED.priority, payload = EXCLUDED.payload, max_retries = EXCLUDED.max_retries,
        misfire = EXCLUDED.misfire, misfire_grace_seconds = EXCLUDED.misfire_grace_seconds,
        overlap = EXCLUDED.overlap, enabled = EXCLUDED.enabled, config_hash = EXCLUDED.config_hash,
-       paused = false, next_fire_at = EXCLUDED.next_fire_at, synced_at = EXCLUDED.synced_at, updated_at = now()
+       paused = false, next_fire_at = EXCLUDED.next_fire_at, synced_at = EXCLUDED.synced_at,
+       tenant_id = EXCLUDED.tenant_id, updated_at = now()
  WHERE s.config_hash IS DISTINCT FROM EXCLUDED.config_hash
 RETURNING name;
 
@@ -629,7 +638,8 @@ DELETE FROM tasks WHERE id = ANY($1::uuid[]) AND status IN ('completed', 'failed
 RETURNING id, queue, status;
 
 -- name: operation_insert
-INSERT INTO operations (id, action, status, filter, reason) VALUES ($1, $2, 'running', $3::text::jsonb, $4)
+INSERT INTO operations (id, action, status, filter, reason, tenant_id, queues)
+VALUES ($1, $2, 'running', $3::text::jsonb, $4, $5, $6::text[])
 RETURNING *;
 
 -- name: operation_get

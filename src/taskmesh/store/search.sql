@@ -29,8 +29,9 @@ WHERE (cardinality($7::text[]) = 0 OR t.status = ANY($7::text[]))
   AND ($11::text IS NULL OR strpos(lower(r.error), lower($11)) > 0)
   AND ($12::timestamptz IS NULL OR (t.status IN ('completed', 'failed', 'cancelled') AND t.updated_at > $12))
   AND ($13::timestamptz IS NULL OR (t.status IN ('completed', 'failed', 'cancelled') AND t.updated_at < $13))
+  AND ($14::text[] IS NULL OR t.queue = ANY($14::text[]))
 ORDER BY w.created_at {dir}, w.id {dir}
-LIMIT $14;
+LIMIT $15;
 
 -- name: search_window_end
 -- How many rows the window held, and its last one (where the next page starts).

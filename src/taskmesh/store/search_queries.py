@@ -72,6 +72,8 @@ class SearchFilter:
     created_before: datetime | None = None
     finished_after: datetime | None = None
     finished_before: datetime | None = None
+    queues: list[str] | None = None
+    """Any of these queues (a key bound to several queues; the API's ``queue`` takes one)."""
 
     def key(self) -> tuple[Key, str | None]:
         """The window's key and its value: the most selective indexed filter given.
@@ -122,6 +124,7 @@ class SearchQueries(Queries):
             f.error,
             f.finished_after,
             f.finished_before,
+            f.queues,
             limit,
         )
         return await self._fetch(f"search_page:{key}:{order}", *head, *post)

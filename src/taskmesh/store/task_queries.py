@@ -57,9 +57,10 @@ class TaskQueries(Queries):
             trace_ids,
         )
 
-    async def find_by_idempotency_keys(self, keys: Sequence[str]) -> list[asyncpg.Record]:
-        """``task_find_by_idempotency_keys``: ``idempotency_key, id, status, trace_id`` of existing tasks."""
-        return await self._fetch("task_find_by_idempotency_keys", list(keys))
+    async def find_by_idempotency_keys(self, keys: Sequence[tuple[str, str]]) -> list[asyncpg.Record]:
+        """``task_find_by_idempotency_keys``: ``idempotency_key, tenant, id, status, trace_id`` of the tasks of
+        ``(dedup key, tenant)`` pairs (tenant ``''``: none)."""
+        return await self._fetch("task_find_by_idempotency_keys", [k for k, _ in keys], [t for _, t in keys])
 
     async def get_with_latest_run(self, task_id: uuid.UUID) -> asyncpg.Record | None:
         """``task_get_with_latest_run``: the task's columns and its latest run's as ``run_*``; None if absent."""
@@ -68,6 +69,10 @@ class TaskQueries(Queries):
     async def exists(self, task_id: uuid.UUID) -> bool:
         """``task_exists``."""
         return bool(await self._fetchval("task_exists", task_id))
+
+    async def owner(self, task_id: uuid.UUID) -> asyncpg.Record | None:
+        """``task_owner``: ``tenant_id, queue`` of the task (``None``: no task has this id)."""
+        return await self._fetchrow("task_owner", task_id)
 
     async def runs(self, task_id: uuid.UUID) -> list[asyncpg.Record]:
         """``run_list_by_task``: every run of a task, by attempt."""
@@ -127,13 +132,16 @@ class TaskQueries(Queries):
         """``task_request_cancel``."""
         await self._execute("task_request_cancel", task_id)
 
-    async def list_failed_with_latest_run(self, queue: str, limit: int) -> list[asyncpg.Record]:
-        """``task_list_failed_with_latest_run``: the queue's dead-lettered tasks, oldest first.
+    async def list_failed_with_latest_run(
+        self, queue: str, limit: int, tenant_id: str | None = None
+    ) -> list[asyncpg.Record]:
+        """``task_list_failed_with_latest_run``: the queue's dead-lettered tasks (of ``tenant_id`` when given),
+        oldest first.
 
         :returns: the task columns but ``payload``, and the latest run's as ``run_attempt``,
             ``run_status``, ``run_error``, ``run_finished_at`` (``None`` without a run).
         """
-        return await self._fetch("task_list_failed_with_latest_run", queue, limit)
+        return await self._fetch("task_list_failed_with_latest_run", queue, limit, tenant_id)
 
     async def lock_status(self, task_id: uuid.UUID) -> asyncpg.Record | None:
         """``task_lock_status``: ``status, queue`` with the row locked; ``None`` when no task has the id."""
@@ -151,18 +159,23 @@ class TaskQueries(Queries):
         priority: int | None = None,
         to_queue: str | None = None,
         only_queue: str | None = None,
+        only_tenant: str | None = None,
     ) -> list[asyncpg.Record]:
         """``task_requeue``: ``id, queue, priority`` of the tasks of ``ids`` in ``from_statuses`` now queued.
 
         :param priority: a new priority (``None``: kept).
         :param to_queue: a new queue (``None``: kept).
         :param only_queue: act only on tasks of this queue.
+        :param only_tenant: act only on tasks of this tenant.
         """
-        return await self._fetch("task_requeue", list(ids), list(from_statuses), priority, to_queue, only_queue)
+        return await self._fetch(
+            "task_requeue", list(ids), list(from_statuses), priority, to_queue, only_queue, only_tenant
+        )
 
-    async def lock_oldest_failed(self, queue: str, count: int) -> list[uuid.UUID]:
-        """``task_lock_oldest_failed``: ids of the queue's oldest dead-lettered tasks, locked (in a transaction)."""
-        return [r["id"] for r in await self._fetch("task_lock_oldest_failed", queue, count)]
+    async def lock_oldest_failed(self, queue: str, count: int, tenant_id: str | None = None) -> list[uuid.UUID]:
+        """``task_lock_oldest_failed``: ids of the queue's oldest dead-lettered tasks (of ``tenant_id`` when
+        given), locked (in a transaction)."""
+        return [r["id"] for r in await self._fetch("task_lock_oldest_failed", queue, count, tenant_id)]
 
     async def list_queued_after(
         self,

@@ -8,7 +8,7 @@ import anyio
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from taskmesh.api.auth import authenticate
+from taskmesh.api.auth import authenticate, platform_wide
 from taskmesh.api.deps import StateDep, json_response
 from taskmesh.errors import StoreError
 
@@ -74,4 +74,5 @@ async def metrics(request: Request, state: StateDep) -> Response:
     """The exposition text; with ``metrics_auth = "scope"``, only for a key with ``metrics:read``."""
     if state.metrics_protected:
         await authenticate(request, state, "metrics:read")
+        platform_wide(request, "metrics:read", "the metrics", every_queue=True)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

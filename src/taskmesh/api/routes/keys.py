@@ -10,10 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from taskmesh import api_keys
-from taskmesh.api.auth import require
+from taskmesh.api.auth import caller, reach_of, require
 from taskmesh.api.deps import StoresDep, body_schema, json_response, parse_body
+from taskmesh.api.principals import Principal
 from taskmesh.api.problems import problem, problem_responses
-from taskmesh.errors import InvalidTaskError
+from taskmesh.errors import BeyondReachError, InvalidTaskError
 
 router = APIRouter()
 
@@ -32,6 +33,8 @@ class CreateKey(BaseModel):
     scopes: list[str] = Field(default_factory=list, max_length=len(api_keys.SCOPES))
     role: str | None = Field(default=None, pattern="^(viewer|operator|admin)$")
     expires_in_seconds: int | None = Field(default=None, gt=0, le=YEAR_SECONDS)
+    tenant_id: str | None = Field(default=None, min_length=1, max_length=128)
+    queues: list[str] | None = Field(default=None, min_length=1, max_length=api_keys.QUEUES_MOST)
 
 
 class RotateKey(BaseModel):
@@ -53,6 +56,41 @@ def _not_found(key_id: str) -> Response:
     return problem(404, "Key not found", f"no active key has id {key_id}")
 
 
+def _within_caller(
+    principal: Principal, scopes: list[str], tenant_id: str | None, queues: list[str] | None
+) -> tuple[str | None, list[str] | None]:
+    """The new key's tenant and queues, no wider than the caller's; its scopes, only ones the caller holds.
+
+    :raises BeyondReachError: a scope, tenant or queue beyond the caller's (403 naming the field).
+    """
+    missing = [s for s in dict.fromkeys(scopes) if s in api_keys.SCOPES and not principal.allows(s)]
+    if missing:
+        raise BeyondReachError("scopes", f"this key cannot give scopes it does not hold: {', '.join(missing)}")
+    if principal.tenant_id is not None:
+        if tenant_id is not None and tenant_id != principal.tenant_id:
+            raise BeyondReachError(
+                "tenant_id", f"this key is bound to tenant {principal.tenant_id!r}; not {tenant_id!r}"
+            )
+        tenant_id = principal.tenant_id
+    if principal.queues is not None:
+        beyond = sorted(set(queues or ()) - principal.queues)
+        if beyond:
+            raise BeyondReachError(
+                "queues", f"this key may use the queues {', '.join(sorted(principal.queues))}; not {beyond[0]!r}"
+            )
+        queues = queues or sorted(principal.queues)
+    return tenant_id, queues
+
+
+async def _reaches(request: Request, stores: Any, key_id: str) -> bool:
+    """Whether the key exists and is bound within the caller's tenant and queues."""
+    reach = reach_of(request)
+    if reach.unlimited:
+        return True
+    row = await stores.pg.keys.get(key_id)
+    return row is not None and reach.covers(row["tenant_id"], row["queues"])
+
+
 def _expiry(seconds: int | None) -> datetime | None:
     return None if seconds is None else datetime.now(UTC) + timedelta(seconds=seconds)
 
@@ -63,9 +101,11 @@ def _expiry(seconds: int | None) -> datetime | None:
     responses=problem_responses(),
     summary="Every API key, newest first: name, scopes, state, expiry, last use (never a secret or hash)",
 )
-async def list_keys(stores: StoresDep) -> Response:
-    """Up to 1,000 keys, each with ``state``: ``active``, ``revoked`` or ``expired``."""
-    rows = await stores.pg.keys.list(api_keys.LIST_MOST)
+async def list_keys(request: Request, stores: StoresDep) -> Response:
+    """Up to 1,000 keys, each with ``state``: ``active``, ``revoked`` or ``expired`` (a key bound to a tenant
+    or queues: the keys bound within them)."""
+    reach = reach_of(request)
+    rows = [r for r in await stores.pg.keys.list(api_keys.LIST_MOST) if reach.covers(r["tenant_id"], r["queues"])]
     return json_response({"keys": [{**api_keys.record(r), "state": api_keys.state(r)} for r in rows]})
 
 
@@ -78,10 +118,16 @@ async def list_keys(stores: StoresDep) -> Response:
     summary="Make an API key: 201 with the key, shown this once",
 )
 async def create_key(request: Request, stores: StoresDep) -> Response:
-    """Make a key with ``scopes`` and/or a ``role``'s; ``key`` in the answer is never shown again."""
+    """Make a key with ``scopes`` and/or a ``role``'s; ``key`` in the answer is never shown again.
+
+    A key cannot make a key that can do more than itself: only scopes it holds, and within its
+    own tenant (filled in when the body has none) and queues (likewise)."""
     req = await parse_body(request, CreateKey)
     scopes = [*api_keys.ROLES.get(req.role or "", ()), *req.scopes]
-    new = await api_keys.create(stores.pg, req.name, scopes, expires_at=_expiry(req.expires_in_seconds))
+    tenant_id, queues = _within_caller(caller(request), scopes, req.tenant_id, req.queues)
+    new = await api_keys.create(
+        stores.pg, req.name, scopes, tenant_id=tenant_id, queues=queues, expires_at=_expiry(req.expires_in_seconds)
+    )
     return json_response({"key": new.key, **new.record, "state": "active"}, 201)
 
 
@@ -91,9 +137,11 @@ async def create_key(request: Request, stores: StoresDep) -> Response:
     responses=problem_responses(404, 422),
     summary="Revoke a key: every instance refuses it within 5 seconds",
 )
-async def revoke_key(key_id: KeyIdPath, stores: StoresDep) -> Response:
-    """The key, revoked (kept for the record); 404 when no key has this id."""
-    row = await stores.pg.keys.revoke(_key_id(key_id))
+async def revoke_key(key_id: KeyIdPath, request: Request, stores: StoresDep) -> Response:
+    """The key, revoked (kept for the record); 404 when no key has this id (or none within the caller's reach)."""
+    if not await _reaches(request, stores, _key_id(key_id)):
+        return problem(404, "Key not found", f"no key has id {key_id}")
+    row = await stores.pg.keys.revoke(key_id)
     if row is None:
         return problem(404, "Key not found", f"no key has id {key_id}")
     return json_response({**api_keys.record(row), "state": "revoked"})
@@ -111,6 +159,8 @@ async def rotate_key(key_id: KeyIdPath, request: Request, stores: StoresDep) -> 
     """201 with the new key (shown this once), ``replaces`` and ``replaced_key_expires_at``; 404 for a key
     that is unknown, revoked or expired."""
     req = await parse_body(request, RotateKey, optional=True)
+    if not await _reaches(request, stores, _key_id(key_id)):
+        return _not_found(key_id)
     try:
         new, ends = await api_keys.rotate(
             stores.pg,

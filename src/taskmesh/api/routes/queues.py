@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
-from taskmesh.api.auth import require
+from taskmesh.api.auth import check_queue_reach, platform_wide, reach_of, require
 from taskmesh.api.deps import QueuePath, StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
 from taskmesh.api.problems import problem_responses
 from taskmesh.errors import InvalidTaskError
@@ -32,9 +32,13 @@ PAUSE_REASON_MAX = 500
     responses=problem_responses(),
     summary="Every queue with tasks, a pause or a live instance serving it: depths, age, workers, runs per minute",
 )
-async def list_queues(stores: StoresDep) -> Response:
-    """Up to 1,000 queues by name, each as ``GET /api/v1/queues/{queue}`` answers it."""
-    return json_response({"queues": await overview(stores, await known_queues(stores))})
+async def list_queues(request: Request, stores: StoresDep) -> Response:
+    """Up to 1,000 queues by name, each as ``GET /api/v1/queues/{queue}`` answers it (a key bound to queues:
+    those; a key bound to a tenant is refused, as the depths count every tenant's tasks)."""
+    platform_wide(request, "tasks:read", "the queues' depths")
+    reach = reach_of(request)
+    queues = [q for q in await known_queues(stores) if reach.sees_queue(q)]
+    return json_response({"queues": await overview(stores, queues)})
 
 
 @router.get(
@@ -43,9 +47,11 @@ async def list_queues(stores: StoresDep) -> Response:
     responses=problem_responses(422),
     summary="One queue: depths by state, age, pause, workers, runs per minute",
 )
-async def get_queue(queue: QueuePath, stores: StoresDep) -> Response:
+async def get_queue(queue: QueuePath, request: Request, stores: StoresDep) -> Response:
     """One queue (any valid name: a queue nobody has used answers with zeros)."""
     check_queue(queue)
+    platform_wide(request, "tasks:read", "a queue's depths")
+    check_queue_reach(request, queue)
     [answer] = await overview(stores, [queue])
     return json_response(answer)
 
@@ -72,6 +78,8 @@ async def pause_queue(queue: QueuePath, request: Request, stores: StoresDep) -> 
     also after restarts. Running runs finish. Pausing a paused queue keeps its ``paused_at``.
     """
     check_queue(queue)
+    platform_wide(request, "queues:admin", "pausing a queue")
+    check_queue_reach(request, queue)
     req = await parse_body(request, PauseRequest, optional=True)
     if req.reason is not None:
         check_json(req.reason, "reason")
@@ -86,9 +94,11 @@ async def pause_queue(queue: QueuePath, request: Request, stores: StoresDep) -> 
     responses=problem_responses(422),
     summary="Resume a paused queue (a running one stays running)",
 )
-async def resume_queue(queue: QueuePath, stores: StoresDep) -> Response:
+async def resume_queue(queue: QueuePath, request: Request, stores: StoresDep) -> Response:
     """Resume ``queue``: instances serving it claim again within a second."""
     check_queue(queue)
+    platform_wide(request, "queues:admin", "resuming a queue")
+    check_queue_reach(request, queue)
     await stores.pg.queues.resume(queue)
     log.info("queue_resumed", queue=queue)
     return json_response(pause_to_dict(queue, None))
@@ -116,12 +126,13 @@ class ReplayRequest(BaseModel):
     responses=problem_responses(422),
     summary="Dead-lettered tasks of a queue, oldest first",
 )
-async def get_dlq(queue: QueuePath, tasks: TasksDep, count: str = "50") -> Response:
-    """Up to ``count`` (1..1000) dead-lettered tasks of ``queue``."""
+async def get_dlq(queue: QueuePath, request: Request, tasks: TasksDep, count: str = "50") -> Response:
+    """Up to ``count`` (1..1000) dead-lettered tasks of ``queue`` (of the key's tenant, when it has one)."""
     check_queue(queue)
+    check_queue_reach(request, queue)
     if not (count.isascii() and count.isdigit()) or not 1 <= int(count) <= DLQ_COUNT_MAX:
         raise InvalidTaskError("count", f"must be an integer between 1 and {DLQ_COUNT_MAX}")
-    items = await tasks.dead_letters(queue, int(count))
+    items = await tasks.dead_letters(queue, int(count), reach_of(request).tenant_id)
     return json_response({"queue": queue, "count": len(items), "tasks": items})
 
 
@@ -136,8 +147,10 @@ async def replay(queue: QueuePath, request: Request, tasks: TasksDep) -> Respons
     """Move up to ``count`` (default 1) dead-lettered tasks, or the given ``ids``, back to ready with a fresh
     retry budget. ``not_replayed``: the given ids that are not dead-lettered in this queue."""
     check_queue(queue)
+    check_queue_reach(request, queue)
     req = await parse_body(request, ReplayRequest, optional=True)
-    ids = await tasks.replay(queue, req.count or 1, req.override_priority, ids=req.ids)
+    tenant = reach_of(request).tenant_id
+    ids = await tasks.replay(queue, req.count or 1, req.override_priority, ids=req.ids, tenant_id=tenant)
     answer: dict[str, Any] = {"queue": queue, "count": len(ids), "replayed": ids}
     if req.ids is not None:
         done = set(ids)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from taskmesh.api.auth import require
+from taskmesh.api.auth import reach_of, require
 from taskmesh.api.deps import SchedulePath, SchedulesDep, StateDep, body_schema, is_name, json_response, parse_body
 from taskmesh.api.problems import problem_responses
 from taskmesh.errors import ScheduleNotFoundError
@@ -35,9 +35,9 @@ def _named(name: str) -> str:
     responses=problem_responses(),
     summary="Cron schedules: spec, zone, state, last fire and the next five fires",
 )
-async def list_schedules(schedules: SchedulesDep) -> Response:
-    """Every schedule in the table."""
-    return json_response({"schedules": await schedules.list()})
+async def list_schedules(request: Request, schedules: SchedulesDep) -> Response:
+    """Every schedule in the table (a key bound to a tenant or queues: those of its tenant and queues)."""
+    return json_response({"schedules": await schedules.list(reach_of(request))})
 
 
 @router.get(
@@ -46,9 +46,9 @@ async def list_schedules(schedules: SchedulesDep) -> Response:
     responses=problem_responses(404, 422),
     summary="One cron schedule",
 )
-async def get_schedule(name: SchedulePath, schedules: SchedulesDep) -> Response:
-    """One schedule (404 when no row has this name)."""
-    return json_response(await schedules.get(_named(name)))
+async def get_schedule(name: SchedulePath, request: Request, schedules: SchedulesDep) -> Response:
+    """One schedule (404 when no row has this name, or none the key reaches)."""
+    return json_response(await schedules.get(_named(name), reach_of(request)))
 
 
 @router.post(
@@ -65,7 +65,7 @@ async def trigger_schedule(name: SchedulePath, request: Request, schedules: Sche
     req = await parse_body(request, TriggerRequest, optional=True)
     if req.idempotency_key is not None:
         check_json(req.idempotency_key, "idempotency_key")
-    task_id, key, created = await schedules.trigger(name, req.idempotency_key)
+    task_id, key, created = await schedules.trigger(name, req.idempotency_key, reach_of(request))
     state.schedule_waker.wake()
     answer = {"schedule": name, "task_id": str(task_id), "idempotency_key": key, "created": created}
     if not created:
@@ -79,9 +79,9 @@ async def trigger_schedule(name: SchedulePath, request: Request, schedules: Sche
     responses=problem_responses(404, 422),
     summary="Pause a schedule until resumed or its config changes",
 )
-async def pause_schedule(name: SchedulePath, schedules: SchedulesDep, state: StateDep) -> Response:
+async def pause_schedule(name: SchedulePath, request: Request, schedules: SchedulesDep, state: StateDep) -> Response:
     """No fires until resumed."""
-    answer = await schedules.set_paused(_named(name), True)
+    answer = await schedules.set_paused(_named(name), True, reach=reach_of(request))
     state.schedule_waker.wake()
     return json_response(answer)
 
@@ -92,8 +92,8 @@ async def pause_schedule(name: SchedulePath, schedules: SchedulesDep, state: Sta
     responses=problem_responses(404, 422),
     summary="Resume a schedule; fires missed while paused are not made",
 )
-async def resume_schedule(name: SchedulePath, schedules: SchedulesDep, state: StateDep) -> Response:
+async def resume_schedule(name: SchedulePath, request: Request, schedules: SchedulesDep, state: StateDep) -> Response:
     """Fire again from the next due time."""
-    answer = await schedules.set_paused(_named(name), False)
+    answer = await schedules.set_paused(_named(name), False, reach=reach_of(request))
     state.schedule_waker.wake()
     return json_response(answer)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from taskmesh.api.auth import demand, require
+from taskmesh.api.auth import demand, reach_of, require
 from taskmesh.api.deps import (
     OperationIdPath,
     StateDep,
@@ -29,11 +29,12 @@ from taskmesh.api.problems import problem, problem_responses
 from taskmesh.bulk import BulkRequest, operation_to_dict, parse_filter
 from taskmesh.bulk import dry_run as bulk_dry_run
 from taskmesh.bulk import start as bulk_start
-from taskmesh.errors import InvalidTaskError, StoreError
+from taskmesh.errors import BeyondReachError, InvalidTaskError, StoreError, TaskNotFoundError
 from taskmesh.logs import get_logger
 from taskmesh.search import parse_search, search
 from taskmesh.states import BulkAction, TaskStatus
 from taskmesh.tasks import Tasks
+from taskmesh.tenancy import Reach
 from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, check_json, parse_task_spec
 
 router = APIRouter()
@@ -81,6 +82,7 @@ async def create_task(request: Request, tasks: TasksDep, state: StateDep) -> Res
     handler for its name there.
     """
     spec = with_trace(parse_task_spec(await read_json(request, "payload")), request)
+    spec = bind_to_reach(spec, reach_of(request), tasks)
     result = await tasks.enqueue(spec)
     body: dict[str, Any] = {"task_id": str(result.task_id), "status": result.status, "trace_id": result.trace_id}
     if not result.created:
@@ -89,6 +91,41 @@ async def create_task(request: Request, tasks: TasksDep, state: StateDep) -> Res
     if warnings:
         body["warnings"] = list(warnings.values())
     return json_response(body, 201, headers={"Location": f"/api/v1/tasks/{result.task_id}"})
+
+
+def bind_to_reach(spec: TaskSpec, reach: Reach, tasks: Tasks, field_prefix: str = "") -> TaskSpec:
+    """The task in the caller's tenant (filled in when the body has none) and on one of its queues.
+
+    :raises BeyondReachError: another tenant, or a queue beyond the key's (403 naming the field).
+    """
+    if reach.tenant_id is not None:
+        if spec.tenant_id is None:
+            spec = spec.model_copy(update={"tenant_id": reach.tenant_id})
+        elif spec.tenant_id != reach.tenant_id:
+            raise BeyondReachError(
+                f"{field_prefix}tenant_id",
+                f"this key is bound to tenant {reach.tenant_id!r}; it cannot create tasks of tenant {spec.tenant_id!r}",
+            )
+    if reach.queues is not None:
+        queue = tasks.queue_for(spec.name, spec.queue_name if "queue_name" in spec.model_fields_set else None)
+        if queue not in reach.queues:
+            raise BeyondReachError(
+                f"{field_prefix}queue_name",
+                f"this key may use the queues {', '.join(sorted(reach.queues))}; not {queue!r}",
+            )
+    return spec
+
+
+async def check_task_reach(tasks: Tasks, task_id: uuid.UUID, reach: Reach) -> None:
+    """Refuse a task beyond the caller's tenant or queues exactly as a missing one.
+
+    :raises TaskNotFoundError: no task has this id, or not one the caller reaches (404).
+    """
+    if reach.unlimited:
+        return
+    row = await tasks.pg.tasks.owner(task_id)
+    if row is None or not reach.sees(row["tenant_id"], row["queue"]):
+        raise TaskNotFoundError(str(task_id))
 
 
 def _parse_batch(data: Any, tasks: Tasks) -> tuple[list[TaskSpec], list[int], list[dict[str, Any]], bool]:
@@ -134,6 +171,8 @@ async def create_batch(request: Request, tasks: TasksDep, state: StateDep) -> Re
     A created item no live instance will run carries ``warnings``, as a single create.
     """
     specs, positions, results, atomic = _parse_batch(await read_json(request, "tasks"), tasks)
+    reach = reach_of(request)
+    specs = [bind_to_reach(s, reach, tasks, f"tasks[{i}].") for s, i in zip(specs, positions, strict=True)]
     rejected = len(results) - len(specs)
     if atomic and rejected:
         first = next(r for r in results if r)
@@ -174,7 +213,9 @@ FALLBACK_READ_SECONDS = 1.0
     responses=problem_responses(404, 422),
     summary="A task and its latest run; with wait=N, once it finished or N s passed",
 )
-async def get_task(task_id: TaskIdPath, tasks: TasksDep, state: StateDep, wait: str | None = None) -> Response:
+async def get_task(
+    task_id: TaskIdPath, request: Request, tasks: TasksDep, state: StateDep, wait: str | None = None
+) -> Response:
     """The task and its latest run, read in one statement.
 
     ``wait`` (seconds, 0..60): answer as soon as the task is completed, failed or cancelled,
@@ -184,6 +225,8 @@ async def get_task(task_id: TaskIdPath, tasks: TasksDep, state: StateDep, wait: 
     tid = parse_task_id(task_id)
     seconds = parse_wait(wait)
     task, run = await tasks.get(tid)
+    if not reach_of(request).sees(task["tenant_id"], task["queue_name"]):
+        raise TaskNotFoundError(str(tid))  # as for a missing task: the id tells nothing
     if not seconds or task["status"] in FINISHED:
         return json_response({"task": task, "latest_run": run})
     deadline = anyio.current_time() + seconds
@@ -224,9 +267,10 @@ def parse_wait(raw: str | None) -> float:
     responses=problem_responses(404, 422),
     summary="Every run (attempt) of a task, with its error and traceback",
 )
-async def get_runs(task_id: TaskIdPath, tasks: TasksDep) -> Response:
+async def get_runs(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> Response:
     """Every run of the task, by attempt."""
     tid = parse_task_id(task_id)
+    await check_task_reach(tasks, tid, reach_of(request))
     return json_response({"task_id": str(tid), "runs": await tasks.runs(tid)})
 
 
@@ -291,7 +335,10 @@ async def search_tasks(request: Request, stores: StoresDep) -> Response:
     Answer: ``{"tasks", "next_cursor", "partial"}``; pass ``cursor`` for the next page.
     """
     f, order, start, limit = parse_search(request.query_params.multi_items())
-    return json_response(await search(stores.pg, f, order, start, limit))
+    narrowed = reach_of(request).narrow(f)
+    if narrowed is None:  # a tenant or queue beyond the key's: as a search that matches nothing
+        return json_response({"tasks": [], "next_cursor": None, "partial": False})
+    return json_response(await search(stores.pg, narrowed, order, start, limit))
 
 
 @router.post(
@@ -310,12 +357,18 @@ async def bulk(request: Request, stores: StoresDep) -> Response:
     f = parse_filter(req.filter)
     if req.reason is not None:
         check_json(req.reason, "reason")
+    reach = reach_of(request)
+    narrowed = reach.narrow(f)
     if req.dry_run:
-        return json_response({"action": req.action.value, **await bulk_dry_run(stores.pg, f)})
+        counted = NOTHING_MATCHED if narrowed is None else await bulk_dry_run(stores.pg, narrowed)
+        return json_response({"action": req.action.value, **counted})
     demand(request, BULK_SCOPES[req.action])
-    op = await bulk_start(stores.pg, req)
+    op = await bulk_start(stores.pg, req, reach)
     log.info("operation_started", operation_id=op["operation_id"], action=op["action"], reason=req.reason)
     return json_response(op, 202, headers={"Location": f"/api/v1/operations/{op['operation_id']}"})
+
+
+NOTHING_MATCHED = {"matched": 0, "complete": True, "sample": []}
 
 
 @router.get(
@@ -324,14 +377,14 @@ async def bulk(request: Request, stores: StoresDep) -> Response:
     responses=problem_responses(404, 422),
     summary="A bulk operation's progress: done, skipped, status",
 )
-async def get_operation(operation_id: OperationIdPath, stores: StoresDep) -> Response:
+async def get_operation(operation_id: OperationIdPath, request: Request, stores: StoresDep) -> Response:
     """The operation (404 when no operation has this id)."""
     try:
         op_id = uuid.UUID(operation_id)
     except ValueError:
         raise InvalidTaskError("operation_id", "must be a UUID") from None
     row = await stores.pg.operations.get(op_id)
-    if row is None:
+    if row is None or not reach_of(request).covers(row["tenant_id"], row["queues"]):
         return problem(404, "Operation not found", f"no operation has id {op_id}")
     return json_response(operation_to_dict(row))
 
@@ -342,9 +395,10 @@ async def get_operation(operation_id: OperationIdPath, stores: StoresDep) -> Res
     responses=problem_responses(404, 409, 422),
     summary="Cancel a task: a queued one never runs (200), a running one is cancelled on its worker (202)",
 )
-async def cancel_task(task_id: TaskIdPath, tasks: TasksDep) -> Response:
+async def cancel_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> Response:
     """Cancel a queued task now, or ask the worker of a running one to cancel it (409 when finished)."""
     tid = parse_task_id(task_id)
+    await check_task_reach(tasks, tid, reach_of(request))
     done = await tasks.cancel(tid)
     if done.status == TaskStatus.CANCELLED:
         return json_response({"task_id": str(tid), "status": "cancelled"})
@@ -371,6 +425,12 @@ async def retry_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> 
     """Move a failed or cancelled task back to queued, due now; optionally to a new priority or queue."""
     tid = parse_task_id(task_id)
     req = await parse_body(request, RetryRequest, optional=True)
+    reach = reach_of(request)
+    await check_task_reach(tasks, tid, reach)
+    if req.queue_name is not None and not reach.sees_queue(req.queue_name):
+        raise BeyondReachError(
+            "queue_name", f"this key may use the queues {', '.join(sorted(reach.queues or ()))}; not {req.queue_name!r}"
+        )
     done = await tasks.retry(tid, req.priority, req.queue_name)
     return json_response(
         {
@@ -390,7 +450,9 @@ async def retry_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> 
     status_code=204,
     summary="Delete a finished task and its runs (409 while it is queued or running)",
 )
-async def delete_task(task_id: TaskIdPath, tasks: TasksDep) -> Response:
+async def delete_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> Response:
     """Delete a completed, failed or cancelled task with every run (204, no body)."""
-    await tasks.delete(parse_task_id(task_id))
+    tid = parse_task_id(task_id)
+    await check_task_reach(tasks, tid, reach_of(request))
+    await tasks.delete(tid)
     return Response(status_code=204)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from taskmesh.api.auth import require
+from taskmesh.api.auth import platform_wide, require
 from taskmesh.api.deps import StoresDep, json_response
 from taskmesh.api.problems import problem_responses
 from taskmesh.records import iso, json_value, pause_to_dict
@@ -26,11 +26,12 @@ PAUSED_LISTED = 1000
     responses=problem_responses(),
     summary="Registered instances, live first, with their in-flight runs; queued tasks no live instance serves",
 )
-async def list_workers(stores: StoresDep) -> Response:
+async def list_workers(request: Request, stores: StoresDep) -> Response:
     """Up to 100 instances, live ones first, and ``unserved_queues``: up to 100 queues holding
     queued tasks that no live (running or draining) instance serves, most tasks first,
     as ``{"queue", "queued"}``; and ``paused_queues``: up to 1,000 paused queues by name, as
     ``{"queue", "paused", "paused_at", "reason"}``."""
+    platform_wide(request, "workers:read", "the workers' list", every_queue=True)
     rows = await stores.pg.workers.list(WORKERS_LISTED)
     served = await stores.pg.workers.served_queues(UNSERVED_QUEUES_READ)
     waiting = await stores.pg.tasks.count_queued_unserved(served, UNSERVED_QUEUES_READ)

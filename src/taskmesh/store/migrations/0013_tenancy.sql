@@ -1,0 +1,16 @@
+-- Tenants (issue 12). A schedule may belong to a tenant (its tasks carry it, and only that
+-- tenant's keys see the schedule). A bulk operation keeps the reach of the key that started
+-- it (its tenant and queues), so that only keys reaching as far see it.
+ALTER TABLE schedules ADD COLUMN tenant_id text;
+ALTER TABLE operations ADD COLUMN tenant_id text, ADD COLUMN queues text[];
+
+-- A tenant's open tasks (queued or running), counted against its `max_queued` quota before
+-- each create; the count stops at the quota, so it reads at most that many index entries.
+CREATE INDEX tasks_tenant_open_idx ON tasks (tenant_id)
+    WHERE tenant_id IS NOT NULL AND status IN ('queued', 'running');
+
+-- A dedup key is unique within its tenant (tasks without one form one more): a tenant's key
+-- can then neither be refused for a key another tenant used, nor learn that tenant's task id
+-- from the answer. idempotency_key leads, so a search by dedup key still reads this index.
+CREATE UNIQUE INDEX tasks_dedup_key ON tasks (idempotency_key, (COALESCE(tenant_id, '')));
+DROP INDEX tasks_idempotency_key_key;
