@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import re
 import secrets
 from dataclasses import dataclass
@@ -99,6 +100,31 @@ def check_queues(queues: list[str]) -> list[str]:
     return sorted(set(queues))
 
 
+RATE_CLASS_NAMES = ("read", "write", "admin")
+
+
+def check_rate_limits(rates: dict[str, Any]) -> dict[str, float]:
+    """A key's own request rates by class, requests per second.
+
+    :raises InvalidTaskError: a class other than read, write, admin, or a rate not in (0, 1,000,000]
+        (field ``rate_limits.<class>``).
+    """
+    out: dict[str, float] = {}
+    for name, rate in rates.items():
+        if name not in RATE_CLASS_NAMES:
+            raise InvalidTaskError(f"rate_limits.{name}", f"unknown class; known: {', '.join(RATE_CLASS_NAMES)}")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1_000_000:
+            raise InvalidTaskError(f"rate_limits.{name}", "must be a number of requests per second, 0 < r <= 1000000")
+        out[name] = float(rate)
+    return out
+
+
+def rates_of(row: Any) -> dict[str, float] | None:
+    """The key row's own rates (``None``: the settings' apply)."""
+    raw = row["rate_limits"]
+    return None if raw is None else {str(k): float(v) for k, v in json.loads(raw).items()}
+
+
 def record(row: Any) -> dict[str, Any]:
     """A key's row as the CLI and the API show it (never its hash)."""
     return {
@@ -107,6 +133,7 @@ def record(row: Any) -> dict[str, Any]:
         "scopes": list(row["scopes"]),
         "tenant_id": row["tenant_id"],
         "queues": None if row["queues"] is None else list(row["queues"]),
+        "rate_limits": rates_of(row),
         "expires_at": _iso(row["expires_at"]),
         "revoked_at": _iso(row["revoked_at"]),
         "created_at": _iso(row["created_at"]),
@@ -133,12 +160,15 @@ async def create(
     tenant_id: str | None = None,
     queues: list[str] | None = None,
     expires_at: datetime | None = None,
+    rate_limits: dict[str, Any] | None = None,
 ) -> NewKey:
     """Make a key (and the deployment's pepper, the first time).
 
     :param name: the principal it belongs to (1..128 characters); several keys may share it.
     :param tenant_id: the one tenant it sees and acts on (``None``: every tenant).
     :param queues: the queues it sees and acts on (``None``: every queue).
+    :param rate_limits: its own requests per second by class (``read``, ``write``, ``admin``), instead
+        of the settings' (``None``: the settings').
     :raises InvalidTaskError: a bad name, scope, tenant or queue (naming the field).
     :raises StoreError: PostgreSQL failed.
     """
@@ -149,10 +179,11 @@ async def create(
         raise InvalidTaskError("tenant_id", "must be 1 to 128 printable characters")
     if queues is not None:
         queues = check_queues(queues)
+    rates = None if rate_limits is None else json.dumps(check_rate_limits(rate_limits))
     pepper = await pg.keys.ensure_pepper(secrets.token_bytes(32))
     key_id = base64.b32encode(secrets.token_bytes(10)).decode("ascii").lower()
     secret = secrets.token_hex(24)
-    row = await pg.keys.insert(key_id, name, secret_hash(pepper, secret), scopes, tenant_id, queues, expires_at)
+    row = await pg.keys.insert(key_id, name, secret_hash(pepper, secret), scopes, tenant_id, queues, expires_at, rates)
     return NewKey(f"tmk_{key_id}_{secret}", record(row))
 
 
@@ -178,6 +209,7 @@ async def rotate(
         tenant_id=old["tenant_id"],
         queues=None if old["queues"] is None else list(old["queues"]),
         expires_at=expires_at,
+        rate_limits=rates_of(old),
     )
     ended = await pg.keys.expire_at(key_id, datetime.fromisoformat(new.record["created_at"]) + overlap)
     return new, None if ended is None else _iso(ended["expires_at"])

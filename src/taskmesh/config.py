@@ -64,6 +64,24 @@ MISFIRE_ALL_CAP = 1000
 """Most missed fires the ``all`` policy makes after one outage (the most recent ones)."""
 
 
+class TenantQuota(BaseModel):
+    """A tenant's quotas (``[tenant_quotas.<tenant>]`` in TOML; each unset one is no limit), issue 12.
+
+    Checked on every create through the API, whichever key makes the task; a refusal is a
+    problem+json naming the quota (429, or 413 for payload bytes).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_queued: StrictInt | None = Field(default=None, ge=1, le=100_000_000)
+    """Most tasks of the tenant queued or running at once; a create beyond it is refused (429)."""
+    max_payload_bytes: StrictInt | None = Field(default=None, ge=2, le=64 * 1024 * 1024)
+    """Most bytes of one task's payload as JSON (413)."""
+    enqueue_per_second: StrictFloat | None = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
+    """Tasks the tenant may create per second, over every key and instance, with bursts of
+    ``rate_limit_burst_seconds`` of it (429 with ``Retry-After``)."""
+
+
 class ScheduleSettings(BaseModel):
     """One ``[[schedules]]`` table: a cron spec that makes a task per fire (issue 5).
 
@@ -340,6 +358,10 @@ class Settings(BaseSettings):
     """Run the cron scheduler in this instance (off: another instance fires the schedules)."""
     schedules: list[ScheduleSettings] = Field(default_factory=list, validation_alias=_aliases("schedules"))
     """Cron schedules (``[[schedules]]`` tables; ``TASKMESH_SCHEDULES`` as a JSON array)."""
+    tenant_quotas: dict[str, TenantQuota] = Field(default_factory=dict, validation_alias=_aliases("tenant_quotas"))
+    """Quotas by tenant (``[tenant_quotas.acme]`` tables; ``TASKMESH_TENANT_QUOTAS`` as a JSON object)."""
+    tenant_quota_default: TenantQuota | None = Field(default=None, validation_alias=_aliases("tenant_quota_default"))
+    """The quotas of every tenant not in ``tenant_quotas`` (default: none)."""
 
     @field_validator("schedules", mode="before")
     @classmethod

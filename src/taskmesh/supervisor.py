@@ -43,6 +43,7 @@ from taskmesh import __version__, emergency, notify
 from taskmesh.api.app import create_app
 from taskmesh.api.hygiene import LOOPBACK_HOSTS
 from taskmesh.api.principals import KeyCache, RatePolicy
+from taskmesh.api.quotas import Quotas
 from taskmesh.api.server import HttpLimits, Server, bind_http, make_server
 from taskmesh.api.state import AppState, ServedQueues
 from taskmesh.clock import StoreClock
@@ -141,6 +142,8 @@ async def run(
         keys=KeyCache(enforce=settings.auth == "keys", loopback=is_loopback(settings.http_host)),
         metrics_protected=settings.metrics_auth == "scope",
         rate_policies=rate_policies(settings),
+        rate_burst_seconds=settings.rate_limit_burst_seconds,
+        quotas=Quotas(settings.tenant_quotas, settings.tenant_quota_default, settings.rate_limit_burst_seconds),
     )
     inst.state = state
     sock = bind_http(settings.http_host, settings.http_port)
@@ -262,9 +265,7 @@ def rate_policies(settings: Settings) -> dict[str, RatePolicy]:
         "write": settings.rate_limit_write_per_second,
         "admin": settings.rate_limit_admin_per_second,
     }
-    return {
-        name: RatePolicy(rate, max(1, round(rate * settings.rate_limit_burst_seconds))) for name, rate in rates.items()
-    }
+    return {name: RatePolicy.of(rate, settings.rate_limit_burst_seconds) for name, rate in rates.items()}
 
 
 def allowed_hosts(settings: Settings) -> list[str]:

@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from taskmesh import api_keys
+from taskmesh.errors import InvalidTaskError
 from tests.conftest import http
 
 pytestmark = pytest.mark.anyio
@@ -59,3 +60,32 @@ async def test_an_open_instance_and_its_anonymous_callers_are_not_limited(start_
     async with start_instance(**TIGHT) as inst, http(inst) as client:
         codes = {(await client.post("/api/v1/tasks", json={"name": "x"})).status_code for _ in range(10)}
     assert codes == {201}
+
+
+async def test_a_key_with_its_own_rate_gets_that_rate_instead_of_the_settings(start_instance: Any, stores: Any) -> None:
+    slow = await api_keys.create(stores.pg, "slow", ["tasks:write"], rate_limits={"write": 0.5})
+    default = (await api_keys.create(stores.pg, "default", ["tasks:write"])).key
+    assert slow.record["rate_limits"] == {"write": 0.5}
+    async with start_instance(**{**TIGHT, "rate_limit_write_per_second": 100.0}) as inst, http(inst) as client:
+
+        async def codes(key: str) -> list[int]:
+            headers = {"Authorization": f"Bearer {key}"}
+            return [
+                (await client.post("/api/v1/tasks", json={"name": "x"}, headers=headers)).status_code for _ in range(5)
+            ]
+
+        slow_codes, default_codes = await codes(slow.key), await codes(default)
+    # 0.5/s with bursts of 5 s: two at once, then refused; the settings' 100/s lets all five through.
+    assert (slow_codes[:2], set(slow_codes[2:])) == ([201, 201], {429}), slow_codes
+    assert default_codes == [201] * 5
+
+
+async def test_a_key_rate_of_an_unknown_class_or_out_of_range_is_refused(stores: Any) -> None:
+    for rates, field, message in (
+        ({"writes": 5}, "rate_limits.writes", "unknown class; known: read, write, admin"),
+        ({"read": 0}, "rate_limits.read", "must be a number of requests per second, 0 < r <= 1000000"),
+        ({"read": float("inf")}, "rate_limits.read", "must be a number of requests per second, 0 < r <= 1000000"),
+    ):
+        with pytest.raises(InvalidTaskError) as caught:
+            await api_keys.create(stores.pg, "x", ["tasks:read"], rate_limits=rates)
+        assert (caught.value.field, caught.value.message) == (field, message)

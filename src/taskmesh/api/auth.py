@@ -24,7 +24,7 @@ from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from taskmesh import api_keys
-from taskmesh.api.principals import ANONYMOUS, RATE_CLASSES, Principal
+from taskmesh.api.principals import ANONYMOUS, RATE_CLASSES, Principal, RatePolicy
 from taskmesh.api.state import AppState
 from taskmesh.errors import BeyondReachError, NotReadyError, PermissionDeniedError, RateLimitedError, StoreError
 from taskmesh.logs import get_logger
@@ -78,23 +78,27 @@ async def authenticate(request: Request, state: AppState, scope: str, presented:
         presented = presented_key(request)
     principal = await state.keys.principal(state.stores.pg, presented)
     if principal.key_id is not None:
-        await _spend(state, principal.key_id, RATE_CLASSES[scope])
+        await _spend(state, principal, RATE_CLASSES[scope])
     if not principal.allows(scope):
         raise PermissionDeniedError(scope)
     request.state.principal = principal
     return principal
 
 
-async def _spend(state: AppState, key_id: str, name: str) -> None:
+async def _spend(state: AppState, principal: Principal, name: str) -> None:
     """One request of class ``name`` against the key's budget, shared by every instance through Redis.
+
+    The key's own rate of the class (``rate_limits``) wins over the settings'.
 
     A Redis that does not answer lets the request through (logged): the limit protects the
     platform, and refusing everything during an outage would not.
 
     :raises RateLimitedError: the budget is spent (429).
     """
-    policy = state.rate_policies.get(name)
-    if policy is None or state.stores is None:
+    key_id = principal.key_id
+    own = (principal.rate_limits or {}).get(name)
+    policy = state.rate_policies.get(name) if own is None else RatePolicy.of(own, state.rate_burst_seconds)
+    if policy is None or state.stores is None or key_id is None:
         return
     try:
         allowed, _, retry_after, reset = await state.stores.redis.rate_limit(

@@ -40,6 +40,11 @@ class RatePolicy:
     per_second: float
     burst: int
 
+    @classmethod
+    def of(cls, per_second: float, burst_seconds: float) -> RatePolicy:
+        """The policy of a rate whose bursts last ``burst_seconds`` (at least one request)."""
+        return cls(per_second, max(1, round(per_second * burst_seconds)))
+
     def header(self, name: str) -> str:
         """The policy as an IETF ``RateLimit-Policy`` item: quota ``q`` in a window ``w`` of seconds."""
         return f'"{name}";q={self.burst};w={max(1, round(self.burst / self.per_second))}'
@@ -58,6 +63,8 @@ class Principal:
     scopes: frozenset[str]
     tenant_id: str | None = None
     queues: frozenset[str] | None = None
+    rate_limits: dict[str, float] | None = None
+    """The key's own requests per second by class, instead of the settings' (``None``: the settings')."""
 
     def allows(self, scope: str) -> bool:
         """Whether the caller holds ``scope``."""
@@ -140,6 +147,7 @@ class KeyCache:
             frozenset(row["scopes"]),
             row["tenant_id"],
             None if row["queues"] is None else frozenset(row["queues"]),
+            api_keys.rates_of(row),
         )
 
     async def _mark_used(self, pg: PgStore, key_id: str) -> None:

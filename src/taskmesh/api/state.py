@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from taskmesh.api.principals import KeyCache, RatePolicy
+from taskmesh.api.quotas import Quotas
 from taskmesh.clock import Waker
 from taskmesh.metrics import Metrics
 from taskmesh.schedules import Schedules
@@ -78,6 +79,10 @@ class AppState:
     """API keys as last read, and whether the instance runs open (issue 12)."""
     rate_policies: dict[str, RatePolicy] = field(default_factory=dict)
     """Per-key rate limits by class (``read``, ``write``, ``admin``); empty: none (issue 12)."""
+    rate_burst_seconds: float = 2.0
+    """A key's own rates (its ``rate_limits``) allow bursts of this many seconds of them."""
+    quotas: Quotas = field(default_factory=Quotas)
+    """Tenants' quotas (issue 12)."""
     metrics_protected: bool = False
     """``/metrics`` needs ``metrics:read`` (``metrics_auth = "scope"``)."""
     waiters: FinishedWaiters = field(default_factory=FinishedWaiters)

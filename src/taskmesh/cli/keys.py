@@ -83,6 +83,20 @@ def _with_pg(action: Callable[[PgStore], Awaitable[T]]) -> T:
         raise
 
 
+def _rates(given: list[str]) -> dict[str, float]:
+    """``--rate-limit write=5`` options as ``{"write": 5.0}`` (classes and ranges are checked by create)."""
+    rates: dict[str, float] = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        try:
+            rates[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise typer.BadParameter(f"{item!r} is not <class>=<requests per second>", param_hint="'--rate-limit'")
+    return rates
+
+
 @app.command("create")
 def create(
     name: Annotated[str, typer.Option("--name", help="Who the key is for (a person, a service); 1 to 128 characters.")],
@@ -105,6 +119,14 @@ def create(
         list[str] | None,
         typer.Option("--queue", help="Bind the key to this queue; repeat for several (default: every queue)."),
     ] = None,
+    rate_limit: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rate-limit",
+            help="The key's own requests per second of a class, instead of the settings': write=5; repeat for "
+            "read, write, admin.",
+        ),
+    ] = None,
     json: common.StoresJson = False,
 ) -> None:
     """Make an API key and print it once (only its hash is kept).
@@ -124,9 +146,12 @@ def create(
         raise typer.BadParameter(f"{role!r} is not one of {', '.join(api_keys.ROLES)}", param_hint="'--role'")
     scopes += scope or []
     expires_at = datetime.now(UTC) + duration(expires_in, "--expires-in") if expires_in else None
+    rates = _rates(rate_limit) if rate_limit else None
 
     async def go(pg: PgStore) -> api_keys.NewKey:
-        return await api_keys.create(pg, name, scopes, tenant_id=tenant_id, queues=queue, expires_at=expires_at)
+        return await api_keys.create(
+            pg, name, scopes, tenant_id=tenant_id, queues=queue, expires_at=expires_at, rate_limits=rates
+        )
 
     new = _bad_input(lambda: _with_pg(go))
     if json:

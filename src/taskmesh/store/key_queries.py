@@ -32,9 +32,12 @@ class KeyQueries(Queries):
         tenant_id: str | None,
         queues: Sequence[str] | None,
         expires_at: datetime | None,
+        rate_limits_json: str | None = None,
     ) -> asyncpg.Record:
-        """``key_insert``: the new key's row (without its hash)."""
-        row = await self._fetchrow("key_insert", key_id, name, secret_hash, list(scopes), tenant_id, queues, expires_at)
+        """``key_insert``: the new key's row (without its hash); ``rate_limits_json`` a JSON object or ``None``."""
+        row = await self._fetchrow(
+            "key_insert", key_id, name, secret_hash, list(scopes), tenant_id, queues, expires_at, rate_limits_json
+        )
         assert row is not None  # an INSERT ... RETURNING returns its row
         return row
 

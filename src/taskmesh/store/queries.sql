@@ -59,6 +59,11 @@ WHERE t.id = $1;
 -- name: task_exists
 SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1);
 
+-- name: task_count_open_of_tenant
+-- A tenant's queued or running tasks, counted up to $2 (its max_queued quota) through
+-- tasks_tenant_open_idx: a create reads at most that many index entries.
+SELECT count(*) FROM (SELECT 1 FROM tasks WHERE tenant_id = $1 AND status IN ('queued', 'running') LIMIT $2) s;
+
 -- name: task_owner
 -- Whose a task is (issue 12): its tenant and queue, for a key bound to a tenant or queues.
 SELECT tenant_id, queue FROM tasks WHERE id = $1;
@@ -688,13 +693,13 @@ SELECT pepper FROM made UNION ALL SELECT pepper FROM auth_pepper LIMIT 1;
 SELECT pepper FROM auth_pepper;
 
 -- name: key_insert
-INSERT INTO api_keys (id, name, secret_hash, scopes, tenant_id, queues, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at;
+INSERT INTO api_keys (id, name, secret_hash, scopes, tenant_id, queues, expires_at, rate_limits)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::text::jsonb)
+RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at, rate_limits::text;
 
 -- name: key_lookup
 -- The key of id $1 for a request, with the database's clock (read once per key per cache period).
-SELECT id, name, secret_hash, scopes, tenant_id, queues, expires_at, revoked_at, now() AS now
+SELECT id, name, secret_hash, scopes, tenant_id, queues, expires_at, revoked_at, rate_limits::text, now() AS now
 FROM api_keys WHERE id = $1;
 
 -- name: key_mark_used
@@ -713,23 +718,23 @@ SELECT EXISTS (
 );
 
 -- name: key_list
-SELECT id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at,
+SELECT id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at, rate_limits::text,
        (revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())) AS active
 FROM api_keys
 ORDER BY created_at DESC, id
 LIMIT $1;
 
 -- name: key_get
-SELECT id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at
+SELECT id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at, rate_limits::text
 FROM api_keys WHERE id = $1;
 
 -- name: key_revoke
 UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
 WHERE id = $1
-RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at;
+RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at, rate_limits::text;
 
 -- name: key_expire_at
 -- A rotated key keeps working until $2 (the overlap), unless it expires or is revoked sooner.
 UPDATE api_keys SET expires_at = least(expires_at, $2)
 WHERE id = $1 AND revoked_at IS NULL
-RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at;
+RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at, rate_limits::text;

@@ -336,15 +336,18 @@ class RedisStore:
             released = await self._release(keys=[key], args=[token])
         return bool(released)
 
-    async def rate_limit(self, bucket: str, per_second: float, burst: int) -> tuple[bool, int, float, float]:
-        """One request against the GCRA bucket ``bucket`` (``lua/rate_limit.lua``), on Redis's clock.
+    async def rate_limit(
+        self, bucket: str, per_second: float, burst: int, cost: int = 1
+    ) -> tuple[bool, int, float, float]:
+        """``cost`` requests (1..``burst``) against the GCRA bucket ``bucket`` (``lua/rate_limit.lua``), on
+        Redis's clock.
 
         :returns: ``(allowed, remaining, retry_after_seconds, reset_seconds)``.
         :raises StoreError: Redis failed.
         """
         with _Op("rate_limit"):
             allowed, remaining, retry_us, reset_us = await self._rate(
-                keys=[self.keys.rate_limit(bucket)], args=[round(1_000_000 / per_second), burst]
+                keys=[self.keys.rate_limit(bucket)], args=[round(1_000_000 / per_second), burst, cost]
             )
         return bool(allowed), int(remaining), int(retry_us) / 1e6, int(reset_us) / 1e6
 

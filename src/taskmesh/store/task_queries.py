@@ -70,6 +70,10 @@ class TaskQueries(Queries):
         """``task_exists``."""
         return bool(await self._fetchval("task_exists", task_id))
 
+    async def count_open_of_tenant(self, tenant_id: str, most: int) -> int:
+        """``task_count_open_of_tenant``: the tenant's queued or running tasks, at most ``most``."""
+        return int(await self._fetchval("task_count_open_of_tenant", tenant_id, most))
+
     async def owner(self, task_id: uuid.UUID) -> asyncpg.Record | None:
         """``task_owner``: ``tenant_id, queue`` of the task (``None``: no task has this id)."""
         return await self._fetchrow("task_owner", task_id)

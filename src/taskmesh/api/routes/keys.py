@@ -35,6 +35,9 @@ class CreateKey(BaseModel):
     expires_in_seconds: int | None = Field(default=None, gt=0, le=YEAR_SECONDS)
     tenant_id: str | None = Field(default=None, min_length=1, max_length=128)
     queues: list[str] | None = Field(default=None, min_length=1, max_length=api_keys.QUEUES_MOST)
+    rate_limits: dict[str, float] | None = Field(
+        default=None, description="Requests per second by class (read, write, admin), instead of the settings'."
+    )
 
 
 class RotateKey(BaseModel):
@@ -126,7 +129,13 @@ async def create_key(request: Request, stores: StoresDep) -> Response:
     scopes = [*api_keys.ROLES.get(req.role or "", ()), *req.scopes]
     tenant_id, queues = _within_caller(caller(request), scopes, req.tenant_id, req.queues)
     new = await api_keys.create(
-        stores.pg, req.name, scopes, tenant_id=tenant_id, queues=queues, expires_at=_expiry(req.expires_in_seconds)
+        stores.pg,
+        req.name,
+        scopes,
+        tenant_id=tenant_id,
+        queues=queues,
+        expires_at=_expiry(req.expires_in_seconds),
+        rate_limits=req.rate_limits,
     )
     return json_response({"key": new.key, **new.record, "state": "active"}, 201)
 

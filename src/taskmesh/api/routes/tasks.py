@@ -83,6 +83,7 @@ async def create_task(request: Request, tasks: TasksDep, state: StateDep) -> Res
     """
     spec = with_trace(parse_task_spec(await read_json(request, "payload")), request)
     spec = bind_to_reach(spec, reach_of(request), tasks)
+    await state.quotas.check(tasks.pg, tasks.redis, [spec])
     result = await tasks.enqueue(spec)
     body: dict[str, Any] = {"task_id": str(result.task_id), "status": result.status, "trace_id": result.trace_id}
     if not result.created:
@@ -174,6 +175,7 @@ async def create_batch(request: Request, tasks: TasksDep, state: StateDep) -> Re
     reach = reach_of(request)
     specs = [bind_to_reach(s, reach, tasks, f"tasks[{i}].") for s, i in zip(specs, positions, strict=True)]
     rejected = len(results) - len(specs)
+    await state.quotas.check(tasks.pg, tasks.redis, specs, [f"tasks[{i}]." for i in positions])
     if atomic and rejected:
         first = next(r for r in results if r)
         return problem(

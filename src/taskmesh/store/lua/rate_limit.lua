@@ -4,6 +4,7 @@
 -- KEYS[1] the bucket ({prefix}:ratelimit:{class}:{key id})
 -- ARGV[1] emission interval: microseconds between requests at the sustained rate (1e6 / rate)
 -- ARGV[2] burst: requests allowed at once after a quiet period (>= 1)
+-- ARGV[3] cost: how many requests (or tasks) this one counts for (1..burst)
 -- Returns {allowed 1|0, remaining requests now, retry after (us), until the bucket is full again (us)}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -13,7 +14,7 @@ local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then
   tat = now
 end
-local new_tat = tat + interval
+local new_tat = tat + interval * tonumber(ARGV[3] or 1)
 local allow_at = new_tat - tolerance
 if allow_at > now then
   return {0, 0, allow_at - now, tat - now}

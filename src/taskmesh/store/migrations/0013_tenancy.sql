@@ -14,3 +14,6 @@ CREATE INDEX tasks_tenant_open_idx ON tasks (tenant_id)
 -- from the answer. idempotency_key leads, so a search by dedup key still reads this index.
 CREATE UNIQUE INDEX tasks_dedup_key ON tasks (idempotency_key, (COALESCE(tenant_id, '')));
 DROP INDEX tasks_idempotency_key_key;
+
+-- A key's own request rates by class ({"read": 50, "write": 5}), instead of the settings'.
+ALTER TABLE api_keys ADD COLUMN rate_limits jsonb;

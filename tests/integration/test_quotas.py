@@ -1,0 +1,99 @@
+"""Tenants' quotas (issue 12): most open tasks, most payload bytes, tasks per second; each refusal
+names its quota and tenant, stores nothing, and leaves other tenants alone."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from taskmesh.config import TenantQuota
+from tests.conftest import http
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+async def no_keys_left(pool: asyncpg.Pool) -> AsyncIterator[None]:
+    yield
+    await pool.execute("TRUNCATE api_keys")
+
+
+async def test_max_queued_refuses_creates_beyond_it_and_frees_as_tasks_finish(
+    start_instance: Any, pool: asyncpg.Pool
+) -> None:
+    quotas = {"acme": TenantQuota(max_queued=3)}
+    async with start_instance(workers_enabled=False, tenant_quotas=quotas) as inst, http(inst) as client:
+        made = [await client.post("/api/v1/tasks", json={"name": "x", "tenant_id": "acme"}) for _ in range(3)]
+        over = await client.post("/api/v1/tasks", json={"name": "x", "tenant_id": "acme"})
+        batch = await client.post(
+            "/api/v1/tasks:batch", json={"tasks": [{"name": "x", "tenant_id": "acme"}, {"name": "x"}]}
+        )
+        other = await client.post("/api/v1/tasks", json={"name": "x", "tenant_id": "globex"})
+        await pool.execute("UPDATE tasks SET status = 'completed' WHERE id = $1::uuid", made[0].json()["task_id"])
+        freed = await client.post("/api/v1/tasks", json={"name": "x", "tenant_id": "acme"})
+    assert [m.status_code for m in made] == [201] * 3
+    assert over.status_code == 429 and over.headers["content-type"] == "application/problem+json"
+    assert over.json() == {
+        "type": "about:blank",
+        "title": "Quota exceeded",
+        "status": 429,
+        "detail": "tenant 'acme' has 3 tasks queued or running and its max_queued quota is 3: 1 more would exceed it",
+        "quota": "max_queued",
+        "tenant_id": "acme",
+    }
+    assert (batch.status_code, batch.json()["quota"]) == (429, "max_queued")
+    assert other.status_code == 201 and freed.status_code == 201
+    assert await pool.fetchval("SELECT count(*) FROM tasks WHERE tenant_id = 'acme'") == 4  # nothing half-stored
+    assert await pool.fetchval("SELECT count(*) FROM tasks WHERE tenant_id IS NULL") == 0
+
+
+async def test_max_payload_bytes_answers_413_naming_the_field(start_instance: Any, pool: asyncpg.Pool) -> None:
+    async with (
+        start_instance(workers_enabled=False, tenant_quota_default=TenantQuota(max_payload_bytes=100)) as inst,
+        http(inst) as client,
+    ):
+        small = await client.post("/api/v1/tasks", json={"name": "x", "tenant_id": "any", "payload": {"a": 1}})
+        big = await client.post("/api/v1/tasks", json={"name": "x", "tenant_id": "any", "payload": {"a": "b" * 200}})
+        in_batch = await client.post(
+            "/api/v1/tasks:batch",
+            json={"tasks": [{"name": "x", "tenant_id": "any"}, {"name": "x", "tenant_id": "any", "payload": "c" * 99}]},
+        )
+        untenanted = await client.post("/api/v1/tasks", json={"name": "x", "payload": {"a": "b" * 200}})
+    assert small.status_code == 201 and untenanted.status_code == 201
+    assert (big.status_code, big.json()["detail"], big.json()["quota"]) == (
+        413,
+        "payload: 208 bytes as JSON; tenant 'any' has a max_payload_bytes quota of 100",
+        "max_payload_bytes",
+    )
+    assert (in_batch.status_code, in_batch.json()["detail"]) == (
+        413,
+        "tasks[1].payload: 101 bytes as JSON; tenant 'any' has a max_payload_bytes quota of 100",
+    )
+    assert await pool.fetchval("SELECT count(*) FROM tasks WHERE tenant_id = 'any'") == 1
+
+
+async def test_enqueue_per_second_is_shared_by_instances_and_counts_tasks_not_requests(start_instance: Any) -> None:
+    quotas = {"acme": TenantQuota(enqueue_per_second=1.0)}
+    settings = {"workers_enabled": False, "tenant_quotas": quotas, "rate_limit_burst_seconds": 4.0}
+    async with start_instance(**settings) as first, start_instance(**settings) as second:
+        async with http(first) as one, http(second) as two:
+            batch = await one.post("/api/v1/tasks:batch", json={"tasks": [{"name": "x", "tenant_id": "acme"}] * 3})
+            single = await two.post("/api/v1/tasks", json={"name": "x", "tenant_id": "acme"})
+            over = await one.post("/api/v1/tasks", json={"name": "x", "tenant_id": "acme"})
+            too_big = await two.post("/api/v1/tasks:batch", json={"tasks": [{"name": "x", "tenant_id": "acme"}] * 5})
+    assert (batch.json()["created"], single.status_code) == (3, 201)
+    assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
+    assert over.json()["quota"] == "enqueue_per_second"
+    assert re.fullmatch(
+        r"tenant 'acme' may create 1 tasks per second \(bursts of 4\) and is over it; retry in \d+\.\d s",
+        over.json()["detail"],
+    )
+    assert (too_big.status_code, too_big.json()["detail"]) == (
+        429,
+        "5 tasks at once are more than tenant 'acme' may ever create at once (4, from its enqueue_per_second "
+        "quota of 1): send smaller batches",
+    )
