@@ -321,6 +321,8 @@ class Settings(BaseSettings):
     """Dead-lettered tasks are deleted after this many days (0 keeps them forever)."""
     retention_stats_days: float = Field(default=30, ge=0, le=36500, validation_alias=_aliases("retention_stats_days"))
     """Days the per-minute counts of ended runs (``queue_minutes``) are kept (0 keeps them forever)."""
+    retention_audit_days: float = Field(default=366, ge=0, le=36500, validation_alias=_aliases("retention_audit_days"))
+    """Days the audit log is kept: a month's partition is dropped once its last day is this old (0: kept)."""
     pg_pool_size: int = Field(default=10, ge=2, le=200, validation_alias=_aliases("pg_pool_size"))
     """Connections in this instance's PostgreSQL pool."""
     log_level: str = Field(default="info", validation_alias=_aliases("log_level"))

@@ -103,7 +103,7 @@ def parse_search(params: Iterable[tuple[str, str]]) -> tuple[SearchFilter, Order
     order = single.get("order", "desc")
     if order not in ("desc", "asc"):
         raise InvalidTaskError("order", "must be desc (newest first) or asc (oldest first)")
-    limit = _limit(single.get("limit"))
+    limit = parse_limit(single.get("limit"))
     search = SearchFilter(
         statuses=list(dict.fromkeys(statuses)),
         queue=single.get("queue"),
@@ -112,10 +112,10 @@ def parse_search(params: Iterable[tuple[str, str]]) -> tuple[SearchFilter, Order
         dedup_key=single.get("dedup_key"),
         payload=orjson.dumps(payload).decode() if payload else None,
         error=single.get("error"),
-        created_after=_time(single, "created_after"),
-        created_before=_time(single, "created_before"),
-        finished_after=_time(single, "finished_after"),
-        finished_before=_time(single, "finished_before"),
+        created_after=parse_time(single, "created_after"),
+        created_before=parse_time(single, "created_before"),
+        finished_after=parse_time(single, "finished_after"),
+        finished_before=parse_time(single, "finished_before"),
     )
     start = decode_cursor(single["cursor"], order) if "cursor" in single else START[order]
     return search, order, start, limit  # type: ignore[return-value]  # order is checked above
@@ -162,7 +162,11 @@ def decode_cursor(cursor: str, order: str) -> tuple[datetime, uuid.UUID]:
     return start
 
 
-def _limit(raw: str | None) -> int:
+def parse_limit(raw: str | None) -> int:
+    """A ``limit`` query parameter, 1..:data:`LIMIT_MAX` (default :data:`LIMIT_DEFAULT`).
+
+    :raises InvalidTaskError: anything else (422 naming ``limit``).
+    """
     if raw is None:
         return LIMIT_DEFAULT
     if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= LIMIT_MAX:
@@ -170,7 +174,11 @@ def _limit(raw: str | None) -> int:
     return int(raw)
 
 
-def _time(single: dict[str, str], key: str) -> datetime | None:
+def parse_time(single: dict[str, str], key: str) -> datetime | None:
+    """The RFC 3339 time of query parameter ``key`` in UTC (``None`` when absent).
+
+    :raises InvalidTaskError: not a time with an offset, or outside years 1..9999 in UTC (422 naming ``key``).
+    """
     raw = single.get(key)
     if raw is None:
         return None

@@ -406,7 +406,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
     | heartbeat | yes | workers enabled |
     | clock_sync | no | always |
     | delayed_mover, reclaimer, reconciler | yes | always |
-    | retention | no | a retention is set |
+    | retention | no | always (it also makes the audit log's months ahead) |
     | sampler | no | always |
     | operations | no | always |
     | enqueued_listener | no | always |
@@ -459,14 +459,20 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
         ),
     ]
     stats_seconds = s.retention_stats_days * 86400
-    if s.retention_seconds() or stats_seconds:
-        table.append(
-            ServiceSpec(
-                "retention",
-                partial(retention.run, p.stores.pg, p.stores.redis, s.retention_seconds(), stats_seconds=stats_seconds),
-                critical=False,
-            )
+    table.append(  # always: the audit log's months are made ahead by it
+        ServiceSpec(
+            "retention",
+            partial(
+                retention.run,
+                p.stores.pg,
+                p.stores.redis,
+                s.retention_seconds(),
+                stats_seconds=stats_seconds,
+                audit_keep_days=s.retention_audit_days,
+            ),
+            critical=False,
         )
+    )
     table.append(
         ServiceSpec(
             "sampler",

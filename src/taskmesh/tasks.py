@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from taskmesh import audit
 from taskmesh.errors import InvalidTaskError, StoreError, TaskNotFoundError
 from taskmesh.logs import get_logger
 from taskmesh.metrics import Metrics
@@ -135,7 +136,8 @@ class Tasks(TaskActions):
         :raises InvalidTaskError: a payload is not JSON-serialisable (nothing written).
         :raises StoreError: PostgreSQL failed; nothing was written.
         """
-        out, targets = await self.insert_many(self.pg, specs, field_prefix=field_prefix, task_type=task_type)
+        async with self.pg.changing() as pg:
+            out, targets = await self.insert_many(pg, specs, field_prefix=field_prefix, task_type=task_type)
         await self.push(targets)
         return out
 
@@ -273,6 +275,7 @@ class Tasks(TaskActions):
                 out.append(Enqueued(found_id, status, created=False, trace_id=found_trace))
                 if self.metrics:
                     self.metrics.task_deduplicated(queue)
+        _note_created(out, specs)
         return out, targets
 
     async def push(self, targets: Sequence[PushTarget]) -> None:
@@ -419,6 +422,17 @@ class Tasks(TaskActions):
             await self.redis.finished.announce(finished)
         except StoreError as exc:  # Postgres has it; the reconciler repairs Redis
             log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))
+
+
+def _note_created(out: Sequence[Enqueued], specs: Sequence[TaskSpec]) -> None:
+    """What a create tells the audit log (before its transaction commits; nothing outside a request)."""
+    tenants = sorted({s.tenant_id for s in specs if s.tenant_id is not None})
+    tenant = tenants[0] if len(tenants) == 1 else None
+    if len(out) == 1:
+        audit.note(resource_type="task", resource_id=str(out[0].task_id), tenant_id=tenant)
+        return
+    created = [str(o.task_id) for o in out if o.created]
+    audit.note(resource_type="task", tenant_id=tenant, details={"created": len(created), "sample": created[:10]})
 
 
 def _claimed(r: Any) -> ClaimedTask:

@@ -303,6 +303,16 @@ def key_route(suffix: str, status: int) -> Check:
     return check
 
 
+async def audit_log(c: httpx.AsyncClient, w: World) -> None:
+    own = await c.get("/api/v1/audit?limit=500", headers=bearer(w.key["acme"]))
+    assert own.status_code == 200 and own.json()["events"], own.text
+    assert {e["tenant_id"] for e in own.json()["events"]} == {"acme"}
+    everyone = await c.get("/api/v1/audit?limit=500", headers=bearer(w.key["admin"]))
+    assert {"acme", "globex"} <= {e["tenant_id"] for e in everyone.json()["events"]}
+    other = await c.get("/api/v1/audit?tenant_id=globex", headers=bearer(w.key["acme"]))
+    assert other.json() == {"events": [], "next_cursor": None}
+
+
 ROUTES: dict[tuple[str, str], list[Check]] = {
     ("POST", "/api/v1/tasks"): [create_task, dedup_is_per_tenant],
     ("POST", "/api/v1/tasks:batch"): [create_batch],
@@ -336,6 +346,7 @@ ROUTES: dict[tuple[str, str], list[Check]] = {
     ("POST", "/api/v1/keys"): [create_key],
     ("POST", "/api/v1/keys/{key_id}/revoke"): [key_route("/revoke", 200)],
     ("POST", "/api/v1/keys/{key_id}/rotate"): [key_route("/rotate", 201)],
+    ("GET", "/api/v1/audit"): [audit_log],
 }
 """A check of each route, both ways; the walk fails for a route of the document not listed here."""
 

@@ -21,11 +21,12 @@ from fastapi_offline import FastAPIOffline
 
 from taskmesh import __version__
 from taskmesh.api import errors
+from taskmesh.api.audit_trail import AuditTrail
 from taskmesh.api.auth import SCOPE_OF
 from taskmesh.api.hygiene import BrowserGuard
 from taskmesh.api.limits import BodyLimit
 from taskmesh.api.observe import ObserveRequests
-from taskmesh.api.routes import health, keys, queues, schedules, tasks, workers
+from taskmesh.api.routes import audit, health, keys, queues, schedules, tasks, workers
 from taskmesh.api.state import AppState
 
 __all__ = ["AppState", "create_app"]
@@ -44,12 +45,13 @@ def create_app(state: AppState, *, api_enabled: bool = True, allowed_hosts: Sequ
         description="Distributed task platform: durable state in PostgreSQL, dispatch through Redis.",
     )
     app.state.taskmesh = state
+    app.add_middleware(AuditTrail, state=state)  # innermost: the route's principal and status are known
     app.add_middleware(BodyLimit)
     app.add_middleware(BrowserGuard, allowed_hosts=allowed_hosts)  # before the body is read
     app.add_middleware(ObserveRequests, metrics=state.metrics)  # outermost: sees 400s, 413s and 415s too
     errors.install(app)
     if api_enabled:
-        for router in (tasks.router, queues.router, schedules.router, workers.router, keys.router):
+        for router in (tasks.router, queues.router, schedules.router, workers.router, keys.router, audit.router):
             _name_scopes(router)
             app.include_router(router)
     app.include_router(health.router)

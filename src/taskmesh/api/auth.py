@@ -77,11 +77,11 @@ async def authenticate(request: Request, state: AppState, scope: str, presented:
     if presented is None:
         presented = presented_key(request)
     principal = await state.keys.principal(state.stores.pg, presented)
+    request.state.principal = principal  # also for a refusal below: the audit log names the key
     if principal.key_id is not None:
         await _spend(state, principal, RATE_CLASSES[scope])
     if not principal.allows(scope):
         raise PermissionDeniedError(scope)
-    request.state.principal = principal
     return principal
 
 

@@ -7,6 +7,7 @@ A key is printed once, at creation, and never again: only its hash is stored.
 
 from __future__ import annotations
 
+import getpass
 import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -49,8 +50,11 @@ def duration(text: str, flag: str) -> timedelta:
     return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
 
 
-def _with_pg(action: Callable[[PgStore], Awaitable[T]]) -> T:
+def _with_pg(action: Callable[[PgStore], Awaitable[T]], audit_as: str | None = None) -> T:
     """Open PostgreSQL (``DATABASE_URL``), run ``action``, close it.
+
+    :param audit_as: record the action in the audit log under this name, as the ``cli`` actor
+        with the OS user (what ``action`` notes, and how it ended).
 
     :raises ConfigError: ``DATABASE_URL`` missing (exit 2).
     :raises StoreError: PostgreSQL refused or is down (exit 1 or 5).
@@ -68,7 +72,9 @@ def _with_pg(action: Callable[[PgStore], Awaitable[T]]) -> T:
     async def go() -> T:
         pg = await PgStore.connect(database_url, size=2)
         try:
-            return await action(pg)
+            if audit_as is None:
+                return await action(pg)
+            return await _audited(pg, action, audit_as)
         finally:
             await pg.close()
 
@@ -95,6 +101,25 @@ def _rates(given: list[str]) -> dict[str, float]:
         if not sep:
             raise typer.BadParameter(f"{item!r} is not <class>=<requests per second>", param_hint="'--rate-limit'")
     return rates
+
+
+async def _audited(pg: PgStore, action: Callable[[PgStore], Awaitable[T]], name: str) -> T:
+    """``action`` with its audit event: ``ok`` with what it noted, or ``error`` with why, then raised again."""
+    from taskmesh import audit
+
+    event = audit.AuditEvent(name, actor_type="cli", actor_id=getpass.getuser(), actor_name="taskmesh keys")
+    token = audit.CURRENT.set(event)
+    try:
+        result = await action(pg)
+    except Exception as exc:
+        event.outcome, event.details["error"] = "error", str(exc)[:500]
+        raise
+    finally:
+        audit.CURRENT.reset(token)
+        if event.outcome == "error" or event.resource_id is not None:
+            await audit.write(pg, event)
+            audit.emit(event)
+    return result
 
 
 @app.command("create")
@@ -149,11 +174,15 @@ def create(
     rates = _rates(rate_limit) if rate_limit else None
 
     async def go(pg: PgStore) -> api_keys.NewKey:
-        return await api_keys.create(
+        from taskmesh import audit
+
+        new = await api_keys.create(
             pg, name, scopes, tenant_id=tenant_id, queues=queue, expires_at=expires_at, rate_limits=rates
         )
+        audit.note(resource_type="key", resource_id=new.record["key_id"], tenant_id=tenant_id)
+        return new
 
-    new = _bad_input(lambda: _with_pg(go))
+    new = _bad_input(lambda: _with_pg(go, "key.create"))
     if json:
         print_json({"key": new.key, **new.record})
         return
@@ -222,9 +251,14 @@ def revoke(key_id: KeyId, json: common.StoresJson = False) -> None:
     from taskmesh import api_keys
 
     async def go(pg: PgStore) -> Any:
-        return await pg.keys.revoke(key_id)
+        from taskmesh import audit
 
-    row = _with_pg(go)
+        row = await pg.keys.revoke(key_id)
+        if row is not None:
+            audit.note(resource_type="key", resource_id=key_id, tenant_id=row["tenant_id"])
+        return row
+
+    row = _with_pg(go, "key.revoke")
     if row is None:
         note(f"taskmesh: error: no key has id {key_id}")
         raise typer.Exit(int(ExitCode.NOT_FOUND))
@@ -262,12 +296,16 @@ def rotate(
     expires_at = datetime.now(UTC) + duration(expires_in, "--expires-in") if expires_in else None
 
     async def go(pg: PgStore) -> tuple[api_keys.NewKey, str | None] | None:
+        from taskmesh import audit
+
         try:
-            return await api_keys.rotate(pg, key_id, window, expires_at=expires_at)
+            rotated = await api_keys.rotate(pg, key_id, window, expires_at=expires_at)
         except LookupError:
             return None
+        audit.note(resource_type="key", resource_id=key_id, details={"new_key_id": rotated[0].record["key_id"]})
+        return rotated
 
-    rotated = _with_pg(go)
+    rotated = _with_pg(go, "key.rotate")
     if rotated is None:
         note(f"taskmesh: error: no active key has id {key_id} (revoked, expired or unknown)")
         raise typer.Exit(int(ExitCode.NOT_FOUND))

@@ -15,8 +15,12 @@ Logs ``tasks_deleted`` with counts per state.
 
 from __future__ import annotations
 
+from taskmesh import audit
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.store import PgStore, RedisStore
+
+AUDIT_MONTHS_AHEAD = 2
+"""Months of audit partitions made ahead of the current one."""
 
 
 async def run_once(
@@ -26,14 +30,25 @@ async def run_once(
     stats_seconds: float = 0,
     batch: int = 1000,
     max_batches: int = 50,
+    audit_keep_days: float | None = None,
 ) -> Counts:
-    """Delete what is due; returns counts by state (and ``queue_minutes`` rows).
+    """Delete what is due; returns counts by state (and ``queue_minutes`` rows, audit partitions).
 
     :param retention: seconds after which a task in each finished state is deleted.
     :param stats_seconds: seconds after which a ``queue_minutes`` row is deleted (0: kept).
+    :param audit_keep_days: make the audit log's months ahead and drop those past this many days
+        (0: drop none; ``None``: leave the audit log alone).
     :raises StoreError: PostgreSQL failed.
     """
     deleted: dict[str, int] = {}
+    if audit_keep_days is not None:
+        changed = await pg.audit.partitions(audit_keep_days, AUDIT_MONTHS_AHEAD)
+        dropped = [name[1:] for name in changed if name.startswith("-")]
+        if dropped:
+            deleted["audit_partitions"] = len(dropped)
+            event = audit.AuditEvent("audit.drop_partitions", actor_type="system", details={"dropped": dropped})
+            await audit.write(pg, event)
+            audit.emit(event)
     for status, seconds in retention.items():
         for _ in range(max_batches):
             n = await pg.tasks.delete_finished(status, seconds, batch)
@@ -50,13 +65,18 @@ async def run_once(
 
 
 async def tick(
-    pg: PgStore, redis: RedisStore, retention: dict[str, float], interval: float, stats_seconds: float = 0
+    pg: PgStore,
+    redis: RedisStore,
+    retention: dict[str, float],
+    interval: float,
+    stats_seconds: float = 0,
+    audit_keep_days: float | None = None,
 ) -> Counts:
     """One pass when this instance takes the lock (else nothing)."""
     token = await redis.try_lock(redis.keys.lock("retention"), int(interval * 1000))
     if token is None:
         return {}
-    return await run_once(pg, retention, stats_seconds=stats_seconds)
+    return await run_once(pg, retention, stats_seconds=stats_seconds, audit_keep_days=audit_keep_days)
 
 
 async def run(
@@ -66,11 +86,12 @@ async def run(
     *,
     interval: float = 60.0,
     stats_seconds: float = 0,
+    audit_keep_days: float | None = None,
 ) -> None:
     """Tick for ever (cancelled by the supervisor)."""
     await run_periodic(
         "retention",
-        lambda: tick(pg, redis, retention, interval, stats_seconds),
+        lambda: tick(pg, redis, retention, interval, stats_seconds, audit_keep_days),
         interval=interval,
         first_delay=interval,
         event="tasks_deleted",

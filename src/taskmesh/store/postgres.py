@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -29,6 +30,7 @@ import asyncpg
 
 from taskmesh.errors import MigrationError
 from taskmesh.logs import get_logger
+from taskmesh.store.audit_queries import AuditQueries
 from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
 from taskmesh.store.key_queries import KeyQueries
 from taskmesh.store.operation_queries import OperationQueries
@@ -38,6 +40,12 @@ from taskmesh.store.search_queries import SearchQueries
 from taskmesh.store.sql import Executor, queries
 from taskmesh.store.task_queries import TaskQueries
 from taskmesh.store.worker_queries import WorkerQueries
+
+BEFORE_COMMIT: ContextVar[Callable[[PgStore], Awaitable[None]] | None] = ContextVar(
+    "taskmesh_before_commit", default=None
+)
+"""A step every transaction of the current context runs just before it commits (the audit log's row:
+``taskmesh.audit``); ``None``: none."""
 
 __all__ = ["Listener", "PgStore", "migrate", "migrate_url", "migrations", "queries"]
 
@@ -78,6 +86,7 @@ class PgStore:
         self.search = SearchQueries(ex)
         self.operations = OperationQueries(ex)
         self.keys = KeyQueries(ex)
+        self.audit = AuditQueries(ex)
 
     @classmethod
     async def connect(cls, database_url: str, size: int = 10) -> PgStore:
@@ -145,9 +154,27 @@ class PgStore:
                         f"{lock_timeout_ms or 0}ms",
                         f"{idle_timeout_ms or 0}ms",
                     )
-                yield PgStore(self.pool, conn)
+                tx = PgStore(self.pool, conn)
+                yield tx
+                hook = BEFORE_COMMIT.get()
+                if hook is not None:
+                    await hook(tx)
         except POSTGRES_ERRORS as exc:
             raise postgres_error("transaction", exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def changing(self) -> AsyncIterator[PgStore]:
+        """Where a change is made: a transaction when the current context records its changes
+        (:data:`BEFORE_COMMIT` is set: an API request, whose audit row then commits with the change),
+        else this store as it is (each statement commits alone, with no extra round trips).
+
+        :raises StoreError: as :meth:`transaction`.
+        """
+        if BEFORE_COMMIT.get() is None or self._ex is not self.pool:
+            yield self
+            return
+        async with self.transaction() as tx:
+            yield tx
 
     async def ping(self, timeout: float | None = None) -> None:  # noqa: ASYNC109  # asyncpg's own, see below
         """``SELECT 1``.

@@ -738,3 +738,34 @@ RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_a
 UPDATE api_keys SET expires_at = least(expires_at, $2)
 WHERE id = $1 AND revoked_at IS NULL
 RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at, rate_limits::text;
+
+-- ======================================================================
+-- audit log (issue 12): append-only, partitioned by month (migration 0014).
+-- ======================================================================
+
+-- name: audit_insert
+INSERT INTO audit_events (actor_type, actor_id, actor_name, tenant_id, action, resource_type, resource_id,
+                          outcome, status, reason, trace_id, client_addr, user_agent, details)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::text::jsonb)
+RETURNING id, at;
+
+-- name: audit_page
+-- Newest first, after the keyset cursor ($1 at, $2 id), with the filters that are not null;
+-- a tenant's own events through audit_events_tenant_idx, a key's through audit_events_actor_idx.
+SELECT id, at, actor_type, actor_id, actor_name, tenant_id, action, resource_type, resource_id, outcome,
+       status, reason, trace_id, client_addr, user_agent, details::text AS details
+FROM audit_events
+WHERE (at, id) < ($1::timestamptz, $2::bigint)
+  AND ($3::text IS NULL OR tenant_id = $3)
+  AND ($4::text IS NULL OR actor_id = $4)
+  AND ($5::text IS NULL OR action = $5)
+  AND ($6::text IS NULL OR outcome = $6)
+  AND ($7::text IS NULL OR resource_type = $7)
+  AND ($8::text IS NULL OR resource_id = $8)
+  AND ($9::timestamptz IS NULL OR at >= $9)
+ORDER BY at DESC, id DESC
+LIMIT $10;
+
+-- name: audit_partitions
+-- Make the months ahead, drop those past retention ($1 days; 0 keeps all).
+SELECT taskmesh_audit_partitions($1, $2);

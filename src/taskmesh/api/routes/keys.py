@@ -9,12 +9,13 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from taskmesh import api_keys
+from taskmesh import api_keys, audit
 from taskmesh.api.auth import caller, reach_of, require
 from taskmesh.api.deps import StoresDep, body_schema, json_response, parse_body
 from taskmesh.api.principals import Principal
 from taskmesh.api.problems import problem, problem_responses
 from taskmesh.errors import BeyondReachError, InvalidTaskError
+from taskmesh.store import PgStore
 
 router = APIRouter()
 
@@ -128,8 +129,16 @@ async def create_key(request: Request, stores: StoresDep) -> Response:
     req = await parse_body(request, CreateKey)
     scopes = [*api_keys.ROLES.get(req.role or "", ()), *req.scopes]
     tenant_id, queues = _within_caller(caller(request), scopes, req.tenant_id, req.queues)
+    async with stores.pg.changing() as pg:
+        new = await _create(pg, req, scopes, tenant_id, queues)
+    return json_response({"key": new.key, **new.record, "state": "active"}, 201)
+
+
+async def _create(
+    pg: PgStore, req: CreateKey, scopes: list[str], tenant_id: str | None, queues: list[str] | None
+) -> api_keys.NewKey:
     new = await api_keys.create(
-        stores.pg,
+        pg,
         req.name,
         scopes,
         tenant_id=tenant_id,
@@ -137,7 +146,12 @@ async def create_key(request: Request, stores: StoresDep) -> Response:
         expires_at=_expiry(req.expires_in_seconds),
         rate_limits=req.rate_limits,
     )
-    return json_response({"key": new.key, **new.record, "state": "active"}, 201)
+    audit.note(
+        resource_type="key",
+        resource_id=new.record["key_id"],
+        details={"name": req.name, "scopes": new.record["scopes"], "tenant_id": tenant_id, "queues": queues},
+    )
+    return new
 
 
 @router.post(

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
+from taskmesh import audit
 from taskmesh.api.auth import check_queue_reach, platform_wide, reach_of, require
 from taskmesh.api.deps import QueuePath, StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
 from taskmesh.api.problems import problem_responses
@@ -83,7 +84,9 @@ async def pause_queue(queue: QueuePath, request: Request, stores: StoresDep) -> 
     req = await parse_body(request, PauseRequest, optional=True)
     if req.reason is not None:
         check_json(req.reason, "reason")
-    row = await stores.pg.queues.pause(queue, req.reason)
+    audit.note(reason=req.reason)
+    async with stores.pg.changing() as pg:
+        row = await pg.queues.pause(queue, req.reason)
     log.info("queue_paused", queue=queue, reason=req.reason)
     return json_response(pause_to_dict(queue, row))
 
@@ -99,7 +102,8 @@ async def resume_queue(queue: QueuePath, request: Request, stores: StoresDep) ->
     check_queue(queue)
     platform_wide(request, "queues:admin", "resuming a queue")
     check_queue_reach(request, queue)
-    await stores.pg.queues.resume(queue)
+    async with stores.pg.changing() as pg:
+        await pg.queues.resume(queue)
     log.info("queue_resumed", queue=queue)
     return json_response(pause_to_dict(queue, None))
 
@@ -150,6 +154,7 @@ async def replay(queue: QueuePath, request: Request, tasks: TasksDep) -> Respons
     check_queue_reach(request, queue)
     req = await parse_body(request, ReplayRequest, optional=True)
     tenant = reach_of(request).tenant_id
+    audit.note(details={"count": req.count, "ids": None if req.ids is None else [str(i) for i in req.ids[:10]]})
     ids = await tasks.replay(queue, req.count or 1, req.override_priority, ids=req.ids, tenant_id=tenant)
     answer: dict[str, Any] = {"queue": queue, "count": len(ids), "replayed": ids}
     if req.ids is not None:

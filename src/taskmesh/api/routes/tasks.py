@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from taskmesh import audit
 from taskmesh.api.auth import demand, reach_of, require
 from taskmesh.api.deps import (
     OperationIdPath,
@@ -361,11 +362,14 @@ async def bulk(request: Request, stores: StoresDep) -> Response:
         check_json(req.reason, "reason")
     reach = reach_of(request)
     narrowed = reach.narrow(f)
+    audit.note(reason=req.reason, read_only=req.dry_run, details={"action": req.action.value, "filter": req.filter})
     if req.dry_run:
         counted = NOTHING_MATCHED if narrowed is None else await bulk_dry_run(stores.pg, narrowed)
         return json_response({"action": req.action.value, **counted})
     demand(request, BULK_SCOPES[req.action])
-    op = await bulk_start(stores.pg, req, reach)
+    async with stores.pg.changing() as pg:
+        op = await bulk_start(pg, req, reach)
+        audit.note(resource_type="operation", resource_id=op["operation_id"])
     log.info("operation_started", operation_id=op["operation_id"], action=op["action"], reason=req.reason)
     return json_response(op, 202, headers={"Location": f"/api/v1/operations/{op['operation_id']}"})
 
