@@ -75,8 +75,10 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "run_finish_many": (one, one, ["succeeded"], [None], ['"ok"'], [0.0], [None], "w-1"),
         "run_reclaim_expired": (30.0, 500),
         "worker_heartbeat": ("w-1", "h", 1, "{}", "v", "running", 30.0, one, ["a.job"]),
-        "task_list_failed_with_latest_run": ("default", 1000),
-        "task_lock_oldest_failed": ("default", 10),
+        "task_list_failed_with_latest_run": ("default", 1000, None),
+        "task_lock_oldest_failed": ("default", 10, None),
+        "task_count_open_of_tenant": ("t", 10_000),
+        "task_owner": (ids[0],),
         "task_list_queued_after": ("default", now, ids[0], 5.0, 1000),
         "task_list_failed_ids": ("default", 1000),
         "task_count_queued": (["default"],),
@@ -88,7 +90,7 @@ def hot_queries(ids: list[uuid.UUID]) -> dict[str, tuple[Any, ...]]:
         "task_sample_oldest_ready_age": ("default",),
         "task_count_queued_unserved": (["default"], 10_000),
         "task_lock_status": (ids[0],),
-        "task_requeue": (ids, ["failed", "cancelled"], None, None, None),
+        "task_requeue": (ids, ["failed", "cancelled"], None, None, None, None),
         "task_delete_one_finished": (ids[0],),
         "queue_get_pause": ("default",),
         "queue_list_known": (),
@@ -117,7 +119,7 @@ def search_queries() -> dict[str, tuple[Any, ...]]:
     for key, value in values.items():
         for order, (at, tid) in start.items():
             head = (value, datetime.min, datetime.max, at, tid, 10_000)
-            out[f"search_page:{key}:{order}"] = (*head, ["failed"], None, None, None, "fire", None, None, 50)
+            out[f"search_page:{key}:{order}"] = (*head, ["failed"], None, None, None, "fire", None, None, None, 50)
             out[f"search_window_end:{key}:{order}"] = head
     return out
 
