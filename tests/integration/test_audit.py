@@ -141,6 +141,7 @@ async def test_the_audit_route_filters_pages_and_needs_audit_read(
         denied = await client.get("/api/v1/audit?outcome=denied", headers=bearer(admin))
         bad = await client.get("/api/v1/audit?outcome=maybe&colour=red", headers=bearer(admin))
         bad_cursor = await client.get("/api/v1/audit?cursor=xyz", headers=bearer(admin))
+        nul = await client.get("/api/v1/audit?action=%00", headers=bearer(admin))
     assert refused.status_code == 403
     assert [e["resource_id"] for e in first.json()["events"]] == ["c", "b"]
     assert [e["resource_id"] for e in second.json()["events"]] == ["a"] and second.json()["next_cursor"] is None
@@ -148,6 +149,7 @@ async def test_the_audit_route_filters_pages_and_needs_audit_read(
     assert [e["action"] for e in denied.json()["events"]] == ["GET /api/v1/audit"]
     assert (bad.status_code, bad.json()["detail"]) == (422, "colour: unknown filter")
     assert (bad_cursor.status_code, bad_cursor.json()["detail"]) == (422, "cursor: is not a cursor of the audit log")
+    assert (nul.status_code, nul.json()["detail"]) == (422, "action: contains a NUL character")
 
 
 async def test_keys_made_with_the_cli_are_recorded_as_the_os_user(database_url: str, pool: asyncpg.Pool) -> None:

@@ -54,6 +54,7 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
         "/api/v1/schedules/{name}/pause",
         "/api/v1/schedules/{name}/resume",
         "/api/v1/keys",
+        "/api/v1/audit",
         "/api/v1/keys/{key_id}/revoke",
         "/api/v1/keys/{key_id}/rotate",
         "/healthz",
@@ -144,7 +145,7 @@ async def test_every_api_route_documents_its_errors_as_problems_and_the_search_i
                 content = operation["responses"][str(status)]["content"]
                 assert set(content) == {"application/problem+json"}, (where, status)
             checked += 1
-    assert checked == 26
+    assert checked == 27
     search = spec["paths"]["/api/v1/tasks"]["get"]
     assert {p["name"] for p in search["parameters"]} == {*FILTERS, "payload.{path}"}
 

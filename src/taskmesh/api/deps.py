@@ -90,10 +90,26 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
 
 
 def body_schema(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
-    """``openapi_extra`` declaring a JSON request body of ``model`` (the routes parse bodies themselves)."""
-    return {
-        "requestBody": {"required": required, "content": {"application/json": {"schema": model.model_json_schema()}}}
-    }
+    """``openapi_extra`` declaring a JSON request body of ``model`` (the routes parse bodies themselves).
+
+    The model's ``$defs`` are put in place of their references: a ``#/$defs/…`` reference would
+    point nowhere inside the OpenAPI document.
+    """
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": _inline(schema, defs)}}}}
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    """``node`` with every ``{"$ref": "#/$defs/X"}`` replaced by ``defs[X]`` (the models are not recursive)."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline(defs[ref.removeprefix("#/$defs/")], defs)
+        return {k: _inline(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    return node
 
 
 async def read_json(request: Request, nested_field: str) -> Any:

@@ -16,6 +16,7 @@ from taskmesh.api.problems import problem_responses
 from taskmesh.errors import InvalidTaskError
 from taskmesh.search import parse_limit, parse_time
 from taskmesh.store.search_queries import INFINITY
+from taskmesh.validation import check_json
 
 router = APIRouter()
 
@@ -99,6 +100,7 @@ async def list_audit(request: Request, stores: StoresDep) -> Response:
     for name in FILTERS:
         if len(single.get(name, "")) > 200:
             raise InvalidTaskError(name, "must be at most 200 characters")
+        check_json(single.get(name), name)  # a NUL character, which PostgreSQL cannot compare
     limit = parse_limit(single.get("limit"))
     since = parse_time(single, "since")
     start = _cursor(single["cursor"]) if "cursor" in single else (INFINITY, LAST_ID)

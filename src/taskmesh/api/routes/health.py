@@ -6,10 +6,11 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from taskmesh.api.auth import authenticate, platform_wide
 from taskmesh.api.deps import StateDep, json_response
+from taskmesh.api.problems import problem_responses
 from taskmesh.errors import StoreError
 
 router = APIRouter()
@@ -23,7 +24,11 @@ async def healthz() -> Response:
     return json_response({"status": "ok"})
 
 
-@router.get("/readyz", summary="Readiness: 200 only when PostgreSQL and Redis answer and no critical service is down")
+@router.get(
+    "/readyz",
+    summary="Readiness: 200 only when PostgreSQL and Redis answer and no critical service is down",
+    responses={503: {"description": "Not ready: the same body with `ready: false`, naming what is down"}},
+)
 async def readyz(state: StateDep) -> Response:
     """200 when both stores answer within a second, the instance is not draining and no critical
     service is restarting or failed; 503 otherwise. Services not running are named in ``services``."""
@@ -69,7 +74,15 @@ async def readyz_head(state: StateDep) -> Response:
     return Response(status_code=(await readyz(state)).status_code)
 
 
-@router.get("/metrics", summary="Prometheus metrics (gauges of stores sampled by the sampler, not per scrape)")
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (gauges of stores sampled by the sampler, not per scrape)",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "The exposition text"},
+        **{k: v for k, v in problem_responses().items() if k in (401, 403, 503)},
+    },
+)
 async def metrics(request: Request, state: StateDep) -> Response:
     """The exposition text; with ``metrics_auth = "scope"``, only for a key with ``metrics:read``."""
     if state.metrics_protected:

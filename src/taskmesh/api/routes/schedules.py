@@ -54,7 +54,10 @@ async def get_schedule(name: SchedulePath, request: Request, schedules: Schedule
 @router.post(
     "/api/v1/schedules/{name}/trigger",
     dependencies=[Depends(require("schedules:admin"))],
-    responses=problem_responses(400, 404, 413, 422),
+    responses={
+        200: {"description": "The idempotency_key already made a task: that task, `created: false`"},
+        **problem_responses(400, 404, 413, 422),
+    },
     status_code=201,
     openapi_extra=body_schema(TriggerRequest, required=False),
     summary="Fire a schedule now (201; 200 when the given idempotency_key already made a task)",

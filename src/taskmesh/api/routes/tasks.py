@@ -70,7 +70,10 @@ class Created(BaseModel):
 @router.post(
     "/api/v1/tasks",
     dependencies=[Depends(require("tasks:write"))],
-    responses=problem_responses(400, 413, 422),
+    responses={
+        200: {"description": "The dedup_key repeats: the existing task, `deduplicated: true`", "model": Created},
+        **problem_responses(400, 413, 422),
+    },
     status_code=201,
     response_model=Created,
     openapi_extra=body_schema(TaskSpec),
@@ -398,7 +401,10 @@ async def get_operation(operation_id: OperationIdPath, request: Request, stores:
 @router.post(
     "/api/v1/tasks/{task_id}/cancel",
     dependencies=[Depends(require("tasks:cancel"))],
-    responses=problem_responses(404, 409, 422),
+    responses={
+        202: {"description": "A running task: its worker is asked to cancel it (`cancel_requested: true`)"},
+        **problem_responses(404, 409, 422),
+    },
     summary="Cancel a task: a queued one never runs (200), a running one is cancelled on its worker (202)",
 )
 async def cancel_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> Response:
