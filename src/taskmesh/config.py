@@ -80,6 +80,12 @@ class TenantQuota(BaseModel):
     enqueue_per_second: StrictFloat | None = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
     """Tasks the tenant may create per second, over every key and instance, with bursts of
     ``rate_limit_burst_seconds`` of it (429 with ``Retry-After``)."""
+    read_per_second: StrictFloat | None = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
+    """Read requests per second of all the tenant's keys together (each key keeps its own limit too)."""
+    write_per_second: StrictFloat | None = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
+    """Write requests per second of all the tenant's keys together."""
+    admin_per_second: StrictFloat | None = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
+    """Admin requests per second of all the tenant's keys together."""
 
 
 class ScheduleSettings(BaseModel):

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from taskmesh import api_keys
 from taskmesh.config import TenantQuota
 from tests.conftest import http
 
@@ -97,3 +98,25 @@ async def test_enqueue_per_second_is_shared_by_instances_and_counts_tasks_not_re
         "5 tasks at once are more than tenant 'acme' may ever create at once (4, from its enqueue_per_second "
         "quota of 1): send smaller batches",
     )
+
+
+async def test_a_tenants_request_budget_holds_however_many_keys_it_has(start_instance: Any, stores: Any) -> None:
+    keys = [(await api_keys.create(stores.pg, f"acme-{i}", ["tasks:read"], tenant_id="acme")).key for i in range(3)]
+    other = (await api_keys.create(stores.pg, "globex", ["tasks:read"], tenant_id="globex")).key
+    quotas = {"acme": TenantQuota(read_per_second=1.0)}
+    settings = {"workers_enabled": False, "tenant_quotas": quotas, "rate_limit_burst_seconds": 3.0}
+    async with start_instance(**settings) as inst, http(inst) as client:
+        codes = [
+            (await client.get("/api/v1/tasks", headers={"Authorization": f"Bearer {keys[i % 3]}"})).status_code
+            for i in range(6)
+        ]
+        refused = await client.get("/api/v1/tasks", headers={"Authorization": f"Bearer {keys[0]}"})
+        theirs = await client.get("/api/v1/tasks", headers={"Authorization": f"Bearer {other}"})
+    # Bursts of three for the whole tenant, not three per key.
+    assert codes[:3] == [200] * 3 and 429 in codes[3:], codes
+    assert refused.status_code == 429 and refused.headers["ratelimit-policy"] == '"read";q=3;w=3'
+    assert re.fullmatch(
+        r"tenant 'acme' made more than 1 read requests per second \(bursts of 3\); retry in \d+\.\d s",
+        refused.json()["detail"],
+    )
+    assert theirs.status_code == 200

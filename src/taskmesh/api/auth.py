@@ -86,31 +86,44 @@ async def authenticate(request: Request, state: AppState, scope: str, presented:
 
 
 async def _spend(state: AppState, principal: Principal, name: str) -> None:
-    """One request of class ``name`` against the key's budget, shared by every instance through Redis.
+    """One request of class ``name`` against the key's budget, and against its tenant's when the tenant's
+    quota sets one (``read_per_second``, ...), each shared by every instance through Redis.
 
-    The key's own rate of the class (``rate_limits``) wins over the settings'.
+    The key's own rate of the class (``rate_limits``) wins over the settings'. A tenant's budget
+    holds however many keys the tenant has.
 
     A Redis that does not answer lets the request through (logged): the limit protects the
     platform, and refusing everything during an outage would not.
 
-    :raises RateLimitedError: the budget is spent (429).
+    :raises RateLimitedError: a budget is spent (429).
     """
     key_id = principal.key_id
     own = (principal.rate_limits or {}).get(name)
     policy = state.rate_policies.get(name) if own is None else RatePolicy.of(own, state.rate_burst_seconds)
-    if policy is None or state.stores is None or key_id is None:
+    if state.stores is None or key_id is None:
         return
-    try:
-        allowed, _, retry_after, reset = await state.stores.redis.rate_limit(
-            f"{name}:{key_id}", policy.per_second, policy.burst
+    if policy is not None:
+        await _spend_bucket(state, f"{name}:{key_id}", f"the key {key_id}", name, policy)
+    quota = None if principal.tenant_id is None else state.quotas.of(principal.tenant_id)
+    tenant_rate = None if quota is None else getattr(quota, f"{name}_per_second")
+    if tenant_rate is not None:
+        tenant_policy = RatePolicy.of(tenant_rate, state.rate_burst_seconds)
+        await _spend_bucket(
+            state, f"{name}:tenant:{principal.tenant_id}", f"tenant {principal.tenant_id!r}", name, tenant_policy
         )
+
+
+async def _spend_bucket(state: AppState, bucket: str, who: str, name: str, policy: RatePolicy) -> None:
+    assert state.stores is not None
+    try:
+        allowed, _, retry_after, reset = await state.stores.redis.rate_limit(bucket, policy.per_second, policy.burst)
     except StoreError as exc:
-        log.warning("rate_limit_unchecked", key_id=key_id, error=str(exc))
+        log.warning("rate_limit_unchecked", bucket=bucket, error=str(exc))
         return
     if not allowed:
         raise RateLimitedError(
-            f"the key {key_id} made more than {policy.per_second:g} {name} requests per second "
-            f"(bursts of {policy.burst}); retry in {retry_after:.1f} s",
+            f"{who} made more than {policy.per_second:g} {name} requests per second "
+            f"(bursts of {policy.burst}); retry in {max(retry_after, 0.1):.1f} s",
             name,
             policy.header(name),
             retry_after,
