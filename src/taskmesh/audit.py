@@ -11,15 +11,18 @@ Every event is also one JSON log line (``audit``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from taskmesh.errors import StoreError
 from taskmesh.logs import get_logger
 from taskmesh.store import PgStore
+from taskmesh.store.postgres import BEFORE_COMMIT
 
 log = get_logger("taskmesh.audit")
 
@@ -123,3 +126,31 @@ async def write_before_commit(tx: PgStore) -> None:
 def emit(event: AuditEvent) -> None:
     """The event's JSON log line."""
     log.info("audit", **event.log_fields())
+
+
+@contextlib.asynccontextmanager
+async def recorded(pg: PgStore, event: AuditEvent) -> AsyncIterator[AuditEvent]:
+    """Record ``event`` for a block outside the API (the CLI's direct commands).
+
+    The block's first committed transaction carries the row; a block without one gets it
+    written after. A block that raises is recorded as ``error`` with why, and the exception
+    goes on. A block that noted no resource (it found nothing to act on) is not recorded.
+    """
+    event_token = CURRENT.set(event)
+    hook_token = BEFORE_COMMIT.set(write_before_commit)
+    try:
+        yield event
+    except Exception as exc:
+        event.outcome, event.details["error"] = "error", str(exc)[:500]
+        event.written = False  # a change that committed before the failure keeps its own row
+        raise
+    finally:
+        BEFORE_COMMIT.reset(hook_token)
+        CURRENT.reset(event_token)
+        if event.outcome == "error" or event.resource_id is not None:
+            if not event.written:
+                try:
+                    await write(pg, event)
+                except StoreError as exc:
+                    log.warning("audit_unwritten", action=event.action, error=str(exc))
+            emit(event)

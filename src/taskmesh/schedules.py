@@ -36,6 +36,7 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
+from taskmesh import audit
 from taskmesh.config import MISFIRE_ALL_CAP, ScheduleSettings
 from taskmesh.cron import CronSpec
 from taskmesh.errors import CronSpecError, InvalidTaskError, ScheduleNotFoundError
@@ -441,6 +442,7 @@ class Schedules:
         if row is None or not reach.sees(row["tenant_id"], row["queue"] or ""):
             raise ScheduleNotFoundError(name)
         key = f"cron:{name}:trigger:{idempotency_key or uuid.uuid4()}"
+        audit.note(resource_type="schedule", resource_id=name, tenant_id=row["tenant_id"])
         [result] = await self.tasks.enqueue_many([self._spec_for(row, key)], field_prefix="", task_type=TaskType.CRON)
         if result.created:
             await self.pg.schedules.set_last_task(name, result.task_id)

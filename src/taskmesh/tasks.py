@@ -425,14 +425,24 @@ class Tasks(TaskActions):
 
 
 def _note_created(out: Sequence[Enqueued], specs: Sequence[TaskSpec]) -> None:
-    """What a create tells the audit log (before its transaction commits; nothing outside a request)."""
-    tenants = sorted({s.tenant_id for s in specs if s.tenant_id is not None})
-    tenant = tenants[0] if len(tenants) == 1 else None
-    if len(out) == 1:
-        audit.note(resource_type="task", resource_id=str(out[0].task_id), tenant_id=tenant)
+    """What a create tells the audit log (before its transaction commits; nothing outside a request).
+
+    The task is the event's resource, unless the event already has one (a schedule's trigger):
+    then its id goes into the details.
+    """
+    event = audit.CURRENT.get()
+    if event is None:
         return
-    created = [str(o.task_id) for o in out if o.created]
-    audit.note(resource_type="task", tenant_id=tenant, details={"created": len(created), "sample": created[:10]})
+    tenants = sorted({s.tenant_id for s in specs if s.tenant_id is not None})
+    event.tenant_id = event.tenant_id or (tenants[0] if len(tenants) == 1 else None)
+    if len(out) == 1 and event.resource_type is None:
+        event.resource_type, event.resource_id = "task", str(out[0].task_id)
+    elif len(out) == 1:
+        event.details["task_id"] = str(out[0].task_id)
+    else:
+        created = [str(o.task_id) for o in out if o.created]
+        event.resource_type = event.resource_type or "task"
+        event.details.update({"created": len(created), "sample": created[:10]})
 
 
 def _claimed(r: Any) -> ClaimedTask:

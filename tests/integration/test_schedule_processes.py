@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
@@ -99,3 +100,13 @@ async def test_the_cli_lists_pauses_resumes_and_triggers(
     assert (missing.returncode, missing.stderr.strip()) == (3, "taskmesh: error: schedule 'nope' not found")
     no_name = cli("pause")
     assert no_name.returncode == 2 and "Missing argument 'NAME'" in no_name.stderr, no_name.stderr
+    recorded = await pool.fetch(
+        "SELECT actor_type, actor_id, action, resource_id, outcome, status FROM audit_events ORDER BY at, id"
+    )
+    user = getpass.getuser()
+    assert [tuple(r) for r in recorded] == [  # in each change's own transaction where it has one
+        ("cli", user, "schedule.pause", "nightly-report", "ok", None),
+        ("cli", user, "schedule.resume", "nightly-report", "ok", None),
+        ("cli", user, "schedule.trigger", "nightly-report", "ok", None),
+        ("cli", user, "schedule.trigger", "nope", "error", None),
+    ]

@@ -104,22 +104,12 @@ def _rates(given: list[str]) -> dict[str, float]:
 
 
 async def _audited(pg: PgStore, action: Callable[[PgStore], Awaitable[T]], name: str) -> T:
-    """``action`` with its audit event: ``ok`` with what it noted, or ``error`` with why, then raised again."""
+    """``action`` recorded in the audit log as the ``cli`` actor with the OS user."""
     from taskmesh import audit
 
     event = audit.AuditEvent(name, actor_type="cli", actor_id=getpass.getuser(), actor_name="taskmesh keys")
-    token = audit.CURRENT.set(event)
-    try:
-        result = await action(pg)
-    except Exception as exc:
-        event.outcome, event.details["error"] = "error", str(exc)[:500]
-        raise
-    finally:
-        audit.CURRENT.reset(token)
-        if event.outcome == "error" or event.resource_id is not None:
-            await audit.write(pg, event)
-            audit.emit(event)
-    return result
+    async with audit.recorded(pg, event):
+        return await action(pg)
 
 
 @app.command("create")

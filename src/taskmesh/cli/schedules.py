@@ -8,6 +8,7 @@ resume through PostgreSQL ``NOTIFY`` at once.
 
 from __future__ import annotations
 
+import getpass
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -33,13 +34,17 @@ ScheduleName = Annotated[str, typer.Argument(help="The schedule's name.", metava
 T = TypeVar("T")
 
 
-def _with_schedules(action: Callable[[Schedules], Awaitable[T]]) -> T:
+def _with_schedules(action: Callable[[Schedules], Awaitable[T]], audit_as: tuple[str, str] | None = None) -> T:
     """Open the stores, run ``action`` on the schedules, close them.
+
+    :param audit_as: ``(action, schedule name)`` to record in the audit log as the ``cli`` actor with
+        the OS user (in the change's own transaction where it has one).
 
     :raises ConfigError: ``DATABASE_URL`` or ``REDIS_URL`` missing (exit 2).
     :raises StoreError: a store refused (a password, a role, a missing database) or is down (exit 1).
     :raises typer.Exit: 3 when the schedule does not exist.
     """
+    from taskmesh import audit
     from taskmesh.config import load_settings
     from taskmesh.logs import configure
     from taskmesh.schedules import Schedules
@@ -62,7 +67,18 @@ def _with_schedules(action: Callable[[Schedules], Awaitable[T]]) -> T:
             # reconciler pushes it later); a person at the terminal should hear of it at once instead.
             await stores.redis.ping()
             tasks = Tasks(stores.pg, stores.redis, default_max_retries=settings.default_max_retries)
-            return await action(Schedules(tasks, []))
+            if audit_as is None:
+                return await action(Schedules(tasks, []))
+            event = audit.AuditEvent(
+                audit_as[0],
+                actor_type="cli",
+                actor_id=getpass.getuser(),
+                actor_name="taskmesh schedules",
+                resource_type="schedule",
+                resource_id=audit_as[1],
+            )
+            async with audit.recorded(stores.pg, event):
+                return await action(Schedules(tasks, []))
         finally:
             await stores.close()
 
@@ -130,7 +146,7 @@ def trigger(
     async def go(s: Schedules) -> tuple[Any, str, bool]:
         return await s.trigger(name, idempotency_key)
 
-    task_id, key, created = _with_schedules(go)
+    task_id, key, created = _with_schedules(go, ("schedule.trigger", name))
     answer = {"schedule": name, "task_id": str(task_id), "idempotency_key": key, "created": created}
     if json:
         print_json(answer)
@@ -142,7 +158,7 @@ def _set_paused(name: str, paused: bool, json: bool) -> None:
     async def go(s: Schedules) -> dict[str, Any]:
         return await s.set_paused(name, paused)
 
-    item = _with_schedules(go)
+    item = _with_schedules(go, ("schedule.pause" if paused else "schedule.resume", name))
     if json:
         print_json(item)
     else:
