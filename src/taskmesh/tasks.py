@@ -435,6 +435,8 @@ def _note_created(out: Sequence[Enqueued], specs: Sequence[TaskSpec]) -> None:
         return
     tenants = sorted({s.tenant_id for s in specs if s.tenant_id is not None})
     event.tenant_id = event.tenant_id or (tenants[0] if len(tenants) == 1 else None)
+    if len(out) == 1:
+        event.trace_id = out[0].trace_id or event.trace_id  # the task's own, which its log lines carry
     if len(out) == 1 and event.resource_type is None:
         event.resource_type, event.resource_id = "task", str(out[0].task_id)
     elif len(out) == 1:

@@ -142,6 +142,11 @@ async def test_the_audit_route_filters_pages_and_needs_audit_read(
         bad = await client.get("/api/v1/audit?outcome=maybe&colour=red", headers=bearer(admin))
         bad_cursor = await client.get("/api/v1/audit?cursor=xyz", headers=bearer(admin))
         nul = await client.get("/api/v1/audit?action=%00", headers=bearer(admin))
+        # A well-formed cursor whose id is past bigint (found by a new-user trial: it was a 500).
+        huge = await client.get(
+            "/api/v1/audit?cursor=eyJhIjoiOTk5OS0xMi0zMVQyMzo1OTo1OSswMDowMCIsImkiOjk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OX0",
+            headers=bearer(admin),
+        )
     assert refused.status_code == 403
     assert [e["resource_id"] for e in first.json()["events"]] == ["c", "b"]
     assert [e["resource_id"] for e in second.json()["events"]] == ["a"] and second.json()["next_cursor"] is None
@@ -150,6 +155,7 @@ async def test_the_audit_route_filters_pages_and_needs_audit_read(
     assert (bad.status_code, bad.json()["detail"]) == (422, "colour: unknown filter")
     assert (bad_cursor.status_code, bad_cursor.json()["detail"]) == (422, "cursor: is not a cursor of the audit log")
     assert (nul.status_code, nul.json()["detail"]) == (422, "action: contains a NUL character")
+    assert (huge.status_code, huge.json()["detail"]) == (422, "cursor: is not a cursor of the audit log")
 
 
 async def test_keys_made_with_the_cli_are_recorded_as_the_os_user(database_url: str, pool: asyncpg.Pool) -> None:
@@ -162,9 +168,20 @@ async def test_keys_made_with_the_cli_are_recorded_as_the_os_user(database_url: 
         lambda: run_cli("keys", "revoke", key_id, environ=env(DATABASE_URL=database_url))
     )
     assert revoked.code == 0, revoked.err
+    bad_rate = await anyio.to_thread.run_sync(
+        lambda: run_cli(
+            "keys", "create", "--name", "x", "--role", "viewer", "--rate-limit", "bogus=5",
+            environ=env(DATABASE_URL=database_url),
+        )
+    )  # fmt: skip
+    assert bad_rate.code == 2 and "Invalid value for '--rate-limit': bogus: unknown class" in bad_rate.err
     seen = [(e["actor_type"], e["actor_id"], e["action"], e["resource_id"], e["outcome"]) for e in await events(pool)]
     user = getpass.getuser()
-    assert seen == [("cli", user, "key.create", key_id, "ok"), ("cli", user, "key.revoke", key_id, "ok")]
+    assert seen == [
+        ("cli", user, "key.create", key_id, "ok"),
+        ("cli", user, "key.revoke", key_id, "ok"),
+        ("cli", user, "key.create", None, "error"),  # refused input is recorded too, with why
+    ]
 
 
 async def test_the_log_is_append_only_and_retention_drops_whole_months(stores: Any, pool: asyncpg.Pool) -> None:

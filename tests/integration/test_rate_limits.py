@@ -89,3 +89,20 @@ async def test_a_key_rate_of_an_unknown_class_or_out_of_range_is_refused(stores:
         with pytest.raises(InvalidTaskError) as caught:
             await api_keys.create(stores.pg, "x", ["tasks:read"], rate_limits=rates)
         assert (caught.value.field, caught.value.message) == (field, message)
+
+
+async def test_a_key_rate_over_the_api_must_be_a_number(start_instance: Any, stores: Any) -> None:
+    admin = (await api_keys.create(stores.pg, "admin", list(api_keys.SCOPES))).key
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        answers = [
+            await client.post(
+                "/api/v1/keys",
+                json={"name": "x", "role": "viewer", "rate_limits": {"read": value}},
+                headers={"Authorization": f"Bearer {admin}"},
+            )
+            for value in ("5", True)
+        ]
+    assert [(a.status_code, a.json()["errors"][0]["field"]) for a in answers] == [
+        (422, "rate_limits.read"),
+        (422, "rate_limits.read"),
+    ]

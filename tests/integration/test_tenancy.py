@@ -215,7 +215,7 @@ def platform_wide(method: str, path: str, scope: str, what: str) -> Check:
     async def check(c: httpx.AsyncClient, w: World) -> None:
         refused = await c.request(method, path, headers=bearer(w.key["acme"]))
         assert refused.status_code == 403, refused.text
-        assert refused.json()["detail"] == f"{what} spans every tenant; this key is bound to tenant 'acme'"
+        assert refused.json()["detail"] == f"{what} covers every tenant; this key is bound to tenant 'acme'"
         assert refused.json()["scope"] == scope
         allowed = await c.request(method, path, headers=bearer(w.key["admin"]))
         assert allowed.status_code == 200, allowed.text
@@ -324,9 +324,9 @@ ROUTES: dict[tuple[str, str], list[Check]] = {
     ("POST", "/api/v1/tasks/{task_id}/cancel"): [cancel],
     ("POST", "/api/v1/tasks/{task_id}/retry"): [retry],
     ("DELETE", "/api/v1/tasks/{task_id}"): [delete],
-    ("GET", "/api/v1/queues"): [platform_wide("GET", "/api/v1/queues", "tasks:read", "the queues' depths")],
+    ("GET", "/api/v1/queues"): [platform_wide("GET", "/api/v1/queues", "tasks:read", "the queue list")],
     ("GET", "/api/v1/queues/{queue}"): [
-        platform_wide("GET", "/api/v1/queues/default", "tasks:read", "a queue's depths")
+        platform_wide("GET", "/api/v1/queues/default", "tasks:read", "a queue's overview")
     ],
     ("POST", "/api/v1/queues/{queue}/pause"): [
         platform_wide("POST", "/api/v1/queues/default/pause", "queues:admin", "pausing a queue")
@@ -443,6 +443,6 @@ async def test_a_key_bound_to_queues_sees_and_uses_those_queues_only(start_insta
     assert (default.status_code, default.json()["errors"][0]["field"]) == (403, "queue")
     assert (workers.status_code, workers.json()["detail"]) == (
         403,
-        "the workers' list spans every queue; this key is bound to some queues",
+        "the workers' list covers every queue; this key is bound to some queues",
     )
     assert (moved.status_code, moved.json()["errors"][0]["field"]) == (403, "queue_name")

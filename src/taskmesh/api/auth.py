@@ -168,10 +168,10 @@ def platform_wide(request: Request, scope: str, what: str, *, every_queue: bool 
     principal = caller(request)
     if principal.tenant_id is not None:
         raise PermissionDeniedError(
-            scope, f"{what} spans every tenant; this key is bound to tenant {principal.tenant_id!r}"
+            scope, f"{what} covers every tenant; this key is bound to tenant {principal.tenant_id!r}"
         )
     if every_queue and principal.queues is not None:
-        raise PermissionDeniedError(scope, f"{what} spans every queue; this key is bound to some queues")
+        raise PermissionDeniedError(scope, f"{what} covers every queue; this key is bound to some queues")
 
 
 def check_queue_reach(request: Request, queue: str, field: str = "queue") -> None:

@@ -50,6 +50,10 @@ def duration(text: str, flag: str) -> timedelta:
     return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
 
 
+_OPTION_OF = {"scopes": "--scope", "queues": "--queue", "tenant_id": "--tenant-id", "rate_limits": "--rate-limit"}
+"""The option of each field ``api_keys.create`` may refuse."""
+
+
 def _with_pg(action: Callable[[PgStore], Awaitable[T]], audit_as: str | None = None) -> T:
     """Open PostgreSQL (``DATABASE_URL``), run ``action``, close it.
 
@@ -316,4 +320,6 @@ def _bad_input(call: Callable[[], T]) -> T:
     try:
         return call()
     except InvalidTaskError as exc:
-        raise typer.BadParameter(exc.message, param_hint=f"'--{exc.field.rstrip('s')}'") from None
+        field, _, within = exc.field.partition(".")
+        detail = f"{within}: {exc.message}" if within else exc.message  # rate_limits.write: the class
+        raise typer.BadParameter(detail, param_hint=f"'{_OPTION_OF.get(field, '--' + field)}'") from None

@@ -49,7 +49,7 @@ def _cursor(raw: str) -> tuple[datetime, int]:
         at, event_id = datetime.fromisoformat(data["a"]), int(data["i"])
     except (ValueError, TypeError, KeyError, orjson.JSONDecodeError):
         raise InvalidTaskError("cursor", "is not a cursor of the audit log") from None
-    if at.tzinfo is None:
+    if at.tzinfo is None or not 0 <= event_id <= LAST_ID:
         raise InvalidTaskError("cursor", "is not a cursor of the audit log")
     return at, event_id
 

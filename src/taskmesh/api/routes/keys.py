@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from starlette.responses import Response
 
 from taskmesh import api_keys, audit
@@ -36,7 +36,7 @@ class CreateKey(BaseModel):
     expires_in_seconds: int | None = Field(default=None, gt=0, le=YEAR_SECONDS)
     tenant_id: str | None = Field(default=None, min_length=1, max_length=128)
     queues: list[str] | None = Field(default=None, min_length=1, max_length=api_keys.QUEUES_MOST)
-    rate_limits: dict[str, float] | None = Field(
+    rate_limits: dict[str, StrictFloat] | None = Field(
         default=None, description="Requests per second by class (read, write, admin), instead of the settings'."
     )
 
@@ -164,7 +164,8 @@ async def revoke_key(key_id: KeyIdPath, request: Request, stores: StoresDep) -> 
     """The key, revoked (kept for the record); 404 when no key has this id (or none within the caller's reach)."""
     if not await _reaches(request, stores, _key_id(key_id)):
         return problem(404, "Key not found", f"no key has id {key_id}")
-    row = await stores.pg.keys.revoke(key_id)
+    async with stores.pg.changing() as pg:
+        row = await pg.keys.revoke(key_id)
     if row is None:
         return problem(404, "Key not found", f"no key has id {key_id}")
     return json_response({**api_keys.record(row), "state": "revoked"})
@@ -185,12 +186,11 @@ async def rotate_key(key_id: KeyIdPath, request: Request, stores: StoresDep) -> 
     if not await _reaches(request, stores, _key_id(key_id)):
         return _not_found(key_id)
     try:
-        new, ends = await api_keys.rotate(
-            stores.pg,
-            _key_id(key_id),
-            timedelta(seconds=req.overlap_seconds),
-            expires_at=_expiry(req.expires_in_seconds),
-        )
+        async with stores.pg.changing() as pg:
+            new, ends = await api_keys.rotate(
+                pg, _key_id(key_id), timedelta(seconds=req.overlap_seconds), expires_at=_expiry(req.expires_in_seconds)
+            )
+            audit.note(details={"new_key_id": new.record["key_id"]})
     except LookupError:
         return _not_found(key_id)
     answer: dict[str, Any] = {**new.record, "state": "active", "replaces": key_id, "replaced_key_expires_at": ends}

@@ -36,7 +36,7 @@ PAUSE_REASON_MAX = 500
 async def list_queues(request: Request, stores: StoresDep) -> Response:
     """Up to 1,000 queues by name, each as ``GET /api/v1/queues/{queue}`` answers it (a key bound to queues:
     those; a key bound to a tenant is refused, as the depths count every tenant's tasks)."""
-    platform_wide(request, "tasks:read", "the queues' depths")
+    platform_wide(request, "tasks:read", "the queue list")
     reach = reach_of(request)
     queues = [q for q in await known_queues(stores) if reach.sees_queue(q)]
     return json_response({"queues": await overview(stores, queues)})
@@ -51,7 +51,7 @@ async def list_queues(request: Request, stores: StoresDep) -> Response:
 async def get_queue(queue: QueuePath, request: Request, stores: StoresDep) -> Response:
     """One queue (any valid name: a queue nobody has used answers with zeros)."""
     check_queue(queue)
-    platform_wide(request, "tasks:read", "a queue's depths")
+    platform_wide(request, "tasks:read", "a queue's overview")
     check_queue_reach(request, queue)
     [answer] = await overview(stores, [queue])
     return json_response(answer)
