@@ -144,7 +144,7 @@ async def test_a_bulk_action_needs_the_scope_of_its_action_and_counting_needs_on
 ) -> None:
     reader = await make_key(stores.pg, "reader", "tasks:read")
     replayer = await make_key(stores.pg, "replayer", "tasks:read", "dlq:replay")
-    body = {"filter": {"status": ["failed"]}, "action": "replay"}
+    body = {"filter": {"status": ["failed"]}, "action": "replay", "reason": "test"}
     async with start_instance(workers_enabled=False) as inst, http(inst) as client:
         dry = await client.post("/api/v1/tasks:bulk", json={**body, "dry_run": True}, headers=bearer(reader))
         real = await client.post("/api/v1/tasks:bulk", json=body, headers=bearer(reader))

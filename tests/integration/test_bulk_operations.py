@@ -126,7 +126,7 @@ async def test_cancel_by_filter_ends_queued_tasks_and_skips_finished_ones(
             r = await client.post("/api/v1/tasks", json={"name": "later", "delay_seconds": 3600, "payload": {"n": n}})
             assert r.status_code == 201
         await pool.execute("UPDATE tasks SET status = 'completed' WHERE payload @> '{\"n\": 0}'")
-        r = await client.post(BULK, json={"filter": {"name": "later"}, "action": "cancel"})
+        r = await client.post(BULK, json={"filter": {"name": "later"}, "action": "cancel", "reason": "t"})
         done = await wait_for(functools.partial(operation, client, r.json()["operation_id"], "done"), timeout=20)
     assert (done["done"], done["skipped"]) == (4, 1)
     rows = await pool.fetch("SELECT status, count(*) AS n FROM tasks GROUP BY status ORDER BY status")
@@ -207,3 +207,18 @@ async def _is(count: Any, wanted: int) -> bool:
 
 async def _completed(pool: asyncpg.Pool) -> int:
     return int(await pool.fetchval("SELECT count(*) FROM tasks WHERE status = 'completed'"))
+
+
+async def test_acting_needs_a_reason_and_a_dry_run_does_not(start_instance: Any, pool: asyncpg.Pool) -> None:
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        body = {"filter": {"status": "failed"}, "action": "delete"}
+        dry = await client.post(BULK, json={**body, "dry_run": True})
+        missing = await client.post(BULK, json=body)
+        blank = await client.post(BULK, json={**body, "reason": "   "})
+    assert dry.status_code == 200
+    for refused in (missing, blank):
+        assert (refused.status_code, refused.json()["detail"]) == (
+            422,
+            "reason: required to act (not for a dry run): kept with the operation and in the audit log",
+        )
+    assert await pool.fetchval("SELECT count(*) FROM operations") == 0

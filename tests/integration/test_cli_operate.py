@@ -115,7 +115,13 @@ async def test_bulk_replay_by_filter_counts_first_asks_for_yes_then_follows_the_
         assert dry.code == 0 and dry.lines()[0] == "would replay 30 tasks, for example:", dry.out
         assert {line.strip() for line in dry.lines()[1:]} <= set(ids) and len(dry.lines()) == 11
 
-        unasked = await cli(inst, *args)
+        unexplained = await cli(inst, *args, "--yes")
+        assert (unexplained.code, unexplained.err) == (
+            2,
+            "taskmesh: error: replay would act on 30 tasks; give --reason: why, kept with the operation and in the "
+            "audit log\n",
+        )
+        unasked = await cli(inst, *args, "--reason", "INC-1")
         assert (unasked.code, unasked.out) == (2, "")
         assert unasked.err == "taskmesh: error: replay would act on 30 tasks; give --yes to do it without a terminal\n"
         assert await pool.fetchval("SELECT count(*) FROM tasks WHERE status = 'failed'") == 31

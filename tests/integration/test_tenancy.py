@@ -79,7 +79,7 @@ async def seed(client: httpx.AsyncClient, pool: asyncpg.Pool, world: World) -> N
             await pool.execute("UPDATE tasks SET status = $2 WHERE id = ANY($1::uuid[])", ids, status)
         op = await client.post(
             "/api/v1/tasks:bulk",
-            json={"filter": {"tenant_id": tenant, "status": "cancelled"}, "action": "delete"},
+            json={"filter": {"tenant_id": tenant, "status": "cancelled"}, "action": "delete", "reason": "t"},
             headers=bearer(world.key[tenant]),
         )
         assert op.status_code == 202, op.text
@@ -401,7 +401,9 @@ async def test_a_bulk_action_of_a_tenant_key_acts_on_its_tenant_only(
         await pool.execute("UPDATE tasks SET status = 'failed'")
         # A filter naming no tenant: the key's own is added.
         op = await client.post(
-            "/api/v1/tasks:bulk", json={"filter": {"status": "failed"}, "action": "replay"}, headers=bearer(acme)
+            "/api/v1/tasks:bulk",
+            json={"filter": {"status": "failed"}, "action": "replay", "reason": "t"},
+            headers=bearer(acme),
         )
         assert op.status_code == 202, op.text
 

@@ -41,7 +41,12 @@ ACTIONS = {
 
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Only count the matches and show a sample; change nothing.")]
 Reason = Annotated[
-    str | None, typer.Option("--reason", "-r", help="Why, kept with the operation (up to 500 characters).")
+    str | None,
+    typer.Option(
+        "--reason",
+        "-r",
+        help="Why (needed to act; kept with the operation and in the audit log; up to 500 characters).",
+    ),
 ]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before acting (needed without a terminal).")]
 NoWait = Annotated[
@@ -62,8 +67,8 @@ def run_action(
 ) -> None:
     """Count, confirm, start and follow one bulk action; see the module's docstring.
 
-    :raises typer.Exit: 0 when nothing matches or the person says no; 2 without ``--yes`` and no
-        terminal; 1 when the operation ends ``failed``.
+    :raises typer.Exit: 0 when nothing matches or the person says no; 2 without ``--reason``, or
+        without ``--yes`` and no terminal; 1 when the operation ends ``failed``.
     :raises ApiError: the API refused the filter (exit 2 with the field named) or could not be reached.
     """
     body: dict[str, Any] = {"filter": filter_, "action": action, "dry_run": True}
@@ -83,6 +88,12 @@ def run_action(
         else:
             say(f"no task matches: nothing to {action}")
         return
+    if not (reason or "").strip():
+        note(
+            f"taskmesh: error: {action} would act on {_tasks(count['matched'])}; give --reason: why, kept with the "
+            "operation and in the audit log"
+        )
+        raise typer.Exit(int(ExitCode.USAGE))
     if not yes:
         _confirm(action, count)
     if reason:
@@ -227,7 +238,7 @@ def _make(action: str) -> None:
 
     ```
     taskmesh bulk {action} {example_filter} --dry-run
-    taskmesh bulk {action} {example_filter} --reason "INC-4211" --yes
+    taskmesh bulk {action} {example_filter} --reason "INC-4211" --yes   # acting needs a reason
     ```
     """
     app.command(action)(command)

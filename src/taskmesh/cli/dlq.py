@@ -72,6 +72,7 @@ def replay(
         int | None, typer.Option("--priority", min=0, max=1000, help="Replay at this priority (0 to 1000).")
     ] = None,
     yes: YesAll = False,
+    reason: bulk.Reason = None,
     url: common.Url = common.UrlDefault,
     json: common.Json = False,
 ) -> None:
@@ -85,7 +86,7 @@ def replay(
     ```
     taskmesh dlq replay emails 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
     taskmesh dlq replay emails --count 100 --priority 900
-    taskmesh dlq replay emails --all --yes
+    taskmesh dlq replay emails --all --reason "SMTP fixed" --yes
     ```
     """
     if sum((bool(task_ids), count is not None, all_)) > 1:
@@ -96,7 +97,7 @@ def replay(
                 raise typer.BadParameter("--all replays at each task's own priority", param_hint="'--priority'")
             bulk.run_action(
                 api, "replay", {"status": ["failed"], "queue": queue},
-                dry_run=False, reason=None, yes=yes, no_wait=False, json=json,
+                dry_run=False, reason=reason, yes=yes, no_wait=False, json=json,
             )  # fmt: skip
             return
         body: dict[str, Any] = {"ids": task_ids} if task_ids else {"count": count or 1}
@@ -122,6 +123,7 @@ def discard(
     task_ids: Ids = None,
     all_: All = False,
     yes: YesAll = False,
+    reason: bulk.Reason = None,
     url: common.Url = common.UrlDefault,
     json: common.Json = False,
 ) -> None:
@@ -134,7 +136,7 @@ def discard(
 
     ```
     taskmesh dlq discard emails 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
-    taskmesh dlq discard emails --all --yes
+    taskmesh dlq discard emails --all --reason "obsolete campaign" --yes
     ```
     """
     if bool(task_ids) == all_:
@@ -143,7 +145,7 @@ def discard(
         if all_:
             bulk.run_action(
                 api, "delete", {"status": ["failed"], "queue": queue},
-                dry_run=False, reason=None, yes=yes, no_wait=False, json=json,
+                dry_run=False, reason=reason, yes=yes, no_wait=False, json=json,
             )  # fmt: skip
             return
         worst = ExitCode.OK

@@ -370,6 +370,10 @@ async def bulk(request: Request, stores: StoresDep) -> Response:
         counted = NOTHING_MATCHED if narrowed is None else await bulk_dry_run(stores.pg, narrowed)
         return json_response({"action": req.action.value, **counted})
     demand(request, BULK_SCOPES[req.action])
+    if req.reason is None or not req.reason.strip():
+        raise InvalidTaskError(
+            "reason", "required to act (not for a dry run): kept with the operation and in the audit log"
+        )
     async with stores.pg.changing() as pg:
         op = await bulk_start(pg, req, reach)
         audit.note(resource_type="operation", resource_id=op["operation_id"])
