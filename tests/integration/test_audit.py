@@ -50,6 +50,9 @@ async def test_changes_and_refusals_are_recorded_with_actor_action_resource_and_
         task_id = made.json()["task_id"]
         await client.post(f"/api/v1/tasks/{task_id}/cancel", headers=bearer(admin.key))
         again = await client.post(f"/api/v1/tasks/{task_id}/cancel", headers=bearer(admin.key))
+        no_why = await client.delete(f"/api/v1/tasks/{task_id}", headers=bearer(admin.key))
+        why = {"reason": "GDPR erasure 118"}
+        gone = await client.delete(f"/api/v1/tasks/{task_id}", params=why, headers=bearer(admin.key))
         await client.post("/api/v1/queues/reports/pause", json={"reason": "db upgrade"}, headers=bearer(admin.key))
         forbidden = await client.post("/api/v1/queues/reports/resume", headers=bearer(reader.key))
         nobody = await client.get("/api/v1/workers")
@@ -67,6 +70,7 @@ async def test_changes_and_refusals_are_recorded_with_actor_action_resource_and_
         )
     assert (again.status_code, forbidden.status_code, nobody.status_code, wrong.status_code) == (409, 403, 401, 401)
     assert dry.status_code == 200 and bulk.status_code == 202
+    assert (no_why.status_code, gone.status_code) == (422, 204)
     seen = [
         (e["actor_type"], e["actor_id"], e["action"], e["resource_type"], e["resource_id"], e["outcome"], e["status"])
         for e in await events(pool)
@@ -77,6 +81,8 @@ async def test_changes_and_refusals_are_recorded_with_actor_action_resource_and_
         ("key", key, "task.create", "task", task_id, "ok", None),  # in the change's own transaction
         ("key", key, "task.cancel", "task", task_id, "ok", None),
         ("key", key, "task.cancel", "task", task_id, "error", 409),
+        ("key", key, "task.delete", "task", task_id, "error", 422),
+        ("key", key, "task.delete", "task", task_id, "ok", None),
         ("key", key, "queue.pause", "queue", "reports", "ok", None),
         ("key", reader_id, "queue.resume", "queue", "reports", "denied", 403),
         ("anonymous", None, "GET /api/v1/workers", None, None, "denied", 401),
@@ -91,6 +97,8 @@ async def test_changes_and_refusals_are_recorded_with_actor_action_resource_and_
         "req-42",
     )
     assert first["client_addr"] == "127.0.0.1"
+    deleted = (await events(pool))[4]
+    assert (deleted["action"], deleted["reason"]) == ("task.delete", "GDPR erasure 118")
     last = (await events(pool))[-1]
     assert last["reason"] == "fixed the bug"
     assert '"filter": {"status": "failed"}' in last["details"] and '"action": "replay"' in last["details"]

@@ -88,7 +88,10 @@ async def test_dlq_list_replay_and_discard_name_the_ids_they_did_not_act_on(
         oldest = await cli(inst, "dlq", "replay", "default", "--count", "1", "--priority", "700", "--json")
         assert (oldest.code, oldest.json()["replayed"]) == (0, [second])
 
-        discarded = await cli(inst, "dlq", "discard", "default", third, done, MISSING)
+        unexplained = await cli(inst, "dlq", "discard", "default", third)
+        assert unexplained.code == 2 and "discarding cannot be undone: say why" in unexplained.err
+        assert (await client.get(f"/api/v1/tasks/{third}")).status_code == 200
+        discarded = await cli(inst, "dlq", "discard", "default", third, done, MISSING, "--reason", "dup of INC-9")
         assert (discarded.code, discarded.out) == (1, f"{third}: discarded\n")
         assert discarded.err.splitlines() == [
             f"taskmesh: error: {done}: not dead-lettered in default (it is completed in default)",

@@ -160,7 +160,10 @@ async def test_retry_cancel_and_delete_act_on_each_id_and_exit_with_the_first_re
         assert (cancelled.code, cancelled.json()) == (0, {"task_id": later, "status": "cancelled"})
 
         not_deletable = await create(client, {"name": "cli.ok", "delay_seconds": 3600})
-        deleted = await cli(inst, "tasks", "delete", MISSING, later, not_deletable, "--json")
+        unexplained = await cli(inst, "tasks", "delete", later, "--reason", " ")
+        assert unexplained.code == 2 and "deleting cannot be undone: say why" in unexplained.err
+        assert (await client.get(f"{TASKS}/{later}")).status_code == 200
+        deleted = await cli(inst, "tasks", "delete", MISSING, later, not_deletable, "-r", "test data", "--json")
         assert deleted.code == 3  # the first refusal's status
         assert deleted.json_lines() == [
             {"task_id": MISSING, "error": f"Task not found: no task has id {MISSING}", "status": 404},

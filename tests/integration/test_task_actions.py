@@ -27,6 +27,7 @@ pytestmark = pytest.mark.anyio
 
 TASKS = "/api/v1/tasks"
 UNKNOWN_ID = "00000000-0000-4000-8000-000000000000"
+WHY = {"reason": "cleanup after INC-7"}
 NOT_RETRYABLE = "only a failed or cancelled task can be retried"
 NOT_DELETABLE = "only a finished task can be deleted: cancel it first (POST /api/v1/tasks/{id}/cancel)"
 
@@ -125,11 +126,11 @@ async def test_retry_and_delete_of_a_task_in_the_wrong_state_answer_409_saying_w
         answers = {
             ("retry", "queued"): await client.post(f"{TASKS}/{queued}/retry"),
             ("retry", "completed"): await client.post(f"{TASKS}/{completed}/retry"),
-            ("delete", "queued"): await client.delete(f"{TASKS}/{queued}"),
+            ("delete", "queued"): await client.delete(f"{TASKS}/{queued}", params=WHY),
         }
         await pool.execute("UPDATE tasks SET status = 'running' WHERE id = $1", queued)
         answers[("retry", "running")] = await client.post(f"{TASKS}/{queued}/retry")
-        answers[("delete", "running")] = await client.delete(f"{TASKS}/{queued}")
+        answers[("delete", "running")] = await client.delete(f"{TASKS}/{queued}", params=WHY)
     for (action, status), r in answers.items():
         task_id = completed if status == "completed" else queued
         hint = NOT_RETRYABLE if action == "retry" else NOT_DELETABLE
@@ -160,11 +161,11 @@ async def test_deleting_finished_tasks_removes_them_their_runs_and_their_dlq_ent
         await wait_for(lambda: reached(client, failed, "failed"))
         await wait_for(lambda: _in_dlq(redis_client, keys, failed))
         for task_id in (completed, failed, cancelled):
-            r = await client.delete(f"{TASKS}/{task_id}")
+            r = await client.delete(f"{TASKS}/{task_id}", params=WHY)
             assert (r.status_code, r.content) == (204, b""), r.text
             assert (await client.get(f"{TASKS}/{task_id}")).status_code == 404
         assert await redis_client.lrange(keys.dlq("default"), 0, -1) == []  # at once, not at the next sweep
-        again = await client.delete(f"{TASKS}/{completed}")
+        again = await client.delete(f"{TASKS}/{completed}", params=WHY)
         assert_problem(
             again, no_errors("delete twice", "DELETE", "", 404, "Task not found", f"no task has id {completed}")
         )
@@ -174,19 +175,36 @@ async def test_deleting_finished_tasks_removes_them_their_runs_and_their_dlq_ent
 
 
 RETRY = f"{TASKS}/{UNKNOWN_ID}/retry"
+NO_REASON = "required to delete a task (?reason=...): kept in the audit log"
 NAME_PATTERN = "String should match pattern '^[A-Za-z0-9_.:-]{1,128}$'"
 BAD_ACTIONS = [
     no_errors("retry of an unknown task", "POST", RETRY, 404, "Task not found", f"no task has id {UNKNOWN_ID}"),
     no_errors(
         "delete of an unknown task",
         "DELETE",
-        f"{TASKS}/{UNKNOWN_ID}",
+        f"{TASKS}/{UNKNOWN_ID}?reason=cleanup",
         404,
         "Task not found",
         f"no task has id {UNKNOWN_ID}",
     ),
     invalid("retry of a task id that is no uuid", "POST", f"{TASKS}/nope/retry", "task_id", "must be a UUID"),
     invalid("delete of a task id that is no uuid", "DELETE", f"{TASKS}/nope", "task_id", "must be a UUID"),
+    invalid("delete without a reason", "DELETE", f"{TASKS}/{UNKNOWN_ID}", "reason", NO_REASON),
+    invalid("delete with a blank reason", "DELETE", f"{TASKS}/{UNKNOWN_ID}?reason=%20%20", "reason", NO_REASON),
+    invalid(
+        "delete with a reason too long",
+        "DELETE",
+        f"{TASKS}/{UNKNOWN_ID}?reason={'x' * 501}",
+        "reason",
+        "at most 500 characters, not 501",
+    ),
+    invalid(
+        "delete with a NUL in its reason",
+        "DELETE",
+        f"{TASKS}/{UNKNOWN_ID}?reason=a%00b",
+        "reason",
+        "contains a NUL character",
+    ),
     invalid("retry priority -1", "POST", RETRY, "priority", ge(0), json={"priority": -1}),
     invalid(
         "retry priority a string", "POST", RETRY, "priority", "Input should be a valid integer", json={"priority": "7"}

@@ -204,8 +204,9 @@ async def retry(c: httpx.AsyncClient, w: World) -> None:
 
 
 async def delete(c: httpx.AsyncClient, w: World) -> None:
-    await same_as_missing(c, "DELETE", "/api/v1/tasks/{id}", w.tasks["globex"]["completed2"], w.key["acme"])
-    own = await c.delete(f"/api/v1/tasks/{w.tasks['acme']['completed2']}", headers=bearer(w.key["acme"]))
+    why = {"reason": "tenant walk"}
+    await same_as_missing(c, "DELETE", "/api/v1/tasks/{id}", w.tasks["globex"]["completed2"], w.key["acme"], params=why)
+    own = await c.delete(f"/api/v1/tasks/{w.tasks['acme']['completed2']}", headers=bearer(w.key["acme"]), params=why)
     assert own.status_code == 204
     theirs = await c.get(f"/api/v1/tasks/{w.tasks['globex']['completed2']}", headers=bearer(w.key["globex"]))
     assert theirs.status_code == 200

@@ -20,7 +20,7 @@ from taskmesh.schedules import Schedules
 from taskmesh.store import Stores
 from taskmesh.tasks import Tasks
 from taskmesh.tracing import trace_id_from_headers
-from taskmesh.validation import NAME_REGEX, TaskSpec, field_errors, may_hold_big_integers
+from taskmesh.validation import NAME_REGEX, TaskSpec, check_json, field_errors, may_hold_big_integers
 
 log = get_logger("taskmesh.api")
 
@@ -156,6 +156,36 @@ async def parse_body(request: Request, model: type[M], *, optional: bool = False
     except ValidationError as exc:
         errors = field_errors(exc)
         raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
+
+
+REASON_MAX = 500
+"""Most characters of a destructive action's ``reason``, as for a bulk action's and a pause's."""
+
+REASON_PARAMETER: dict[str, Any] = {
+    "name": "reason",
+    "in": "query",
+    "required": True,
+    "description": "Why (1 to 500 characters): kept in the audit log with the action.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": REASON_MAX},
+}
+"""The OpenAPI parameter of a destructive single action's ``?reason=`` (read by :func:`required_reason`)."""
+
+
+def required_reason(request: Request, what: str) -> str:
+    """The ``reason`` query parameter a destructive action needs, checked.
+
+    :param what: the action, for the message (``delete a task``).
+    :returns: the reason as given.
+    :raises InvalidTaskError: missing or blank (``reason: required to delete a task: ...``), longer than
+        :data:`REASON_MAX` characters, or holding a NUL character (422 naming ``reason``).
+    """
+    raw = request.query_params.get("reason")
+    if raw is None or not raw.strip():
+        raise InvalidTaskError("reason", f"required to {what} (?reason=...): kept in the audit log")
+    if len(raw) > REASON_MAX:
+        raise InvalidTaskError("reason", f"at most {REASON_MAX} characters, not {len(raw)}")
+    check_json(raw, "reason")
+    return raw
 
 
 def parse_task_id(raw: str) -> uuid.UUID:

@@ -89,9 +89,9 @@ class Api:
         """``POST path`` with a JSON body (none when ``body`` is ``None``)."""
         return self.request("POST", path, body=body)
 
-    def delete(self, path: str) -> Answer:
-        """``DELETE path``."""
-        return self.request("DELETE", path)
+    def delete(self, path: str, params: Params | None = None) -> Answer:
+        """``DELETE path``, with ``params`` in its query (a destructive action's ``reason``)."""
+        return self.request("DELETE", path, params=params)
 
     def request(
         self,

@@ -48,6 +48,19 @@ Reason = Annotated[
         help="Why (needed to act; kept with the operation and in the audit log; up to 500 characters).",
     ),
 ]
+
+
+def required_reason(reason: str | None, acting: str) -> str:
+    """The ``--reason`` a destructive command needs, before anything is sent.
+
+    :param acting: the action, for the message (``deleting``).
+    :raises typer.BadParameter: missing or blank (exit 2, naming ``--reason``).
+    """
+    if reason is None or not reason.strip():
+        raise typer.BadParameter(f"{acting} cannot be undone: say why, kept in the audit log", param_hint="'--reason'")
+    return reason
+
+
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before acting (needed without a terminal).")]
 NoWait = Annotated[
     bool, typer.Option("--no-wait", help="Start the operation and print its id; do not follow its progress.")

@@ -127,20 +127,22 @@ def discard(
     url: common.Url = common.UrlDefault,
     json: common.Json = False,
 ) -> None:
-    """Delete dead-lettered tasks of QUEUE and their runs: the given ids, or --all.
+    """Delete dead-lettered tasks of QUEUE and their runs: the given ids, or --all; saying why.
 
+    Discarding cannot be undone, so it needs --reason, kept in the audit log (exit 2 without one).
     An id that is not dead-lettered in QUEUE is left alone, named, and the command exits 1 (3
     when no such task exists).
 
     Examples:
 
     ```
-    taskmesh dlq discard emails 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
+    taskmesh dlq discard emails 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f --reason "duplicate of INC-4211"
     taskmesh dlq discard emails --all --reason "obsolete campaign" --yes
     ```
     """
     if bool(task_ids) == all_:
         raise typer.BadParameter("give the ids to discard, or --all", param_hint="'ID'")
+    why = "" if all_ else bulk.required_reason(reason, "discarding")  # --all asks after counting
     with Api(url) as api:
         if all_:
             bulk.run_action(
@@ -158,7 +160,7 @@ def discard(
                     )
                     worst = worst or ExitCode.FAILED
                     continue
-                api.delete(task_path(task_id))
+                api.delete(task_path(task_id), [("reason", why)])
             except ApiError as exc:
                 if exc.status is None:
                     raise

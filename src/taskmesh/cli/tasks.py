@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 
-from taskmesh.cli import common
+from taskmesh.cli import bulk, common
 from taskmesh.cli.api import Api, ApiError, task_path
 from taskmesh.cli.exit_codes import EPILOG
 from taskmesh.cli.output import (
@@ -249,20 +249,27 @@ def cancel(task_ids: TaskIds, url: common.Url = common.UrlDefault, json: common.
 
 
 @app.command("delete")
-def delete(task_ids: TaskIds, url: common.Url = common.UrlDefault, json: common.Json = False) -> None:
-    """Delete finished tasks (completed, failed or cancelled) and all their runs.
+def delete(
+    task_ids: TaskIds,
+    reason: bulk.Reason = None,
+    url: common.Url = common.UrlDefault,
+    json: common.Json = False,
+) -> None:
+    """Delete finished tasks (completed, failed or cancelled) and all their runs, saying why.
 
+    Deleting cannot be undone, so it needs --reason, kept in the audit log (exit 2 without one).
     A queued or running task is refused (exit 4: cancel it first) and the others go on.
 
     Examples:
 
     ```
-    taskmesh tasks delete 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f
+    taskmesh tasks delete 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f --reason "GDPR erasure request 118"
     ```
     """
+    why = bulk.required_reason(reason, "deleting")
 
     def one(api: Api, task_id: str) -> tuple[dict[str, Any], str]:
-        api.delete(task_path(task_id))
+        api.delete(task_path(task_id), [("reason", why)])
         return {"task_id": task_id, "deleted": True}, f"{task_id}: deleted"
 
     _each(url, task_ids, json, one)

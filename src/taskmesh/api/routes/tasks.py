@@ -13,6 +13,7 @@ from starlette.responses import Response
 from taskmesh import audit
 from taskmesh.api.auth import demand, reach_of, require
 from taskmesh.api.deps import (
+    REASON_PARAMETER,
     OperationIdPath,
     StateDep,
     StoresDep,
@@ -23,6 +24,7 @@ from taskmesh.api.deps import (
     parse_body,
     parse_task_id,
     read_json,
+    required_reason,
     task_warnings,
     with_trace,
 )
@@ -464,11 +466,15 @@ async def retry_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> 
     dependencies=[Depends(require("tasks:write"))],
     responses=problem_responses(404, 409, 422),
     status_code=204,
-    summary="Delete a finished task and its runs (409 while it is queued or running)",
+    openapi_extra={"parameters": [REASON_PARAMETER]},
+    summary="Delete a finished task and its runs, saying why (409 while it is queued or running)",
 )
 async def delete_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> Response:
-    """Delete a completed, failed or cancelled task with every run (204, no body)."""
+    """Delete a completed, failed or cancelled task with every run (204, no body).
+
+    Deleting cannot be undone, so it needs ``?reason=``, kept in the audit log (422 without one)."""
     tid = parse_task_id(task_id)
+    audit.note(reason=required_reason(request, "delete a task"))
     await check_task_reach(tasks, tid, reach_of(request))
     await tasks.delete(tid)
     return Response(status_code=204)
