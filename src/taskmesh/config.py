@@ -37,6 +37,8 @@ from taskmesh.errors import ConfigError, CronSpecError, InvalidTaskError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Allowed task and queue names (issue 2): letters, digits, ``_ . : -``, 1-128 chars."""
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+$")
+"""A web origin as browsers send it in ``Origin``: scheme and host, maybe a port, nothing after."""
 
 
 def _aliases(key: str, legacy: str | None = None) -> AliasChoices:
@@ -253,6 +255,18 @@ class Settings(BaseSettings):
     metrics_auth: Literal["open", "scope"] = Field(default="open", validation_alias=_aliases("metrics_auth"))
     """``open``: ``/metrics`` answers anyone (Prometheus scrapes it; put it behind your network's
     rules); ``scope``: it needs a key with ``metrics:read``, like the API."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, validation_alias=_aliases("metrics_port"))
+    """Serve ``/metrics`` (with ``/healthz`` and ``/readyz``) on this port of ``metrics_host``, and not
+    on the API's port: the API may then face users while the metrics port faces only Prometheus
+    (0: a free port). Unset (the default): ``/metrics`` is on the API's port."""
+    metrics_host: str | None = Field(default=None, validation_alias=_aliases("metrics_host"))
+    """Address of ``metrics_port`` (default: ``http_host``)."""
+    cors_allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, validation_alias=_aliases("cors_allowed_origins")
+    )
+    """Web origins (``https://ops.example.com``; ``*`` for any) whose pages may call the API from a
+    browser with a key (CORS). Empty (the default): no CORS headers, so no other site's script can
+    read an answer. Comma-separated in the environment."""
     http_max_header_bytes: int = Field(
         default=65536, ge=1024, le=1048576, validation_alias=_aliases("http_max_header_bytes")
     )
@@ -376,7 +390,7 @@ class Settings(BaseSettings):
     def _validate_schedules(cls, value: Any) -> Any:
         return _check_schedules(value)
 
-    @field_validator("queue_names", "handlers", "allowed_hosts", mode="before")
+    @field_validator("queue_names", "handlers", "allowed_hosts", "cors_allowed_origins", mode="before")
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -391,6 +405,14 @@ class Settings(BaseSettings):
         for name in value:
             if not NAME_PATTERN.fullmatch(name):
                 raise ValueError(f"queue name {name!r} must match [A-Za-z0-9_.:-]{{1,128}}")
+        return list(dict.fromkeys(value))
+
+    @field_validator("cors_allowed_origins")
+    @classmethod
+    def _check_origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin: give scheme://host[:port] (no path), or *")
         return list(dict.fromkeys(value))
 
     @field_validator("database_url")

@@ -26,7 +26,6 @@ grace + 15 s. After a critical service's failure the instance raises
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import secrets
 import socket
@@ -40,11 +39,9 @@ from typing import Any
 import anyio
 
 from taskmesh import __version__, emergency, notify
-from taskmesh.api.app import create_app
-from taskmesh.api.hygiene import LOOPBACK_HOSTS
+from taskmesh.api.listeners import HttpListener, bind_listeners, is_loopback
 from taskmesh.api.principals import KeyCache, RatePolicy
 from taskmesh.api.quotas import Quotas
-from taskmesh.api.server import HttpLimits, Server, bind_http, make_server
 from taskmesh.api.state import AppState, ServedQueues
 from taskmesh.clock import StoreClock
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
@@ -90,7 +87,8 @@ COMMIT_DEADLINE_SECONDS = 5.0
 class Instance:
     """Handle on a running instance, for the CLI and for tests.
 
-    ``port`` is the bound HTTP port once ``serving`` is set; ``ready`` is set
+    ``port`` is the bound HTTP port once ``serving`` is set (``metrics_port`` the
+    metrics port's, when ``metrics_port`` is set); ``ready`` is set
     once the stores answered and every service runs; setting ``stop`` starts
     the graceful shutdown, as SIGTERM does; setting ``force`` as well ends the
     grace period at once, as a second signal does. ``failed`` names the
@@ -99,6 +97,7 @@ class Instance:
 
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}")
     port: int | None = None
+    metrics_port: int | None = None
     serving: anyio.Event = field(default_factory=anyio.Event)
     ready: anyio.Event = field(default_factory=anyio.Event)
     stop: anyio.Event = field(default_factory=anyio.Event)
@@ -146,19 +145,15 @@ async def run(
         quotas=Quotas(settings.tenant_quotas, settings.tenant_quota_default, settings.rate_limit_burst_seconds),
     )
     inst.state = state
-    sock = bind_http(settings.http_host, settings.http_port)
-    inst.port = sock.getsockname()[1]
-    server = make_server(
-        create_app(state, api_enabled=settings.api_enabled, allowed_hosts=allowed_hosts(settings)),
-        limits=HttpLimits.from_settings(settings),
-        metrics=metrics,
-        timeout_graceful_shutdown=3,
-    )
+    listeners = bind_listeners(settings, state, metrics)
+    inst.port = listeners[0].port
+    inst.metrics_port = listeners[-1].port if settings.metrics_port is not None else None
     log.info(
         "instance_starting",
         worker_id=inst.worker_id,
         version=__version__,
         http=f"{settings.http_host}:{inst.port}",
+        metrics_http=None if len(listeners) == 1 else f"{listeners[-1].host}:{inst.metrics_port}",
         queues={q: settings.concurrency_of(q) for q in settings.queue_names},
         handlers=registry.names(),
         fallback=registry.fallback.name if registry.fallback else None,
@@ -169,7 +164,7 @@ async def run(
     if signals:
         guard = _signals(inst, monitor, settings, database_url)
     with guard:
-        await _run_root(settings, registry, inst, state, metrics, server, sock, monitor, database_url, redis_url, fatal)
+        await _run_root(settings, registry, inst, state, metrics, listeners, monitor, database_url, redis_url, fatal)
     log.info("instance_stopped", worker_id=inst.worker_id)
     if fatal:
         raise fatal[0]
@@ -200,31 +195,25 @@ async def _run_root(
     inst: Instance,
     state: AppState,
     metrics: Metrics,
-    server: Server,
-    sock: socket.socket,
+    listeners: list[HttpListener],
     monitor: LoopMonitor,
     database_url: str,
     redis_url: str,
     fatal: list[BaseException],
 ) -> None:
     """The instance's root task group: HTTP, the loop monitor, the watchdog, then the stores' work."""
-    http_done = anyio.Event()
-
-    async def serve_http() -> None:
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            http_done.set()
+    api = listeners[0]
 
     async def stop_http() -> None:
-        server.should_exit = True
-        with anyio.move_on_after(5):
-            await http_done.wait()
+        async with anyio.create_task_group() as tg:
+            for listener in listeners:
+                tg.start_soon(listener.stop)
 
     async with anyio.create_task_group() as root:
         root.start_soon(monitor.run)
-        root.start_soon(serve_http)
-        root.start_soon(notify.watchdog, lambda: server.started and not http_done.is_set())
+        for listener in listeners:
+            root.start_soon(listener.serve)
+        root.start_soon(notify.watchdog, lambda: api.server.started and not api.done.is_set())
         inst.serving.set()
         notify.status(f"connecting to PostgreSQL and Redis; HTTP on {settings.http_host}:{inst.port}")
         clock = StoreClock()
@@ -266,23 +255,6 @@ def rate_policies(settings: Settings) -> dict[str, RatePolicy]:
         "admin": settings.rate_limit_admin_per_second,
     }
     return {name: RatePolicy.of(rate, settings.rate_limit_burst_seconds) for name, rate in rates.items()}
-
-
-def allowed_hosts(settings: Settings) -> list[str]:
-    """``allowed_hosts``, or by default the loopback names on a loopback address and any name elsewhere."""
-    if settings.allowed_hosts:
-        return settings.allowed_hosts
-    return list(LOOPBACK_HOSTS) if is_loopback(settings.http_host) else ["*"]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def _may_serve(settings: Settings, state: AppState, stores: Stores) -> bool:

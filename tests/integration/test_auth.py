@@ -17,10 +17,12 @@ from typing import Any
 
 import anyio
 import asyncpg
+import httpx
 import pytest
 
-from taskmesh import api_keys
+from taskmesh import api_keys, supervisor
 from taskmesh.api_keys import SCOPES
+from taskmesh.errors import ConfigError
 from taskmesh.store import PgStore
 from tests.cli_support import env, run_cli
 from tests.conftest import http, wait_for
@@ -311,3 +313,27 @@ async def test_keys_are_managed_over_the_api_with_keys_admin(start_instance: Any
         "key_id: must be the 16 characters of a key's id (a-z, 2-7)",
     )
     assert no_admin.status_code == 401  # revoked by now; a live key without keys:admin gets 403 (the walk above)
+
+
+async def test_metrics_on_a_port_of_their_own_leave_the_apis_port(start_instance: Any) -> None:
+    async with start_instance(workers_enabled=False, metrics_port=0) as inst, http(inst) as client:
+        assert inst.metrics_port is not None and inst.metrics_port != inst.port
+        on_api = await client.get("/metrics")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{inst.metrics_port}", timeout=10) as scraper:
+            scraped = await scraper.get("/metrics")
+            probe = await scraper.get("/readyz")
+            no_api = await scraper.get("/api/v1/tasks")
+        api_probe = await client.get("/healthz")
+    assert on_api.status_code == 404
+    assert scraped.status_code == 200 and "taskmesh_build_info" in scraped.text
+    assert scraped.headers["content-type"].startswith("text/plain")
+    assert (probe.status_code, no_api.status_code, api_probe.status_code) == (200, 404, 200)
+
+
+async def test_a_metrics_port_in_use_stops_the_start_naming_metrics_port(
+    start_instance: Any, make_settings: Any, registry: Any
+) -> None:
+    async with start_instance(workers_enabled=False) as first:
+        with pytest.raises(ConfigError) as caught:
+            await supervisor.run(make_settings(workers_enabled=False, metrics_port=first.port), registry, signals=False)
+    assert str(caught.value) == f"metrics_port: cannot listen on 127.0.0.1:{first.port}: Address already in use"

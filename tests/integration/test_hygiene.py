@@ -8,6 +8,8 @@ import asyncpg
 import httpx
 import pytest
 
+from taskmesh.config import load_settings
+from taskmesh.errors import ConfigError
 from tests.integration.test_api_bad_input import PROBLEM
 
 pytestmark = pytest.mark.anyio
@@ -76,3 +78,51 @@ async def test_allowed_hosts_names_the_proxys_public_names(start_instance: Any) 
             sub = await client.get(TASKS, headers={"Host": "eu.tm.example:443"})
             direct = await client.get(TASKS)
     assert (public.status_code, sub.status_code, direct.status_code) == (200, 200, 400)
+
+
+PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+
+
+async def test_no_cors_unless_configured_then_only_for_the_listed_origins(start_instance: Any) -> None:
+    page = {"Origin": "https://ops.example.com"}
+    async with start_instance(workers_enabled=False) as inst, raw(inst) as client:
+        closed_read = await client.get(TASKS, headers=page)
+        closed_preflight = await client.options(TASKS, headers={**page, **PREFLIGHT})
+    assert closed_read.status_code == 200 and "access-control-allow-origin" not in closed_read.headers
+    assert closed_preflight.status_code == 405
+    assert not any(h.startswith("access-control-") for h in closed_preflight.headers)
+
+    async with start_instance(workers_enabled=False, cors_allowed_origins="https://ops.example.com") as inst:
+        async with raw(inst) as client:
+            preflight = await client.options(TASKS, headers={**page, **PREFLIGHT})
+            read = await client.get(TASKS, headers=page)
+            form = await client.post(TASKS, content=b"name=x", headers={**page, "Content-Type": "text/plain"})
+            stranger = await client.options(TASKS, headers={"Origin": "https://evil.example", **PREFLIGHT})
+            stranger_read = await client.get(TASKS, headers={"Origin": "https://evil.example"})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "https://ops.example.com"
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert {"authorization", "content-type"} <= set(
+        preflight.headers["access-control-allow-headers"].lower().split(", ")
+    )
+    assert read.headers["access-control-allow-origin"] == "https://ops.example.com"
+    assert "RateLimit" in read.headers["access-control-expose-headers"]
+    # CORS lets a listed page read answers; it never lets a body through that is not JSON.
+    assert form.status_code == 415 and form.headers["access-control-allow-origin"] == "https://ops.example.com"
+    assert stranger.status_code == 400 and "access-control-allow-origin" not in stranger.headers
+    assert stranger_read.status_code == 200 and "access-control-allow-origin" not in stranger_read.headers
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("https://ops.example.com/", "'https://ops.example.com/' is not an origin"),
+        ("ops.example.com", "'ops.example.com' is not an origin"),
+    ],
+)
+def test_a_cors_origin_that_is_not_an_origin_is_a_config_error(value: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(cors_allowed_origins=value)
+    assert str(caught.value) == (
+        f"invalid configuration: cors_allowed_origins: {message}: give scheme://host[:port] (no path), or *"
+    )

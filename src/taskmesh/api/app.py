@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fastapi import APIRouter, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
@@ -32,12 +33,22 @@ from taskmesh.api.state import AppState
 __all__ = ["AppState", "create_app"]
 
 
-def create_app(state: AppState, *, api_enabled: bool = True, allowed_hosts: Sequence[str] = ("*",)) -> FastAPI:
+def create_app(
+    state: AppState,
+    *,
+    api_enabled: bool = True,
+    allowed_hosts: Sequence[str] = ("*",),
+    serve_metrics: bool = True,
+    cors_allowed_origins: Sequence[str] = (),
+) -> FastAPI:
     """Build the ASGI app over ``state``.
 
     :param api_enabled: serve the ``/api/v1`` routes; without them (a worker-only
-        instance) the app still answers ``/healthz``, ``/readyz`` and ``/metrics``.
+        instance, or the ``metrics_port`` listener) the app still answers ``/healthz`` and ``/readyz``.
     :param allowed_hosts: the names answered in ``Host`` (see :class:`~taskmesh.api.hygiene.BrowserGuard`).
+    :param serve_metrics: serve ``/metrics`` (``False`` on the API's port when ``metrics_port`` is set).
+    :param cors_allowed_origins: web origins whose pages may read the API's answers (CORS); none:
+        no CORS headers at all.
     """
     app = FastAPIOffline(
         title="taskmesh",
@@ -48,6 +59,15 @@ def create_app(state: AppState, *, api_enabled: bool = True, allowed_hosts: Sequ
     app.add_middleware(AuditTrail, state=state)  # innermost: the route's principal and status are known
     app.add_middleware(BodyLimit)
     app.add_middleware(BrowserGuard, allowed_hosts=allowed_hosts)  # before the body is read
+    if cors_allowed_origins:  # outside the guard, so an allowed page can read a 400 or 415 too
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_allowed_origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "X-API-Key", "Content-Type", "X-Request-ID", "traceparent"],
+            expose_headers=["Location", "Retry-After", "RateLimit", "RateLimit-Policy", "X-Request-ID"],
+            max_age=600,
+        )
     app.add_middleware(ObserveRequests, metrics=state.metrics)  # outermost: sees 400s, 413s and 415s too
     errors.install(app)
     if api_enabled:
@@ -55,6 +75,8 @@ def create_app(state: AppState, *, api_enabled: bool = True, allowed_hosts: Sequ
             _name_scopes(router)
             app.include_router(router)
     app.include_router(health.router)
+    if serve_metrics:
+        app.include_router(health.metrics_router)
     return app
 
 

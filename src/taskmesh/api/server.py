@@ -463,10 +463,11 @@ class Server(uvicorn.Server):
         return 0 if self.guard is None else self.guard.open
 
 
-def bind_http(host: str, port: int) -> socket.socket:
-    """Bind the API's listening socket before anything else starts.
+def bind_http(host: str, port: int, setting: str = "http_port") -> socket.socket:
+    """Bind a listening socket (the API's, or the metrics port's) before anything else starts.
 
-    :raises ConfigError: the address cannot be bound (in use, not local), naming ``http_port``.
+    :param setting: the setting named when it cannot be bound (``http_port``, ``metrics_port``).
+    :raises ConfigError: the address cannot be bound (in use, not local), naming ``setting``.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so, and
@@ -477,7 +478,7 @@ def bind_http(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"http_port: cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise ConfigError(f"{setting}: cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.listen(2048)
     sock.setblocking(False)
     return sock

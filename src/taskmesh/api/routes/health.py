@@ -1,4 +1,5 @@
-"""Health routes: liveness, readiness, metrics (served also when the API is off)."""
+"""Health routes: liveness, readiness (``router``) and metrics (``metrics_router``), served also when
+the API is off; the metrics also on a port of their own (``metrics_port``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from taskmesh.api.problems import problem_responses
 from taskmesh.errors import StoreError
 
 router = APIRouter()
+metrics_router = APIRouter()
 
 PING_TIMEOUT_SECONDS = 1.0
 
@@ -74,7 +76,7 @@ async def readyz_head(state: StateDep) -> Response:
     return Response(status_code=(await readyz(state)).status_code)
 
 
-@router.get(
+@metrics_router.get(
     "/metrics",
     summary="Prometheus metrics (gauges of stores sampled by the sampler, not per scrape)",
     response_class=PlainTextResponse,
