@@ -29,13 +29,14 @@ test: install
 
 # Tools of the tests that PyPI does not have, for CI (.ci/run runs this before `make test`) or by
 # hand: Debian's nginx (nginx -t and requests through it), systemd-analyze (verify the unit),
-# faketime (an instance whose host clock is 10 minutes off, tests/integration/test_clock_of_record.py)
+# faketime (an instance whose host clock is 10 minutes off, tests/integration/test_clock_of_record.py),
+# chromium and chromedriver (the console's browser tests, tests/console)
 # and promtool (Prometheus config, alert rules, dashboard queries). Each is installed only when
 # missing: nginx, systemd and faketime as root with apt-get; promtool
 # alone is unpacked from Debian's prometheus package (no Prometheus server is installed or
 # started) into /usr/local/bin as root, else into .venv/bin. Where that fails, those tests skip
 # and say why. supervisord, PyYAML and hadolint come from PyPI with the dev extra.
-DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd faketime:faketime
+DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd faketime:faketime chromium:chromium chromedriver:chromium-driver
 deploy-tools: | $(STAMP)
 	@missing=""; for pair in $(DEPLOY_TOOLS); do tool=$${pair%%:*}; pkg=$${pair#*:}; \
 		PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \

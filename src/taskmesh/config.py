@@ -255,6 +255,10 @@ class Settings(BaseSettings):
     metrics_auth: Literal["open", "scope"] = Field(default="open", validation_alias=_aliases("metrics_auth"))
     """``open``: ``/metrics`` answers anyone (Prometheus scrapes it; put it behind your network's
     rules); ``scope``: it needs a key with ``metrics:read``, like the API."""
+    console_enabled: bool = Field(default=True, validation_alias=_aliases("console_enabled"))
+    """Serve the web console under ``/console`` wherever the API is served (``api_enabled``)."""
+    console_session_hours: float = Field(default=8.0, gt=0, le=720, validation_alias=_aliases("console_session_hours"))
+    """How long a console sign-in lasts, hours (the session also ends with its key)."""
     metrics_port: int | None = Field(default=None, ge=0, le=65535, validation_alias=_aliases("metrics_port"))
     """Serve ``/metrics`` (with ``/healthz`` and ``/readyz``) on this port of ``metrics_host``, and not
     on the API's port: the API may then face users while the metrics port faces only Prometheus

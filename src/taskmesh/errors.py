@@ -162,6 +162,18 @@ class BeyondReachError(TaskmeshError):
         self.field = field
 
 
+class ForgedRequestError(TaskmeshError):
+    """A change sent with a console session's cookie but not by the console's own page: the
+    ``X-CSRF-Token`` is missing or wrong, or the browser says another site sent it (403 naming the field).
+
+    :param field: ``X-CSRF-Token``, ``Origin`` or ``Sec-Fetch-Site``.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class QuotaExceededError(TaskmeshError):
     """A tenant's quota refuses a create (the API answers 429, or 413 for payload bytes, naming the quota).
 

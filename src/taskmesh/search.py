@@ -87,7 +87,7 @@ def parse_search(params: Iterable[tuple[str, str]]) -> tuple[SearchFilter, Order
         elif name.startswith("payload."):
             if not _PATH.match(name):
                 raise InvalidTaskError(name, "must be payload.<field>[.<field>...] (letters, digits, _ and -)")
-            _merge(payload, name.split(".")[1:], _scalar(value))
+            _merge(payload, name.split(".")[1:], payload_scalar(value))
         else:
             if name in single:
                 raise InvalidTaskError(name, "given twice")
@@ -197,7 +197,7 @@ def parse_time(single: dict[str, str], key: str) -> datetime | None:
         raise InvalidTaskError(key, "must be between 0001-01-01 and 9999-12-31 in UTC") from None
 
 
-def _scalar(raw: str) -> Any:
+def payload_scalar(raw: str) -> Any:
     """A payload filter's value: a JSON number, true, false, null or "quoted string"; else the text itself."""
     try:
         value = orjson.loads(raw)

@@ -143,6 +143,7 @@ async def run(
         rate_policies=rate_policies(settings),
         rate_burst_seconds=settings.rate_limit_burst_seconds,
         quotas=Quotas(settings.tenant_quotas, settings.tenant_quota_default, settings.rate_limit_burst_seconds),
+        console_session_seconds=settings.console_session_hours * 3600,
     )
     inst.state = state
     listeners = bind_listeners(settings, state, metrics)

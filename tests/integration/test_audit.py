@@ -25,7 +25,7 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture(autouse=True)
 async def no_keys_left(pool: asyncpg.Pool) -> AsyncIterator[None]:
     yield
-    await pool.execute("TRUNCATE api_keys, audit_events; DROP TABLE IF EXISTS audit_events_202401")
+    await pool.execute("TRUNCATE api_keys, console_sessions, audit_events; DROP TABLE IF EXISTS audit_events_202401")
 
 
 def bearer(key: str) -> dict[str, str]:

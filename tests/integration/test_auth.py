@@ -44,7 +44,7 @@ DUMMY = {
 async def no_keys_left(pool: asyncpg.Pool) -> AsyncIterator[None]:
     """Keys made here must not close the instances of later tests (they run open on loopback)."""
     yield
-    await pool.execute("TRUNCATE api_keys")
+    await pool.execute("TRUNCATE api_keys, console_sessions")
 
 
 async def make_key(pg: PgStore, name: str, *scopes: str, **kwargs: Any) -> str:

@@ -97,7 +97,7 @@ OPEN_ROUTES = {"/healthz", "/readyz", "/metrics"}
 async def no_keys_left(pool: asyncpg.Pool) -> AsyncIterator[None]:
     """Keys made here must not close the instances of later tests (they run open on loopback)."""
     yield
-    await pool.execute("TRUNCATE api_keys")
+    await pool.execute("TRUNCATE api_keys, console_sessions")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture(autouse=True)
 async def no_keys_left(pool: asyncpg.Pool) -> AsyncIterator[None]:
     yield
-    await pool.execute("TRUNCATE api_keys")
+    await pool.execute("TRUNCATE api_keys, console_sessions")
 
 
 async def test_max_queued_refuses_creates_beyond_it_and_frees_as_tasks_finish(

@@ -23,7 +23,7 @@ TIGHT = {"rate_limit_write_per_second": 1.0, "rate_limit_burst_seconds": 5.0, "w
 @pytest.fixture(autouse=True)
 async def no_keys_left(pool: asyncpg.Pool) -> AsyncIterator[None]:
     yield
-    await pool.execute("TRUNCATE api_keys")
+    await pool.execute("TRUNCATE api_keys, console_sessions")
 
 
 async def test_two_instances_share_one_budget_per_key_and_refuse_past_it_with_429(

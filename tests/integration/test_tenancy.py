@@ -45,7 +45,7 @@ def handler(registry: Registry) -> None:
 async def no_keys_left(pool: asyncpg.Pool) -> AsyncIterator[None]:
     """Keys made here must not close the instances of later tests (they run open on loopback)."""
     yield
-    await pool.execute("TRUNCATE api_keys; DELETE FROM schedules")
+    await pool.execute("TRUNCATE api_keys, console_sessions; DELETE FROM schedules")
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
-from taskmesh import __version__
+from taskmesh import __version__, console
 from taskmesh.api import errors
 from taskmesh.api.audit_trail import AuditTrail
 from taskmesh.api.auth import SCOPE_OF
@@ -40,6 +40,7 @@ def create_app(
     allowed_hosts: Sequence[str] = ("*",),
     serve_metrics: bool = True,
     cors_allowed_origins: Sequence[str] = (),
+    console_enabled: bool = False,
 ) -> FastAPI:
     """Build the ASGI app over ``state``.
 
@@ -49,6 +50,8 @@ def create_app(
     :param serve_metrics: serve ``/metrics`` (``False`` on the API's port when ``metrics_port`` is set).
     :param cors_allowed_origins: web origins whose pages may read the API's answers (CORS); none:
         no CORS headers at all.
+    :param console_enabled: serve the web console under ``/console`` (only with ``api_enabled``: its
+        pages read and act through the API).
     """
     app = FastAPIOffline(
         title="taskmesh",
@@ -74,6 +77,8 @@ def create_app(
         for router in (tasks.router, queues.router, schedules.router, workers.router, keys.router, audit.router):
             _name_scopes(router)
             app.include_router(router)
+        if console_enabled:
+            console.install(app)
     app.include_router(health.router)
     if serve_metrics:
         app.include_router(health.metrics_router)

@@ -26,7 +26,15 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from taskmesh import api_keys
 from taskmesh.api.principals import ANONYMOUS, RATE_CLASSES, Principal, RatePolicy
 from taskmesh.api.state import AppState
-from taskmesh.errors import BeyondReachError, NotReadyError, PermissionDeniedError, RateLimitedError, StoreError
+from taskmesh.console import sessions
+from taskmesh.errors import (
+    AuthenticationError,
+    BeyondReachError,
+    NotReadyError,
+    PermissionDeniedError,
+    RateLimitedError,
+    StoreError,
+)
 from taskmesh.logs import get_logger
 from taskmesh.tenancy import Reach
 
@@ -76,13 +84,34 @@ async def authenticate(request: Request, state: AppState, scope: str, presented:
         raise NotReadyError()
     if presented is None:
         presented = presented_key(request)
-    principal = await state.keys.principal(state.stores.pg, presented)
+    cookie = request.cookies.get(sessions.COOKIE) if presented is None else None
+    if cookie is not None:
+        principal = await _session_principal(request, state, cookie)
+    else:
+        principal = await state.keys.principal(state.stores.pg, presented)
     request.state.principal = principal  # also for a refusal below: the audit log names the key
     if principal.key_id is not None:
         await _spend(state, principal, RATE_CLASSES[scope])
     if not principal.allows(scope):
         raise PermissionDeniedError(scope)
     return principal
+
+
+async def _session_principal(request: Request, state: AppState, cookie: str) -> Principal:
+    """The caller of a request made with a console session's cookie (and no key).
+
+    :raises AuthenticationError: the session is unknown or over, or its key no longer works (401).
+    :raises ForgedRequestError: a change without the session's CSRF token, or from another site (403).
+    """
+    assert state.stores is not None
+    pg = state.stores.pg
+    session = await sessions.find(pg, cookie)
+    if session is None:
+        if await state.keys.is_open(pg):
+            return ANONYMOUS
+        raise AuthenticationError("the console session is over: sign in again at /console/sign-in")
+    sessions.check_change(request, session, request.headers.get(sessions.CSRF_HEADER))
+    return await state.keys.principal_of_key(pg, session.key_id)
 
 
 async def _spend(state: AppState, principal: Principal, name: str) -> None:

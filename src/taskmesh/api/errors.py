@@ -13,6 +13,7 @@
 | ``PermissionDeniedError`` | 403 | Forbidden (names the ``scope``) |
 | ``RateLimitedError`` | 429 | Too many requests (``Retry-After``, ``RateLimit-Policy``, ``RateLimit``) |
 | ``BeyondReachError`` | 403 | Forbidden (names the field: a tenant or queue beyond the key's reach) |
+| ``ForgedRequestError`` | 403 | Forbidden (a console session's change from elsewhere; names the header) |
 | ``QuotaExceededError`` | 429, 413 for payload bytes | Quota exceeded (names the ``quota`` and tenant) |
 | ``StoreError``, transient | 503 | Store unavailable (names the store) |
 | ``StoreError``, not transient; anything else | 500 | Internal error (logged with its traceback) |
@@ -36,6 +37,7 @@ from taskmesh.errors import (
     AuthenticationError,
     BadJsonError,
     BeyondReachError,
+    ForgedRequestError,
     InvalidTaskError,
     NotReadyError,
     PermissionDeniedError,
@@ -135,6 +137,7 @@ ERROR_TABLE: list[tuple[type[Exception], Callable[[Any], Response]]] = [
     (PermissionDeniedError, _forbidden),
     (RateLimitedError, _rate_limited),
     (BeyondReachError, _beyond_reach),
+    (ForgedRequestError, _beyond_reach),
     (QuotaExceededError, _quota),
 ]
 """Errors with a fixed answer; :class:`StoreError` and anything else are handled below."""

@@ -75,6 +75,7 @@ def bind_listeners(settings: Settings, state: AppState, metrics: Metrics) -> lis
         allowed_hosts=allowed_hosts(settings, settings.http_host),
         serve_metrics=not apart,
         cors_allowed_origins=settings.cors_allowed_origins,
+        console_enabled=settings.console_enabled,
     )
     sock = bind_http(settings.http_host, settings.http_port)
     listeners = [HttpListener("http", settings.http_host, make_server(app, limits=limits, metrics=metrics), sock)]

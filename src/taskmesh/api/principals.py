@@ -134,6 +134,26 @@ class KeyCache:
         pepper = self._pepper
         if row is None or pepper is None or not api_keys.matches(pepper, secret, bytes(row["secret_hash"])):
             raise AuthenticationError(f"no valid key has id {key_id}")
+        return await self._active(pg, key_id, row)
+
+    async def principal_of_key(self, pg: PgStore, key_id: str | None) -> Principal:
+        """The caller of a console session signed in with key ``key_id`` (``None``: made while open).
+
+        :raises AuthenticationError: the key is revoked, expired or gone, or the session was made
+            while the instance ran open and it no longer does.
+        :raises StoreError: PostgreSQL failed.
+        """
+        if await self.is_open(pg):
+            return ANONYMOUS
+        if key_id is None:
+            raise AuthenticationError("this session began while the instance was open; sign in with an API key")
+        row = await self._row(pg, key_id)
+        if row is None:
+            raise AuthenticationError(f"no valid key has id {key_id}")
+        return await self._active(pg, key_id, row)
+
+    async def _active(self, pg: PgStore, key_id: str, row: Any) -> Principal:
+        """The principal of ``row``, once it is neither revoked nor expired (marked used)."""
         read_at, _ = self._keys[key_id]
         db_now = row["now"] + timedelta(seconds=time.monotonic() - read_at)
         if row["revoked_at"] is not None:

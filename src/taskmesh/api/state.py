@@ -85,6 +85,8 @@ class AppState:
     """Tenants' quotas (issue 12)."""
     metrics_protected: bool = False
     """``/metrics`` needs ``metrics:read`` (``metrics_auth = "scope"``)."""
+    console_session_seconds: float = 8 * 3600.0
+    """How long a console session lasts after sign-in (``console_session_hours``)."""
     waiters: FinishedWaiters = field(default_factory=FinishedWaiters)
     stores: Stores | None = None
     tasks: Tasks | None = None

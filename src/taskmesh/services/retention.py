@@ -32,7 +32,8 @@ async def run_once(
     max_batches: int = 50,
     audit_keep_days: float | None = None,
 ) -> Counts:
-    """Delete what is due; returns counts by state (and ``queue_minutes`` rows, audit partitions).
+    """Delete what is due; returns counts by state (and ``queue_minutes`` rows, audit partitions,
+    expired ``console_sessions``).
 
     :param retention: seconds after which a task in each finished state is deleted.
     :param stats_seconds: seconds after which a ``queue_minutes`` row is deleted (0: kept).
@@ -61,6 +62,11 @@ async def run_once(
             deleted["queue_minutes"] = deleted.get("queue_minutes", 0) + n
             if n < batch:
                 break
+    for _ in range(max_batches):
+        n = await pg.sessions.delete_expired(batch)  # an ended session is useless: none is kept
+        deleted["console_sessions"] = deleted.get("console_sessions", 0) + n
+        if n < batch:
+            break
     return {k: v for k, v in deleted.items() if v}
 
 

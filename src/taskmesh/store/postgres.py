@@ -37,6 +37,7 @@ from taskmesh.store.operation_queries import OperationQueries
 from taskmesh.store.queue_queries import QueueQueries
 from taskmesh.store.schedule_queries import ScheduleQueries
 from taskmesh.store.search_queries import SearchQueries
+from taskmesh.store.session_queries import SessionQueries
 from taskmesh.store.sql import Executor, queries
 from taskmesh.store.task_queries import TaskQueries
 from taskmesh.store.worker_queries import WorkerQueries
@@ -87,6 +88,7 @@ class PgStore:
         self.operations = OperationQueries(ex)
         self.keys = KeyQueries(ex)
         self.audit = AuditQueries(ex)
+        self.sessions = SessionQueries(ex)
 
     @classmethod
     async def connect(cls, database_url: str, size: int = 10) -> PgStore:

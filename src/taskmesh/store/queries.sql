@@ -769,3 +769,21 @@ LIMIT $10;
 -- name: audit_partitions
 -- Make the months ahead, drop those past retention ($1 days; 0 keeps all).
 SELECT taskmesh_audit_partitions($1, $2);
+
+-- name: console_session_insert
+-- A console session of key $2 (NULL: an open instance's visitor), valid for $4 seconds.
+INSERT INTO console_sessions (id_hash, key_id, csrf_token, expires_at)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+RETURNING expires_at;
+
+-- name: console_session_lookup
+-- The unexpired session whose secret hashes to $1.
+SELECT key_id, csrf_token, expires_at FROM console_sessions WHERE id_hash = $1 AND expires_at > now();
+
+-- name: console_session_delete
+DELETE FROM console_sessions WHERE id_hash = $1;
+
+-- name: console_session_delete_expired
+-- Retention: sessions past their expiry, at most $1 at a time.
+DELETE FROM console_sessions
+WHERE id_hash IN (SELECT id_hash FROM console_sessions WHERE expires_at <= now() LIMIT $1);

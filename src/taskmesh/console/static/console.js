@@ -1,0 +1,88 @@
+// The console's one script (no inline script anywhere: the CSP forbids it).
+// 1. Sections marked data-live="<url>" refresh themselves every few seconds from that page,
+//    only while the tab is visible; the rest of the page (forms being typed into) stays.
+// 2. <details data-fetch="<url>"> loads its content the first time it is opened (payloads).
+"use strict";
+
+const LIVE_SECONDS = 5;
+
+async function fetchDocument(url) {
+  const answer = await fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } });
+  if (answer.redirected && new URL(answer.url).pathname.startsWith("/console/sign-in")) {
+    window.location.assign(answer.url); // the session ended: sign in again
+    return null;
+  }
+  const text = await answer.text();
+  return new DOMParser().parseFromString(text, "text/html");
+}
+
+async function refreshLive() {
+  if (document.hidden) return;
+  const sections = document.querySelectorAll("[data-live]");
+  for (const section of sections) {
+    const url = section.getAttribute("data-live");
+    try {
+      const fresh = await fetchDocument(url);
+      if (fresh === null) return;
+      const same = Array.from(fresh.querySelectorAll("[data-live]")).find(
+        (el) => el.getAttribute("data-live") === url,
+      );
+      const focused = section.contains(document.activeElement);
+      if (focused) continue; // never replace a form someone is typing in
+      if (same) {
+        section.replaceChildren(...Array.from(same.childNodes).map((n) => document.importNode(n, true)));
+      } else {
+        // the page no longer follows it (an operation ended): show its final state once
+        const final = fresh.getElementById(section.id);
+        if (final) section.replaceWith(document.importNode(final, true));
+        else section.removeAttribute("data-live");
+      }
+    } catch (err) {
+      // offline or the instance restarting: try again at the next tick
+    }
+  }
+  const status = document.getElementById("op-status");
+  if (status && !document.querySelector("[data-live]")) {
+    const fresh = await fetchDocument(window.location.href);
+    const final = fresh && fresh.getElementById("op-status");
+    if (final) status.replaceWith(document.importNode(final, true));
+  }
+}
+
+function lazyDetails() {
+  for (const details of document.querySelectorAll("details[data-fetch]")) {
+    details.addEventListener("toggle", async () => {
+      if (!details.open || details.dataset.loaded) return;
+      details.dataset.loaded = "1";
+      const slot = details.querySelector(".data-slot");
+      slot.textContent = "Loading…";
+      try {
+        const fresh = await fetchDocument(details.getAttribute("data-fetch"));
+        if (fresh === null) return;
+        slot.replaceChildren(...Array.from(fresh.body.childNodes).map((n) => document.importNode(n, true)));
+      } catch (err) {
+        slot.textContent = "Could not load it; reopen to try again.";
+        delete details.dataset.loaded;
+      }
+    });
+  }
+}
+
+function confirmForms() {
+  // A select-all box for the dead-letter table.
+  const all = document.getElementById("select-all");
+  if (all) {
+    all.addEventListener("change", () => {
+      for (const box of document.querySelectorAll("input[name=ids]")) box.checked = all.checked;
+    });
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  lazyDetails();
+  confirmForms();
+  if (document.querySelector("[data-live]")) {
+    window.setInterval(refreshLive, LIVE_SECONDS * 1000);
+    document.addEventListener("visibilitychange", () => { if (!document.hidden) refreshLive(); });
+  }
+});

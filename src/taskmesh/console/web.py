@@ -1,0 +1,202 @@
+"""What every console page shares: the templates, the security headers, and who is looking.
+
+A page finds its :class:`Visitor` through :func:`visitor`: the session of the request's cookie,
+acting as its API key (:mod:`taskmesh.console.sessions`). On an open instance a first visit gets
+a session without a key at once; elsewhere a visitor without a working session is sent to the
+sign-in page. Templates are autoescaped Jinja2 (``console/templates``): a task's name, payload,
+error or a schedule's name can never become markup.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from taskmesh.api.principals import Principal
+from taskmesh.api.state import AppState
+from taskmesh.console import sessions
+from taskmesh.errors import AuthenticationError, NotReadyError
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+"""The console's Content-Security-Policy: no inline script or style, nothing from another origin."""
+
+_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"x-frame-options", b"DENY"),
+    (b"cache-control", b"no-store"),
+]
+
+templates = Environment(
+    loader=PackageLoader("taskmesh.console", "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+class ConsoleHeaders:
+    """Adds :data:`CSP` and the other security headers to every answer under ``/console``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/console"):
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+@dataclass
+class Visitor:
+    """Who is looking at a console page: the session's cookie, the session and its principal.
+
+    :ivar cookie: the session cookie's secret (forwarded to the API on the visitor's behalf).
+    :ivar new_cookie: a session made by this request (an open instance's first visit): set it.
+    :ivar open: the instance runs open (no key is needed: the pages say so).
+    """
+
+    cookie: str
+    session: sessions.Session
+    principal: Principal
+    open: bool
+    new_cookie: bool = False
+
+    def can(self, scope: str) -> bool:
+        """Whether the visitor's key holds ``scope`` (actions it lacks are not offered)."""
+        return self.principal.allows(scope)
+
+
+class SignInNeeded(Exception):
+    """The request has no working session: the page answers with a redirect to the sign-in page."""
+
+    def __init__(self, why: str | None = None) -> None:
+        super().__init__(why or "")
+        self.why = why
+
+
+def state_of(request: Request) -> AppState:
+    """The instance's shared state."""
+    state: AppState = request.app.state.taskmesh
+    return state
+
+
+async def visitor(request: Request) -> Visitor:
+    """The visitor of a console page.
+
+    :raises SignInNeeded: no session, an ended one, or one whose key no longer works.
+    :raises NotReadyError: the stores have not answered yet (503).
+    :raises StoreError: PostgreSQL failed.
+    """
+    state = state_of(request)
+    if state.stores is None:
+        raise NotReadyError()
+    pg = state.stores.pg
+    cookie = request.cookies.get(sessions.COOKIE)
+    session = await sessions.find(pg, cookie)
+    is_open = await state.keys.is_open(pg)
+    if session is None or cookie is None:
+        if not is_open:
+            raise SignInNeeded("your session ended; sign in again" if cookie else None)
+        cookie, session = await sessions.start(pg, None, state.console_session_seconds)
+        return Visitor(cookie, session, await state.keys.principal_of_key(pg, None), True, new_cookie=True)
+    try:
+        principal = await state.keys.principal_of_key(pg, session.key_id)
+    except AuthenticationError as exc:
+        raise SignInNeeded(str(exc)) from None
+    return Visitor(cookie, session, principal, is_open)
+
+
+def set_session_cookie(request: Request, response: Response, cookie: str, expires_at: datetime) -> None:
+    """The session cookie: HttpOnly, SameSite=Strict, Secure when the page came over HTTPS."""
+    response.set_cookie(
+        sessions.COOKIE,
+        cookie,
+        max_age=max(1, round((expires_at - datetime.now(UTC)).total_seconds())),
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+
+
+FLASH = "tm_flash"
+"""A one-time notice or problem for the next page (a cookie, so no link can plant a message)."""
+
+
+def render(request: Request, who: Visitor | None, template: str, status: int = 200, **context: Any) -> Response:
+    """The page ``template`` for ``who``, with the layout's context (its key, the nav, the notice)."""
+    flash = _read_flash(request.cookies.get(FLASH))
+    page = templates.get_template(template).render(
+        who=who,
+        path=request.url.path,
+        notice=flash.get("notice"),
+        problem=flash.get("problem"),
+        **context,
+    )
+    response = HTMLResponse(page, status_code=status)
+    if flash:
+        response.delete_cookie(FLASH, path="/console")
+    if who is not None and who.new_cookie:
+        set_session_cookie(request, response, who.cookie, who.session.expires_at)
+    return response
+
+
+def back(to: str, *, notice: str | None = None, problem: str | None = None) -> RedirectResponse:
+    """303 to the console page ``to`` (a path under ``/console``), with a one-time notice or problem."""
+    if (not to.startswith("/console/") and to != "/console") or "\\" in to or "/.." in to:
+        to = "/console"  # only this console's own pages: never another site
+    response = RedirectResponse(to, status_code=303)
+    flash = {k: v[:500] for k, v in (("notice", notice), ("problem", problem)) if v}
+    if flash:
+        value = base64.urlsafe_b64encode(orjson.dumps(flash)).decode()
+        response.set_cookie(FLASH, value, max_age=60, path="/console", httponly=True, samesite="strict")
+    return response
+
+
+def failed(request: Request, who: Visitor, page: str, what: str, status: int, problem: str) -> Response:
+    """An action the API refused: a key lacking the scope or reach (401, 403) gets that status and a page
+    saying so; anything else (a 409, a 422) goes back to ``page`` with the problem."""
+    if status in (401, 403):
+        return render(request, who, "refused.html", status, what=what, message=problem, page=page)
+    return back(page, problem=f"{what}: {problem}")
+
+
+def _read_flash(value: str | None) -> dict[str, str]:
+    if not value or len(value) > 2048:
+        return {}
+    try:
+        flash = orjson.loads(base64.urlsafe_b64decode(value.encode()))
+    except (ValueError, orjson.JSONDecodeError):
+        return {}
+    if not isinstance(flash, dict):
+        return {}
+    return {k: str(v) for k, v in flash.items() if k in ("notice", "problem")}
+
+
+def to_sign_in(request: Request, why: str | None) -> RedirectResponse:
+    """303 to the sign-in page, which then returns to this page."""
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    response = back("/console/sign-in", problem=why)
+    response.headers["location"] = f"/console/sign-in?next={quote(target)}"
+    return response

@@ -1,0 +1,73 @@
+"""The console's browser: Debian's headless Chromium driven by Selenium, and the screenshots it saves.
+
+Tests skip, saying why, where no browser can be had (``make deploy-tools`` installs
+``chromium`` and ``chromium-driver``). Screenshots go to ``test-artefacts/console/`` (or
+``$TASKMESH_TEST_ARTEFACTS/console``), one per page a test visits, for a person to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import pytest
+
+from tests.proc import ROOT
+
+ARTEFACTS = Path(os.environ.get("TASKMESH_TEST_ARTEFACTS", ROOT / "test-artefacts")) / "console"
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless Chromium (one per module; each test starts with its cookies cleared)."""
+    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if binary is None or driver_path is None:
+        pytest.skip(
+            "no chromium or chromedriver on PATH: `make deploy-tools` installs Debian's chromium, chromium-driver"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1360,900"):
+        options.add_argument(arg)
+    try:
+        driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    except Exception as exc:  # a browser that cannot start here (no display libraries, ...)
+        pytest.skip(f"chromium could not start: {exc}")
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """The browser with no cookie of an earlier test (cookies ignore ports: every instance is 127.0.0.1)."""
+    browser.get("about:blank")
+    browser.delete_all_cookies()
+    yield browser
+
+
+def screenshot(driver: Any, name: str) -> Path:
+    """Save the whole page as ``<name>.png`` under :data:`ARTEFACTS`."""
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    height = driver.execute_script("return Math.max(document.body.scrollHeight, 600)")
+    driver.set_window_size(1360, min(int(height) + 120, 4000))
+    path = ARTEFACTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1360, 900)
+    return path
+
+
+async def in_browser(steps: Callable[[], T]) -> T:
+    """Run blocking browser ``steps`` in a thread, so the instance in this event loop keeps answering."""
+    return await anyio.to_thread.run_sync(steps)
