@@ -99,7 +99,7 @@ async def test_sign_in_search_open_a_task_see_every_page_and_sign_out(
 
     register(registry)
     admin = (await api_keys.create(stores.pg, "ops-admin", list(SCOPES))).key
-    async with start_instance(queue_names=["work"]) as inst, http(inst) as client:
+    async with start_instance(queue_names=["work"], metrics_sample_seconds=0.2) as inst, http(inst) as client:
         done = await enqueue(client, admin, "console.ok", payload={"say": "hello", "n": 7})
         await ended(client, admin, done)
         for n in range(3):
@@ -117,6 +117,8 @@ async def test_sign_in_search_open_a_task_see_every_page_and_sign_out(
             assert text(page, ".who .key") == "ops-admin"
             page.get(f"{base}/console/overview")
             assert "work" in text(page, "#overview-queues")
+            assert "succeeded now: 1 run" in text(page, "#charts")  # the sampler wrote the rollup
+            assert len(page.find_elements(By.CSS_SELECTOR, "#charts svg")) == 4
             screenshot(page, "02-overview")
             page.get(f"{base}/console/tasks")
             page.find_element(By.ID, "f-payload").send_keys("customer.id=1")
@@ -359,3 +361,44 @@ async def test_markup_in_errors_payloads_results_reasons_and_names_is_shown_as_t
             no_alert(page)
 
         await in_browser(steps)
+
+
+async def test_selected_tasks_are_cancelled_and_the_queues_page_follows_new_tasks_without_a_reload(
+    start_instance: Any, stores: Any, page: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    admin = (await api_keys.create(stores.pg, "admin", list(SCOPES))).key
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        made = [await enqueue(client, admin, "report.build", payload={"n": n}) for n in range(3)]
+        base = f"http://127.0.0.1:{inst.port}"
+
+        def select_and_cancel() -> None:
+            sign_in(page, base, admin)
+            page.get(f"{base}/console/tasks?name=report.build")
+            for task_id in made[:2]:
+                page.find_element(By.CSS_SELECTOR, f"#tasks input[value='{task_id}']").click()
+            page.find_element(By.CSS_SELECTOR, "#selection button[value=cancel]").click()
+            assert text(page, ".flash.ok") == "Cancelled: 2 of 2 selected."
+            assert "name=report.build" in page.current_url  # back on the same search
+            page.get(f"{base}/console/queues")
+            page.execute_script("window.notReloaded = true;")
+            assert text(page, "tr[data-queue=default] td:nth-child(3)") == "1"
+
+        await in_browser(select_and_cancel)
+        for n in range(4):
+            await enqueue(client, admin, "report.build", payload={"more": n})
+
+        def follows() -> None:
+            WebDriverWait(page, 15, poll_frequency=0.5).until(
+                lambda d: text(d, "tr[data-queue=default] td:nth-child(3)") == "5"
+            )
+            assert page.execute_script("return window.notReloaded === true;")  # updated in place
+            screenshot(page, "17-queues-live")
+
+        await in_browser(follows)
+        statuses = [
+            (await client.get(f"/api/v1/tasks/{t}", headers=bearer(admin))).json()["task"]["status"] for t in made
+        ]
+    assert statuses == ["cancelled", "cancelled", "queued"]

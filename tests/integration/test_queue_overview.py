@@ -135,8 +135,9 @@ async def test_runs_counted_on_several_instances_add_up_in_one_row_per_minute(
         await stores.pg.queues.add_minute(tally.take())
     assert first.take() == {} and second.take() == {}
     rows = {r["queue"]: dict(r) for r in await pool.fetch("SELECT * FROM queue_minutes")}
-    assert set(rows) == {"default", "reports"}
+    assert set(rows) == {"default", "reports", "*"}  # "*": every queue's runs together, for the charts
     assert (rows["default"]["succeeded"], rows["default"]["retried"], rows["reports"]["interrupted"]) == (4, 1, 1)
+    assert (rows["*"]["succeeded"], rows["*"]["retried"], rows["*"]["interrupted"]) == (4, 1, 1)
 
 
 async def test_counts_that_could_not_be_written_are_put_back_and_written_with_the_next_ones() -> None:

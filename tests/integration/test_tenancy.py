@@ -326,6 +326,10 @@ ROUTES: dict[tuple[str, str], list[Check]] = {
     ("POST", "/api/v1/tasks/{task_id}/retry"): [retry],
     ("DELETE", "/api/v1/tasks/{task_id}"): [delete],
     ("GET", "/api/v1/queues"): [platform_wide("GET", "/api/v1/queues", "tasks:read", "the queue list")],
+    ("GET", "/api/v1/history"): [
+        platform_wide("GET", "/api/v1/history", "tasks:read", "the queues' history"),
+        platform_wide("GET", "/api/v1/history?queue=default&window=day", "tasks:read", "the queues' history"),
+    ],
     ("GET", "/api/v1/queues/{queue}"): [
         platform_wide("GET", "/api/v1/queues/default", "tasks:read", "a queue's overview")
     ],

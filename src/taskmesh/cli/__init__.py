@@ -59,8 +59,8 @@ def root(
         typer.Option(
             "--api-key",
             envvar="TASKMESH_API_KEY",
-            help="The API key the operator verbs send (tmk_<id>_<secret>); better in TASKMESH_API_KEY than on "
-            "a command line others can read.",
+            help="The API key the operator verbs send (tmk_ID_SECRET, as taskmesh keys create printed it); "
+            "better in TASKMESH_API_KEY than on a command line others can read.",
             show_envvar=True,
             metavar="KEY",
         ),

@@ -211,3 +211,48 @@ async def schedule_act(request: Request, name: str, verb: str, csrf_token: Csrf 
     if verb == "trigger":
         return back(page, notice=f"{name} fired now: task {done.body.get('task_id', '')}.")
     return back(page, notice=f"{name} {'paused' if verb == 'pause' else 'resumed'}.")
+
+
+SELECTION_VERBS = {"cancel": "Cancelled", "retry": "Queued again", "delete": "Deleted"}
+
+
+@router.post("/console/tasks/act")
+async def selection_act(
+    request: Request,
+    csrf_token: Csrf = "",
+    do: Csrf = "",
+    ids: Ids | None = None,
+    reason: Reason = "",
+    confirm: Csrf = "",
+    back_to: Annotated[str, Form(max_length=2000)] = "/console/tasks",
+) -> Response:
+    """Cancel, retry (or replay) or delete the tasks selected on a page of the search: the API's call for
+    each, as the visitor (for every task a filter matches, the bulk form starts one operation)."""
+    who = await _acting(request, csrf_token)
+    page = back_to if back_to.startswith("/console/tasks") else "/console/tasks"
+    chosen = [t for t in (ids or []) if _task(t) is not None]
+    if do not in SELECTION_VERBS:
+        return back(page, problem="Choose cancel, retry or delete.")
+    if not chosen:
+        return back(page, problem="Select the tasks first (the boxes on the left).")
+    if do == "delete" and confirm.strip().lower() != "delete":
+        return back(page, problem="Nothing deleted: type delete in the box to confirm.")
+    done_n, refusals = 0, []
+    async with ConsoleApi(request, who) as api:
+        for task_id in chosen:
+            if do == "delete":
+                done = await api.delete(f"/api/v1/tasks/{task_id}", {"reason": reason})
+            else:
+                done = await api.post(f"/api/v1/tasks/{task_id}/{do}")
+            if done.ok:
+                done_n += 1
+            elif done.status in (401, 403):
+                return failed(
+                    request, who, page, f"{SELECTION_VERBS[do]} {done_n} of {len(chosen)}", done.status, done.problem
+                )
+            else:
+                refusals.append(done.problem)
+    summary = f"{SELECTION_VERBS[do]}: {done_n} of {len(chosen)} selected"
+    if refusals:
+        return back(page, problem=f"{summary}; the first refusal: {refusals[0]}")
+    return back(page, notice=f"{summary}.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 from starlette.requests import Request
@@ -81,6 +82,18 @@ class ConsoleApi:
     async def get(self, path: str, params: list[tuple[str, str]] | dict[str, str] | None = None) -> Answer:
         """``GET path`` with ``params`` in its query."""
         return await self._send("GET", path, params=params)
+
+    async def get_all(self, *calls: tuple[str, dict[str, str] | None]) -> list[Answer]:
+        """Several ``GET`` calls at once (a page that reads three routes waits for the slowest, not the sum)."""
+        answers: list[Answer | None] = [None] * len(calls)
+
+        async def one(i: int, path: str, params: dict[str, str] | None) -> None:
+            answers[i] = await self.get(path, params)
+
+        async with anyio.create_task_group() as tg:
+            for i, (path, params) in enumerate(calls):
+                tg.start_soon(one, i, path, params)
+        return [a for a in answers if a is not None]
 
     async def post(self, path: str, body: dict[str, Any] | None = None) -> Answer:
         """``POST path`` with a JSON body (none for ``None``)."""

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
 from taskmesh.console.api_client import ConsoleApi
+from taskmesh.console.charts import overview_charts
 from taskmesh.console.web import back, render, visitor
 
 router = APIRouter(include_in_schema=False)
@@ -48,13 +49,37 @@ async def home() -> Response:
 async def overview(request: Request) -> Response:
     """Queues with their depth and oldest ready age, runs of the last minute, live workers."""
     who = await visitor(request)
+    window = "day" if request.query_params.get("window") == "day" else "hour"
     async with ConsoleApi(request, who) as api:
-        queues = await api.get("/api/v1/queues")
-        workers = await api.get("/api/v1/workers")
+        queues, workers, past = await api.get_all(
+            ("/api/v1/queues", None), ("/api/v1/workers", None), ("/api/v1/history", {"window": window})
+        )
     states: dict[str, int] = {}
     for w in workers.body.get("workers", []) if workers.ok else []:
         states[w["state"]] = states.get(w["state"], 0) + 1
-    return render(request, who, "overview.html", queues=queues, workers=workers, worker_states=states)
+    return render(
+        request,
+        who,
+        "overview.html",
+        queues=queues,
+        workers=workers,
+        worker_states=states,
+        history=past,
+        charts=overview_charts(past.body) if past.ok else [],
+        window=window,
+        size=_size(past.body.get("rollup")) if past.ok else None,
+    )
+
+
+def _size(rollup: dict[str, Any] | None) -> str | None:
+    """The rollup's size in words: ``"1.2 MiB, about 43,000 rows, since 2026-11-02 10:00"``."""
+    if not rollup:
+        return None
+    kib = rollup["bytes"] / 1024
+    size = f"{kib / 1024:,.1f} MiB" if kib >= 1024 else f"{kib:,.0f} KiB"
+    rows = f", about {rollup['rows']:,} rows" if rollup.get("rows") is not None else ""
+    since = f", since {rollup['since'][:16].replace('T', ' ')} UTC" if rollup.get("since") else ""
+    return size + rows + since
 
 
 @router.get("/console/queues")
@@ -95,6 +120,7 @@ async def tasks_page(request: Request) -> Response:
         statuses=STATUSES,
         query=[(k, v) for k, v in params if k != "cursor"],
         payload_text=" ".join(f"{k[len('payload.') :]}={v}" for k, v in params if k.startswith("payload.")),
+        request_path=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
     )
 
 
@@ -105,8 +131,7 @@ async def task_page(request: Request, task_id: str) -> Response:
     if not _is_uuid(task_id):
         return back("/console/tasks", problem=f"{task_id[:80]!r} is not a task id (a UUID)")
     async with ConsoleApi(request, who) as api:
-        task = await api.get(f"/api/v1/tasks/{task_id}")
-        runs = await api.get(f"/api/v1/tasks/{task_id}/runs") if task.ok else task
+        task, runs = await api.get_all((f"/api/v1/tasks/{task_id}", None), (f"/api/v1/tasks/{task_id}/runs", None))
     status = task.status if not task.ok else 200
     body = task.body.get("task", {}) if task.ok else {}
     body = {k: v for k, v in body.items() if k not in ("payload", "result")}  # fetched on demand

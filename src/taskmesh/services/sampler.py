@@ -16,8 +16,10 @@ tasks of every other queue are summed into
 a queue no instance works (a typo: ``defualt``) shows without one series per
 typo (issue 10, break 10).
 
-Each sample first adds this instance's ended runs (:class:`RunTally`) to the
-current minute's rows of ``queue_minutes``.
+Each sample first adds this instance's ended runs and its started runs' waits
+(:class:`RunTally`) to the current minute's rows of ``queue_minutes``, and then raises
+that minute's most ready tasks and oldest ready age of its queues to what it saw (the
+console's charts).
 
 These are cluster-wide facts that every instance reports: aggregate them with
 ``max by (queue)``. A failing store is handled by the periodic loop
@@ -53,7 +55,8 @@ async def run_once(
     if tally is not None:
         await _add_minute(stores, tally)
     queues = list(queues)
-    for queue, (ready, delayed) in (await stores.redis.sizes(queues)).items():
+    sizes = await stores.redis.sizes(queues)
+    for queue, (ready, delayed) in sizes.items():
         metrics.queue_depth.labels(queue, "ready").set(ready)
         metrics.queue_depth.labels(queue, "delayed").set(delayed)
     running = await stores.pg.tasks.sample_running_by_queue(queues)
@@ -65,6 +68,8 @@ async def run_once(
     metrics.set_served_queues(served)  # the first SERVED_QUEUES_MAX become labels
     unserved = await stores.pg.tasks.count_queued_unserved(served, QUEUES_READ)
     metrics.queue_depth.labels(UNSERVED_QUEUE, "ready").set(sum(r["ready"] for r in unserved))
+    if queues:
+        await stores.pg.queues.sample_minute({q: (sizes.get(q, (0, 0))[0], ages[q]) for q in queues})
     for queue in queues:
         metrics.queue_depth.labels(queue, "running").set(running.get(queue, 0))
         metrics.queue_depth.labels(queue, "dead_letter").set(failed.get(queue, 0))
@@ -80,13 +85,14 @@ async def run_once(
 
 
 async def _add_minute(stores: Stores, tally: RunTally) -> None:
-    counts = tally.take()
-    if not counts:
+    counts, waits = tally.take(), tally.take_waits()
+    if not counts and not waits:
         return
     try:
-        await stores.pg.queues.add_minute(counts)
+        await stores.pg.queues.add_minute(counts, waits)
     except BaseException:
         tally.put_back(counts)
+        tally.put_back_waits(waits)
         raise
 
 

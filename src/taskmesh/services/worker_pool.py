@@ -246,6 +246,8 @@ class QueueWorkers:
                 except anyio.EndOfStream:
                     return
                 self.started.add(task.run_id)
+                if self.tally is not None and task.ready_at is not None:
+                    self.tally.waited(task.queue, max(0.0, self.now() - task.ready_at))
                 result = await run_one(
                     task,
                     registry=self.registry,

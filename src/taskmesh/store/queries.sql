@@ -549,14 +549,72 @@ SELECT name, paused_at, paused_reason FROM queues WHERE name = $1;
 SELECT name, paused_at, paused_reason FROM queues WHERE paused_at IS NOT NULL ORDER BY name LIMIT $1;
 
 -- name: queue_minutes_add
--- Add one instance's counts of ended runs to this minute's rows (PostgreSQL's minute).
-INSERT INTO queue_minutes AS m (queue, minute, succeeded, retried, failed, cancelled, interrupted)
-SELECT q, date_trunc('minute', now()), s, r, f, c, i
-FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[]) AS u(q, s, r, f, c, i)
+-- Add one instance's counts of ended runs, and its wait histograms ($7: each a '{n,n,...}' text,
+-- run_tally.WAIT_BOUNDS_SECONDS), to this minute's rows (PostgreSQL's minute).
+INSERT INTO queue_minutes AS m (queue, minute, succeeded, retried, failed, cancelled, interrupted, wait_counts)
+SELECT q, date_trunc('minute', now()), s, r, f, c, i, w::bigint[]
+FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::text[])
+    AS u(q, s, r, f, c, i, w)
 ON CONFLICT (queue, minute) DO UPDATE
 SET succeeded = m.succeeded + EXCLUDED.succeeded, retried = m.retried + EXCLUDED.retried,
     failed = m.failed + EXCLUDED.failed, cancelled = m.cancelled + EXCLUDED.cancelled,
-    interrupted = m.interrupted + EXCLUDED.interrupted;
+    interrupted = m.interrupted + EXCLUDED.interrupted,
+    wait_counts = taskmesh_add_counts(m.wait_counts, EXCLUDED.wait_counts);
+
+-- name: queue_minutes_sample
+-- Raise this minute's most ready tasks ($2) and oldest ready age ($3, seconds) of queues $1 to what a sampler saw.
+INSERT INTO queue_minutes AS m (queue, minute, ready_max, oldest_ready_max_seconds)
+SELECT q, date_trunc('minute', now()), r, o
+FROM unnest($1::text[], $2::bigint[], $3::float8[]) AS u(q, r, o)
+ON CONFLICT (queue, minute) DO UPDATE
+SET ready_max = GREATEST(m.ready_max, EXCLUDED.ready_max),
+    oldest_ready_max_seconds = GREATEST(m.oldest_ready_max_seconds, EXCLUDED.oldest_ready_max_seconds);
+
+-- name: queue_minutes_history
+-- The last $1 seconds in steps of $2 seconds, oldest first, of queue $3 (NULL: every queue: the runs
+-- and waits of queue '*', and the most ready tasks of all queues together: each minute's sum).
+-- wait_counts is summed element by element, one term per bucket of run_tally.WAIT_BOUNDS_SECONDS
+-- and one for longer waits (21; tests/integration/test_history.py checks the count): plain sums
+-- are ten times faster than an aggregate function merging arrays.
+WITH span AS (
+    SELECT * FROM queue_minutes
+    WHERE minute > date_trunc('minute', now()) - make_interval(secs => $1)
+      AND ($3::text IS NULL OR queue = $3::text)
+), runs AS (
+    SELECT date_bin(make_interval(secs => $2), minute, TIMESTAMPTZ '2000-01-01 00:00:00+00') AS step,
+           sum(succeeded)::bigint AS succeeded, sum(retried)::bigint AS retried, sum(failed)::bigint AS failed,
+           sum(cancelled)::bigint AS cancelled, sum(interrupted)::bigint AS interrupted,
+           ARRAY[sum(wait_counts[1]), sum(wait_counts[2]), sum(wait_counts[3]), sum(wait_counts[4]), sum(wait_counts[5]), sum(wait_counts[6]), sum(wait_counts[7]),
+                 sum(wait_counts[8]), sum(wait_counts[9]), sum(wait_counts[10]), sum(wait_counts[11]), sum(wait_counts[12]), sum(wait_counts[13]), sum(wait_counts[14]),
+                 sum(wait_counts[15]), sum(wait_counts[16]), sum(wait_counts[17]), sum(wait_counts[18]), sum(wait_counts[19]), sum(wait_counts[20]), sum(wait_counts[21])]::bigint[] AS wait_counts
+    FROM span
+    WHERE queue = coalesce($3::text, '*')
+    GROUP BY step
+), sampled AS (
+    SELECT step, max(ready)::bigint AS ready_max, max(oldest) AS oldest_ready_max_seconds
+    FROM (
+        SELECT date_bin(make_interval(secs => $2), minute, TIMESTAMPTZ '2000-01-01 00:00:00+00') AS step,
+               sum(ready_max) AS ready, max(oldest_ready_max_seconds) AS oldest
+        FROM span
+        WHERE queue <> '*'
+        GROUP BY minute
+    ) per_minute
+    GROUP BY step
+)
+SELECT step, coalesce(succeeded, 0) AS succeeded, coalesce(retried, 0) AS retried, coalesce(failed, 0) AS failed,
+       coalesce(cancelled, 0) AS cancelled, coalesce(interrupted, 0) AS interrupted,
+       coalesce(wait_counts, '{}') AS wait_counts, ready_max, oldest_ready_max_seconds
+FROM runs FULL JOIN sampled USING (step)
+ORDER BY step;
+
+-- name: queue_minutes_size
+-- The rollup's size on disk, its estimated rows (NULL before the table was first analyzed), its oldest
+-- minute; the table is found through its own rows' tableoid (0 bytes while it has none).
+WITH t AS (SELECT tableoid FROM queue_minutes LIMIT 1)
+SELECT coalesce((SELECT pg_total_relation_size(tableoid) FROM t), 0) AS bytes,
+       (SELECT CASE WHEN c.reltuples < 0 THEN NULL ELSE c.reltuples::bigint END
+        FROM pg_class c JOIN t ON c.oid = t.tableoid) AS rows,
+       (SELECT min(minute) FROM queue_minutes) AS since;
 
 -- name: queue_minutes_recent
 -- The rows of the last full minute and of the current one so far, of the queues in $1

@@ -14,6 +14,7 @@ from taskmesh.api.auth import check_queue_reach, platform_wide, reach_of, requir
 from taskmesh.api.deps import QueuePath, StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
 from taskmesh.api.problems import problem_responses
 from taskmesh.errors import InvalidTaskError
+from taskmesh.history import WINDOWS, history
 from taskmesh.logs import get_logger
 from taskmesh.queue_overview import known_queues, overview
 from taskmesh.records import pause_to_dict
@@ -161,3 +162,22 @@ async def replay(queue: QueuePath, request: Request, tasks: TasksDep) -> Respons
         done = set(ids)
         answer["not_replayed"] = [str(i) for i in dict.fromkeys(req.ids) if str(i) not in done]
     return json_response(answer)
+
+
+@router.get(
+    "/api/v1/history",
+    dependencies=[Depends(require("tasks:read"))],
+    responses=problem_responses(422),
+    summary="Runs, waits and backlog per minute (last hour) or per five minutes (last day), from the rollup",
+)
+async def get_history(request: Request, stores: StoresDep, window: str = "hour", queue: str | None = None) -> Response:
+    """``window`` ``hour`` (60 points of a minute) or ``day`` (288 of five minutes), of ``queue`` or of
+    every queue summed (a key bound to a tenant is refused: the counts are every tenant's)."""
+    if window not in WINDOWS:
+        raise InvalidTaskError("window", f"must be one of {', '.join(WINDOWS)}, not {window[:40]!r}")
+    if queue is not None:
+        check_queue(queue)
+    platform_wide(request, "tasks:read", "the queues' history", every_queue=queue is None)
+    if queue is not None:
+        check_queue_reach(request, queue)
+    return json_response(await history(stores.pg, window, queue))

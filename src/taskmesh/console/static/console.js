@@ -18,28 +18,36 @@ async function fetchDocument(url) {
 
 async function refreshLive() {
   if (document.hidden) return;
-  const sections = document.querySelectorAll("[data-live]");
-  for (const section of sections) {
+  // One fetch per page a section follows; its sections are matched in order.
+  const byUrl = new Map();
+  for (const section of document.querySelectorAll("[data-live]")) {
     const url = section.getAttribute("data-live");
+    if (!byUrl.has(url)) byUrl.set(url, []);
+    byUrl.get(url).push(section);
+  }
+  for (const [url, sections] of byUrl) {
+    let fresh;
     try {
-      const fresh = await fetchDocument(url);
-      if (fresh === null) return;
-      const same = Array.from(fresh.querySelectorAll("[data-live]")).find(
-        (el) => el.getAttribute("data-live") === url,
-      );
-      const focused = section.contains(document.activeElement);
-      if (focused) continue; // never replace a form someone is typing in
+      fresh = await fetchDocument(url);
+    } catch (err) {
+      continue; // offline or the instance restarting: try again at the next tick
+    }
+    if (fresh === null) return;
+    const freshSections = Array.from(fresh.querySelectorAll("[data-live]")).filter(
+      (el) => el.getAttribute("data-live") === url,
+    );
+    sections.forEach((section, i) => {
+      if (section.contains(document.activeElement)) return; // never replace a form someone is typing in
+      const same = freshSections[i];
       if (same) {
         section.replaceChildren(...Array.from(same.childNodes).map((n) => document.importNode(n, true)));
-      } else {
-        // the page no longer follows it (an operation ended): show its final state once
-        const final = fresh.getElementById(section.id);
-        if (final) section.replaceWith(document.importNode(final, true));
-        else section.removeAttribute("data-live");
+        return;
       }
-    } catch (err) {
-      // offline or the instance restarting: try again at the next tick
-    }
+      // the page no longer follows it (an operation ended): show its final state once
+      const final = section.id ? fresh.getElementById(section.id) : null;
+      if (final) section.replaceWith(document.importNode(final, true));
+      else section.removeAttribute("data-live");
+    });
   }
   const status = document.getElementById("op-status");
   if (status && !document.querySelector("[data-live]")) {
