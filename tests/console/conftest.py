@@ -68,6 +68,19 @@ def screenshot(driver: Any, name: str) -> Path:
     return path
 
 
+def go(driver: Any, element: Any) -> None:
+    """Click ``element`` (a link or a form's button) and wait until the next page has replaced this one:
+    a click returns before the browser has loaded what it leads to."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 15).until(ec.staleness_of(old))
+    WebDriverWait(driver, 15).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
 async def in_browser(steps: Callable[[], T]) -> T:
     """Run blocking browser ``steps`` in a thread, so the instance in this event loop keeps answering."""
     return await anyio.to_thread.run_sync(steps)

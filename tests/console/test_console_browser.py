@@ -16,10 +16,11 @@ import pytest
 
 from taskmesh import api_keys
 from taskmesh.api_keys import SCOPES
+from taskmesh.config import ScheduleSettings
 from taskmesh.errors import NonRetryableError
 from taskmesh.registry import Registry
 from tests.conftest import http
-from tests.console.conftest import in_browser, screenshot
+from tests.console.conftest import go, in_browser, screenshot
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +66,7 @@ def sign_in(driver: Any, base: str, key: str) -> None:
 
     driver.get(f"{base}/console/sign-in")
     driver.find_element(By.ID, "key").send_keys(key)
-    driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    go(driver, driver.find_element(By.CSS_SELECTOR, "form button[type=submit]"))
 
 
 def text(driver: Any, css: str) -> str:
@@ -99,7 +100,9 @@ async def test_sign_in_search_open_a_task_see_every_page_and_sign_out(
 
     register(registry)
     admin = (await api_keys.create(stores.pg, "ops-admin", list(SCOPES))).key
-    async with start_instance(queue_names=["work"], metrics_sample_seconds=0.2) as inst, http(inst) as client:
+    nightly = ScheduleSettings(name="nightly-export", cron="30 2 * * 1-5", timezone="Europe/Paris", task="console.ok")
+    settings = {"queue_names": ["work"], "metrics_sample_seconds": 0.2, "schedules": [nightly]}
+    async with start_instance(**settings) as inst, http(inst) as client:
         done = await enqueue(client, admin, "console.ok", payload={"say": "hello", "n": 7})
         await ended(client, admin, done)
         for n in range(3):
@@ -122,12 +125,12 @@ async def test_sign_in_search_open_a_task_see_every_page_and_sign_out(
             screenshot(page, "02-overview")
             page.get(f"{base}/console/tasks")
             page.find_element(By.ID, "f-payload").send_keys("customer.id=1")
-            page.find_element(By.CSS_SELECTOR, "#search button[type=submit]").click()
+            go(page, page.find_element(By.CSS_SELECTOR, "#search button[type=submit]"))
             assert "payload.customer.id=1" in page.current_url  # the filters are in the URL: a bookmark
             assert len(texts(page, "#tasks tbody tr")) == 1
             page.get(f"{base}/console/tasks?name=console.ok")
             screenshot(page, "03-tasks")
-            page.find_element(By.CSS_SELECTOR, "#tasks tbody a").click()
+            go(page, page.find_element(By.CSS_SELECTOR, "#tasks tbody a"))
             assert done in page.current_url
             assert "payload" not in page.page_source.split('id="task-data"')[0]  # not in the page itself
             page.find_element(By.CSS_SELECTOR, "#task-data summary").click()
@@ -142,7 +145,15 @@ async def test_sign_in_search_open_a_task_see_every_page_and_sign_out(
                 assert not page.find_elements(By.CSS_SELECTOR, ".refused"), (name, page.page_source[:2000])
                 screenshot(page, f"05-{name}")
             assert "console.sign_in" in text(page, "#audit")
-            page.find_element(By.CSS_SELECTOR, ".who button").click()
+            page.get(f"{base}/console/schedules")
+            row = text(page, "tr[data-schedule=nightly-export]")
+            assert "At 02:30, Monday through Friday" in row and "Europe/Paris" in row, row
+            go(
+                page,
+                page.find_element(By.CSS_SELECTOR, "tr[data-schedule=nightly-export] form[action$=trigger] button"),
+            )
+            assert text(page, ".flash.ok").startswith("nightly-export fired now: task ")
+            go(page, page.find_element(By.CSS_SELECTOR, ".who button"))
             assert "/console/sign-in" in page.current_url
             page.get(f"{base}/console/tasks")
             assert "/console/sign-in" in page.current_url  # the session is over
@@ -169,13 +180,13 @@ async def test_replay_from_the_dead_letter_queue_with_a_new_priority_and_pause_a
         def dlq_steps() -> None:
             sign_in(page, base, operator)
             page.get(f"{base}/console/dlq")
-            page.find_element(By.LINK_TEXT, "work").click()
+            go(page, page.find_element(By.LINK_TEXT, "work"))
             assert len(texts(page, "#dlq tbody tr")) == 3
             assert "refused: no 0" in text(page, "#dlq")
             screenshot(page, "06-dlq")
             page.find_element(By.CSS_SELECTOR, f"input[value='{failed[0]}']").click()
             page.find_element(By.NAME, "priority").send_keys("7")
-            page.find_element(By.CSS_SELECTOR, "button[value=replay]").click()
+            go(page, page.find_element(By.CSS_SELECTOR, "button[value=replay]"))
             assert text(page, ".flash.ok") == "Replayed 1 task."
             assert len(texts(page, "#dlq tbody tr")) == 2
 
@@ -190,7 +201,7 @@ async def test_replay_from_the_dead_letter_queue_with_a_new_priority_and_pause_a
             page.get(f"{base}/console/queues")
             row = page.find_element(By.CSS_SELECTOR, "tr[data-queue=work]")
             row.find_element(By.NAME, "reason").send_keys("provider outage")
-            row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+            go(page, row.find_element(By.CSS_SELECTOR, "button[type=submit]"))
             assert "Queue work paused" in text(page, ".flash.ok")
             assert "paused" in text(page, "tr[data-queue=work]")
             assert "provider outage" in text(page, "tr[data-queue=work]")
@@ -224,11 +235,11 @@ async def test_a_bulk_dry_run_counts_and_a_bulk_replay_shows_its_progress_to_the
             sign_in(page, base, admin)
             page.get(f"{base}/console/tasks?status=failed&queue=exports")
             page.find_element(By.CSS_SELECTOR, "#bulk select[name=action] option[value=replay]").click()
-            page.find_element(By.CSS_SELECTOR, "#bulk button[name=dry_run]").click()
+            go(page, page.find_element(By.CSS_SELECTOR, "#bulk button[name=dry_run]"))
             assert text(page, "#matched") == "1,200"
             screenshot(page, "08-bulk-dry-run")
             page.find_element(By.NAME, "reason").send_keys("the exporter is fixed")
-            page.find_element(By.CSS_SELECTOR, "#dry-run button[type=submit]").click()
+            go(page, page.find_element(By.CSS_SELECTOR, "#dry-run button[type=submit]"))
             assert "/console/operations/" in page.current_url
             screenshot(page, "09-bulk-running")
             # The page follows the operation by itself (no reload) until it ends.
@@ -296,6 +307,8 @@ async def test_a_tenant_key_sees_only_its_tenant(
         def steps() -> None:
             sign_in(page, base, acme)
             assert "tenant acme" in text(page, ".who")
+            assert page.current_url == f"{base}/console/tasks"  # the overview counts every tenant
+            assert texts(page, ".top nav a") == ["Tasks", "Dead letters", "Schedules"]  # an operator: no audit:read
             page.get(f"{base}/console/tasks")
             links = [
                 a.get_attribute("href").rsplit("/", 1)[-1] for a in page.find_elements(By.CSS_SELECTOR, "#tasks a")
@@ -379,7 +392,7 @@ async def test_selected_tasks_are_cancelled_and_the_queues_page_follows_new_task
             page.get(f"{base}/console/tasks?name=report.build")
             for task_id in made[:2]:
                 page.find_element(By.CSS_SELECTOR, f"#tasks input[value='{task_id}']").click()
-            page.find_element(By.CSS_SELECTOR, "#selection button[value=cancel]").click()
+            go(page, page.find_element(By.CSS_SELECTOR, "#selection button[value=cancel]"))
             assert text(page, ".flash.ok") == "Cancelled: 2 of 2 selected."
             assert "name=report.build" in page.current_url  # back on the same search
             page.get(f"{base}/console/queues")

@@ -83,7 +83,8 @@ async def sign_out(request: Request, csrf_token: Annotated[str, Form()] = "") ->
     who = await visitor(request)
     sessions.check_change(request, who.session, csrf_token)
     state = state_of(request)
-    assert state.stores is not None
+    if state.stores is None:  # the instance is stopping
+        raise NotReadyError()
     await sessions.end(state.stores.pg, who.cookie)
     response = back("/console/sign-in", notice="Signed out.")
     response.delete_cookie(sessions.COOKIE, path="/")

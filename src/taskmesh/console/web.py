@@ -150,6 +150,7 @@ def render(request: Request, who: Visitor | None, template: str, status: int = 2
     page = templates.get_template(template).render(
         who=who,
         path=request.url.path,
+        query_string=request.url.query,
         notice=flash.get("notice"),
         problem=flash.get("problem"),
         **context,
