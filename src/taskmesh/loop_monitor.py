@@ -195,13 +195,11 @@ class LoopMonitor:
         self._episode = _Episode(since=last, run=run)
         if self.metrics is not None:
             self.metrics.event_loop_blocked.inc()
-        log.warning(
-            "event_loop_blocked",
-            blocked_for_s=round(behind, 3),
-            threshold_s=self.threshold_seconds,
-            stack=stack,
-            **run,
-        )
+        fields = {"blocked_for_s": round(behind, 3), "threshold_s": self.threshold_seconds, "stack": stack, **run}
+        try:
+            log.warning("event_loop_blocked", **fields)
+        except Exception:  # structlog's console renderer wants ``stack`` as text: never lose the line or this thread
+            log.warning("event_loop_blocked", **{**fields, "stack": "\n".join(stack)})
         return "blocked"
 
     def _watch(self, stop: threading.Event) -> None:

@@ -78,8 +78,9 @@ async def test_max_payload_bytes_answers_413_naming_the_field(start_instance: An
 
 
 async def test_enqueue_per_second_is_shared_by_instances_and_counts_tasks_not_requests(start_instance: Any) -> None:
-    quotas = {"acme": TenantQuota(enqueue_per_second=1.0)}
-    settings = {"workers_enabled": False, "tenant_quotas": quotas, "rate_limit_burst_seconds": 4.0}
+    # A slow refill (one task per 5 s), so that a loaded machine's slow requests cannot refill the bucket.
+    quotas = {"acme": TenantQuota(enqueue_per_second=0.2)}
+    settings = {"workers_enabled": False, "tenant_quotas": quotas, "rate_limit_burst_seconds": 20.0}
     async with start_instance(**settings) as first, start_instance(**settings) as second:
         async with http(first) as one, http(second) as two:
             batch = await one.post("/api/v1/tasks:batch", json={"tasks": [{"name": "x", "tenant_id": "acme"}] * 3})
@@ -90,13 +91,13 @@ async def test_enqueue_per_second_is_shared_by_instances_and_counts_tasks_not_re
     assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
     assert over.json()["quota"] == "enqueue_per_second"
     assert re.fullmatch(
-        r"tenant 'acme' may create 1 tasks per second \(bursts of 4\) and is over it; retry in \d+\.\d s",
+        r"tenant 'acme' may create 0.2 tasks per second \(bursts of 4\) and is over it; retry in \d+\.\d s",
         over.json()["detail"],
     )
     assert (too_big.status_code, too_big.json()["detail"]) == (
         429,
         "5 tasks at once are more than tenant 'acme' may ever create at once (4, from its enqueue_per_second "
-        "quota of 1): send smaller batches",
+        "quota of 0.2): send smaller batches",
     )
 
 

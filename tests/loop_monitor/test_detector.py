@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import threading
 import time
 import uuid
@@ -162,3 +163,26 @@ def test_the_threshold_setting_defaults_to_one_second_and_refuses_less_than_a_qu
     monkeypatch.setenv("TASKMESH_LOOP_BLOCK_THRESHOLD_SECONDS", "0.1")
     with pytest.raises(ConfigError, match="loop_block_threshold_seconds"):
         load_settings()
+
+
+@pytest.mark.anyio
+async def test_a_console_renderer_prints_the_blocked_line_with_its_stack_as_text() -> None:
+    """structlog's console renderer (a terminal, or structlog unconfigured) wants ``stack`` as text: the
+    monitor's thread must neither die on it nor lose the line."""
+    before = structlog.get_config()
+    out = io.StringIO()
+    structlog.configure(
+        processors=[structlog.dev.ConsoleRenderer(colors=False)], logger_factory=structlog.PrintLoggerFactory(out)
+    )
+    try:
+        monitor = LoopMonitor(0.6, worker_id="w", tick_seconds=0.25)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(monitor.run)
+            await anyio.sleep(0.3)
+            await _block(1.0)
+            await anyio.sleep(0.5)
+            tg.cancel_scope.cancel()
+    finally:
+        structlog.configure(**before)
+    printed = out.getvalue()
+    assert "event_loop_blocked" in printed and " _block" in printed, printed
