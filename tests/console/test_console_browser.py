@@ -122,6 +122,8 @@ async def test_sign_in_search_open_a_task_see_every_page_and_sign_out(
             assert "work" in text(page, "#overview-queues")
             assert "succeeded now: 1 run" in text(page, "#charts")  # the sampler wrote the rollup
             assert len(page.find_elements(By.CSS_SELECTOR, "#charts svg")) == 4
+            page.get(f"{base}/console/overview?queue=work&window=day")
+            assert text(page, "#charts h2") == "Last day, queue work"
             screenshot(page, "02-overview")
             page.get(f"{base}/console/tasks")
             page.find_element(By.ID, "f-payload").send_keys("customer.id=1")

@@ -136,7 +136,7 @@ async def test_every_api_route_names_its_scope_and_refuses_no_key_with_401_and_a
                     "scope": scope,
                 }
                 checked.append((method.upper(), path, scope))
-    assert len(checked) == 27
+    assert len(checked) == 28
     assert ("POST", "/api/v1/queues/{queue}/pause", "queues:admin") in checked
     assert ("GET", "/api/v1/workers", "workers:read") in checked
 

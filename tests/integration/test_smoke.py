@@ -43,6 +43,7 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
         "/api/v1/tasks:bulk",
         "/api/v1/operations/{operation_id}",
         "/api/v1/queues",
+        "/api/v1/history",
         "/api/v1/queues/{queue}",
         "/api/v1/queues/{queue}/pause",
         "/api/v1/queues/{queue}/resume",
@@ -145,7 +146,7 @@ async def test_every_api_route_documents_its_errors_as_problems_and_the_search_i
                 content = operation["responses"][str(status)]["content"]
                 assert set(content) == {"application/problem+json"}, (where, status)
             checked += 1
-    assert checked == 27
+    assert checked == 28
     search = spec["paths"]["/api/v1/tasks"]["get"]
     assert {p["name"] for p in search["parameters"]} == {*FILTERS, "payload.{path}"}
 

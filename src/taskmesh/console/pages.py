@@ -18,24 +18,14 @@ from starlette.responses import RedirectResponse, Response
 from taskmesh.console.api_client import ConsoleApi
 from taskmesh.console.charts import overview_charts
 from taskmesh.console.web import back, render, visitor
+from taskmesh.search import FILTERS
+from taskmesh.states import TaskStatus
 
 router = APIRouter(include_in_schema=False)
 
-SEARCH_FILTERS = (
-    "status",
-    "queue",
-    "name",
-    "tenant_id",
-    "dedup_key",
-    "error",
-    "created_after",
-    "created_before",
-    "finished_after",
-    "finished_before",
-    "order",
-)
+SEARCH_FILTERS = tuple(f for f in FILTERS if f not in ("limit", "cursor"))
 """The search's filters the tasks page passes on (and every ``payload.<path>`` one)."""
-STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+STATUSES = tuple(s.value for s in TaskStatus)
 PAGE_SIZE = 50
 
 
@@ -52,9 +42,11 @@ async def overview(request: Request) -> Response:
     if who.principal.tenant_id is not None:  # every view of the overview counts every tenant
         return RedirectResponse("/console/tasks", status_code=303)
     window = "day" if request.query_params.get("window") == "day" else "hour"
+    chart_queue = request.query_params.get("queue", "")
+    wanted = {"window": window, **({"queue": chart_queue} if chart_queue else {})}
     async with ConsoleApi(request, who) as api:
         queues, workers, past = await api.get_all(
-            ("/api/v1/queues", None), ("/api/v1/workers", None), ("/api/v1/history", {"window": window})
+            ("/api/v1/queues", None), ("/api/v1/workers", None), ("/api/v1/history", wanted)
         )
     states: dict[str, int] = {}
     for w in workers.body.get("workers", []) if workers.ok else []:
@@ -69,6 +61,8 @@ async def overview(request: Request) -> Response:
         history=past,
         charts=overview_charts(past.body) if past.ok else [],
         window=window,
+        chart_queue=chart_queue,
+        live_url="/console/overview" + (f"?{urlencode(wanted)}" if wanted != {"window": "hour"} else ""),
         size=_size(past.body.get("rollup")) if past.ok else None,
     )
 
