@@ -5,8 +5,8 @@
 in 20 queues, as ``test_search_growth.py`` fills them, with ``CONSOLE_ROLLUP_DAYS`` (default 2;
 30 for the figure) of per-minute rollup rows for every queue. Each page is read by a
 signed-in session five times and the median is printed. The tables are vacuumed after the fill,
-as autovacuum leaves them once they settle (without it, every count also reads the heap). Speed is not asserted (this machine's
-speed varies by 3x); every page must answer 200 with its content.
+as autovacuum leaves them once they settle (without it, every count also reads the heap). Speed is
+not asserted (this machine's speed varies by 3x); every page must answer 200 with its content.
 """
 
 from __future__ import annotations

@@ -161,3 +161,14 @@ async def test_the_console_is_not_served_when_console_enabled_is_false_and_an_op
     assert (sign_in.status_code, sign_in.headers["location"]) == (303, "/console/overview")
     assert page.status_code == 200
     assert "This instance is open: no API key was made yet" in page.text
+
+
+async def test_the_session_cookie_is_secure_when_the_page_came_over_https_through_a_proxy(
+    start_instance: Any, stores: Any
+) -> None:
+    made = await api_keys.create(stores.pg, "alice", list(SCOPES))
+    async with start_instance(workers_enabled=False) as inst, client_of(inst) as client:
+        plain = await client.post("/console/sign-in", data={"key": made.key})
+        proxied = await client.post("/console/sign-in", data={"key": made.key}, headers={"X-Forwarded-Proto": "https"})
+    assert "Secure" not in plain.headers["set-cookie"]
+    assert "Secure" in proxied.headers["set-cookie"]

@@ -128,7 +128,8 @@ async def visitor(request: Request) -> Visitor:
 
 
 def set_session_cookie(request: Request, response: Response, cookie: str, expires_at: datetime) -> None:
-    """The session cookie: HttpOnly, SameSite=Strict, Secure when the page came over HTTPS."""
+    """The session cookie: HttpOnly, SameSite=Strict, Secure when the page came over HTTPS (or a proxy's
+    ``X-Forwarded-Proto`` says it did)."""
     response.set_cookie(
         sessions.COOKIE,
         cookie,
@@ -136,7 +137,9 @@ def set_session_cookie(request: Request, response: Response, cookie: str, expire
         path="/",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        # Behind a proxy that ends TLS (deploy/nginx), the page came over HTTPS if the proxy says so. A
+        # client claiming it can only make its own cookie stricter, so the header is trusted here.
+        secure=request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https",
     )
 
 
