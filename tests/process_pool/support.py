@@ -71,6 +71,17 @@ async def pid_from(path: Path, timeout: float = 10.0) -> int:
     return int(await file.read_text())
 
 
+def pid_from_sync(path: Path, timeout: float = 10.0) -> int:
+    """:func:`pid_from` for a test without an event loop (``anyio.run`` inside a test refuses to start
+    once the anyio plugin's runner lives on for session-scoped async fixtures)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no pid in {path} after {timeout} s")
+        time.sleep(0.01)
+    return int(path.read_text())
+
+
 def wait_gone(pid: int, timeout: float) -> bool:
     """Poll until ``pid`` is no longer running; ``False`` when it still is after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

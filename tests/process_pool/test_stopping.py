@@ -19,7 +19,16 @@ import pytest
 
 from taskmesh.process_pool import ChildOutcome, PoolClosedError, ProcessPool
 from tests.process_pool import handlers
-from tests.process_pool.support import ROOT, both_loops, captured_logs, pid_from, pid_running, ref, wait_gone
+from tests.process_pool.support import (
+    ROOT,
+    both_loops,
+    captured_logs,
+    pid_from,
+    pid_from_sync,
+    pid_running,
+    ref,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -145,7 +154,7 @@ def test_a_child_does_not_outlive_a_parent_killed_with_sigkill(tmp_path: Path) -
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
-        pid = anyio.run(pid_from, pid_file)
+        pid = pid_from_sync(pid_file)
         assert pid_running(pid)
         assert Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(parent.pid)  # its child
         parent.kill()

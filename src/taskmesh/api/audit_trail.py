@@ -70,12 +70,15 @@ class AuditTrail:
             user_agent=headers.get("user-agent"),
         )
         event.prepare = partial(self._describe, scope, headers, event)
-        status = 500
+        finished = False
 
         async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
+            nonlocal finished
+            if message["type"] == "http.response.start" and not finished:
+                # Recorded before the answer leaves: a client that got its 403 finds the event, and
+                # a client's calls one after another are recorded in that order.
+                finished = True
+                await self._finish(scope, headers, event, message["status"])
             await send(message)
 
         event_token = audit.CURRENT.set(event)
@@ -85,7 +88,8 @@ class AuditTrail:
         finally:
             BEFORE_COMMIT.reset(hook_token)
             audit.CURRENT.reset(event_token)
-            await self._finish(scope, headers, event, status)
+            if not finished:  # no answer was started (the app raised): the server answers 500
+                await self._finish(scope, headers, event, 500)
 
     async def _finish(self, scope: Scope, headers: dict[str, str], event: audit.AuditEvent, status: int) -> None:
         if scope.get("endpoint") is None:  # no route matched (404, 405): nothing was attempted

@@ -57,18 +57,22 @@ def draw(
     unit: str,
     seconds: bool = False,
 ) -> Chart:
-    """A chart of ``series`` (``(label, field, css class)``) over ``points``.
+    """A chart of ``series`` (``(label, field, css class)``) over ``points``, oldest first.
 
-    :param unit: what a value counts ("runs", "tasks"); with ``seconds``, values are durations.
+    The last point is the step still going: its value is shown in words (``latest``) and counts
+    for the scale, but the lines end at the last full step (a partial step would draw a dip).
+
+    :param unit: what a value counts (singular: "run", "task"); with ``seconds``, values are durations.
     """
     values = [p[field] for p in points for _, field, _ in series if p[field] is not None]
     top = nice_ceiling(max(values, default=0))
-    n = max(len(points) - 1, 1)
+    full = points[:-1]
+    n = max(len(full) - 1, 1)
     lines = []
     for label, field, css in series:
         segments: list[str] = []
         current: list[str] = []
-        for i, p in enumerate(points):
+        for i, p in enumerate(full):
             v = p[field]
             if v is None:
                 if current:
@@ -80,15 +84,15 @@ def draw(
             current.append(f"{x:.1f},{y:.1f}")
         if current:
             segments.append(" ".join(current))
-        last = next((p[field] for p in reversed(points) if p[field] is not None), None)
+        latest = points[-1][field] if points else None
         lone = [(s.split(",")[0], s.split(",")[1]) for s in segments if " " not in s]  # between gaps: a dot
-        lines.append(Line(label, css, [s for s in segments if " " in s], lone, format_value(last, unit, seconds)))
+        lines.append(Line(label, css, [s for s in segments if " " in s], lone, format_value(latest, unit, seconds)))
     return Chart(
         title=title,
         top=format_value(top, unit, seconds),
         lines=lines,
-        first_at=str(points[0]["at"]) if points else "",
-        last_at=str(points[-1]["at"]) if points else "",
+        first_at=str(full[0]["at"]) if full else "",
+        last_at=str(full[-1]["at"]) if full else "",
         empty=not values,
     )
 
