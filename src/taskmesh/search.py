@@ -87,7 +87,10 @@ def parse_search(params: Iterable[tuple[str, str]]) -> tuple[SearchFilter, Order
         elif name.startswith("payload."):
             if not _PATH.match(name):
                 raise InvalidTaskError(name, "must be payload.<field>[.<field>...] (letters, digits, _ and -)")
-            _merge(payload, name.split(".")[1:], payload_scalar(value))
+            scalar = payload_scalar(value)
+            if "\x00" in value or (isinstance(scalar, str) and "\x00" in scalar):
+                raise InvalidTaskError(name, "contains a NUL character")  # PostgreSQL's jsonb cannot hold one
+            _merge(payload, name.split(".")[1:], scalar)
         else:
             if name in single:
                 raise InvalidTaskError(name, "given twice")

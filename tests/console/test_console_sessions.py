@@ -52,6 +52,11 @@ async def test_a_change_needs_the_sessions_csrf_token_and_the_consoles_own_origi
         foreign = await client.post(
             "/console/queues/default/pause", data={"csrf_token": token}, headers={"Origin": "https://evil.example"}
         )
+        other_port = await client.post(
+            "/console/queues/default/pause",
+            data={"csrf_token": token},
+            headers={"Origin": f"http://127.0.0.1:{inst.port + 1}"},
+        )
         api_no_token = await client.post("/api/v1/queues/default/pause", json={})
         api_read = await client.get("/api/v1/queues/default")
         ok = await client.post("/console/queues/default/pause", data={"csrf_token": token, "reason": "deploy"})
@@ -64,6 +69,10 @@ async def test_a_change_needs_the_sessions_csrf_token_and_the_consoles_own_origi
     assert (foreign.status_code, foreign.json()["detail"]) == (
         403,
         "a change from https://evil.example is refused: it is not this console's origin",
+    )
+    assert (other_port.status_code, other_port.json()["detail"]) == (
+        403,
+        f"a change from http://127.0.0.1:{inst.port + 1} is refused: it is not this console's origin",
     )
     assert api_read.status_code == 200  # the session reads the API as its key
     assert (ok.status_code, ok.headers["location"]) == (303, "/console/queues")
@@ -138,9 +147,16 @@ async def test_a_sign_in_is_audited_with_the_keys_id_and_never_its_secret(
     async with start_instance(workers_enabled=False) as inst, client_of(inst) as client:
         refused = await client.post("/console/sign-in", data={"key": made.key[:-4] + "0000"})
         cross = await client.post("/console/sign-in", data={"key": made.key}, headers={"Sec-Fetch-Site": "cross-site"})
+        foreign = await client.post(
+            "/console/sign-in", data={"key": made.key}, headers={"Origin": "https://evil.example"}
+        )
         await signed_in(client, made.key)
     assert refused.status_code == 401 and f"no valid key has id {made.record['key_id']}" in refused.text
     assert (cross.status_code, cross.json()["detail"]) == (403, "a sign-in from another site is refused")
+    assert (foreign.status_code, foreign.json()["detail"]) == (
+        403,
+        "a change from https://evil.example is refused: it is not this console's origin",
+    )
     rows = await pool.fetch("SELECT actor_id, actor_name, outcome, details::text AS d FROM audit_events ORDER BY id")
     assert [(r["actor_id"], r["actor_name"], r["outcome"]) for r in rows] == [
         (made.record["key_id"], None, "denied"),

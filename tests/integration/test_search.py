@@ -195,6 +195,14 @@ BAD_SEARCHES = [
         "a payload filter's value must be a number, a string, true, false or null",
     ),
     invalid("a filter given twice", "GET", f"{TASKS}?queue=a&queue=b", "queue", "given twice"),
+    invalid("a NUL in a payload value", "GET", f"{TASKS}?payload.a.b=%00", "payload.a.b", "contains a NUL character"),
+    invalid(
+        "a NUL escaped in a payload string",
+        "GET",
+        f"{TASKS}?payload.a=%22%5Cu0000%22",
+        "payload.a",
+        "contains a NUL character",
+    ),
     invalid(
         "a time past year 9999 in UTC",
         "GET",

@@ -19,7 +19,6 @@ from datetime import datetime
 
 from starlette.requests import HTTPConnection
 
-from taskmesh.api.hygiene import host_name
 from taskmesh.errors import ForgedRequestError
 from taskmesh.store import PgStore
 
@@ -84,6 +83,25 @@ async def end(pg: PgStore, secret: str | None) -> None:
         await pg.sessions.delete(_hash(secret))
 
 
+def check_origin(conn: HTTPConnection) -> None:
+    """Refuse a request whose ``Origin`` names another host or port than the one it was sent to.
+
+    The scheme is not compared: behind a proxy that ends TLS the page is ``https`` and the request
+    the instance sees is ``http``.
+
+    :raises ForgedRequestError: the origin differs (403 naming ``Origin``).
+    """
+    origin = conn.headers.get("origin")
+    if origin is None or origin == "null":
+        return
+    origin_host = origin.split("://", 1)[-1].rstrip("/").lower()
+    host = conn.headers.get("host", "").strip().lower()
+    for default in (":80", ":443"):  # a default port is left out of one and may be written in the other
+        origin_host, host = origin_host.removesuffix(default), host.removesuffix(default)
+    if origin_host != host:
+        raise ForgedRequestError("Origin", f"a change from {origin} is refused: it is not this console's origin")
+
+
 def check_change(conn: HTTPConnection, session: Session, token: str | None) -> None:
     """Refuse a change that the console's own page did not send.
 
@@ -96,11 +114,7 @@ def check_change(conn: HTTPConnection, session: Session, token: str | None) -> N
     site = conn.headers.get("sec-fetch-site")
     if site is not None and site not in ("same-origin", "none"):
         raise ForgedRequestError("Sec-Fetch-Site", f"a change from another site ({site}) is refused")
-    origin = conn.headers.get("origin")
-    if origin is not None and origin != "null":
-        origin_host = origin.split("://", 1)[-1]
-        if host_name(origin_host) != host_name(conn.headers.get("host", "")):
-            raise ForgedRequestError("Origin", f"a change from {origin} is refused: it is not this console's origin")
+    check_origin(conn)
     if not token or not hmac.compare_digest(token.encode(), session.csrf_token.encode()):
         raise ForgedRequestError(
             "X-CSRF-Token", "a change with the console's session needs the session's CSRF token; reload the page"

@@ -54,6 +54,7 @@ async def sign_in(
     pg = state.stores.pg
     if request.headers.get("sec-fetch-site") not in (None, "same-origin", "none"):
         raise ForgedRequestError("Sec-Fetch-Site", "a sign-in from another site is refused")
+    sessions.check_origin(request)
     parsed = api_keys.parse(key.strip())
     event = AuditEvent(
         "console.sign_in",

@@ -13,7 +13,7 @@ import base64
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -201,6 +201,10 @@ def _read_flash(value: str | None) -> dict[str, str]:
 def to_sign_in(request: Request, why: str | None) -> RedirectResponse:
     """303 to the sign-in page, which then returns to this page."""
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    if request.method != "GET":  # a form sent after the session ended: back to the page it was on
+        referer = urlsplit(request.headers.get("referer", ""))
+        same = referer.netloc == request.headers.get("host") and referer.path.startswith("/console/")
+        target = referer.path + (f"?{referer.query}" if referer.query else "") if same else "/console/overview"
     response = back("/console/sign-in", problem=why)
     response.headers["location"] = f"/console/sign-in?next={quote(target)}"
     return response
