@@ -188,3 +188,22 @@ async def test_the_session_cookie_is_secure_when_the_page_came_over_https_throug
         proxied = await client.post("/console/sign-in", data={"key": made.key}, headers={"X-Forwarded-Proto": "https"})
     assert "Secure" not in plain.headers["set-cookie"]
     assert "Secure" in proxied.headers["set-cookie"]
+
+
+async def test_a_form_sent_after_the_session_ended_returns_to_its_page_after_sign_in(
+    start_instance: Any, stores: Any, pool: asyncpg.Pool
+) -> None:
+    made = await api_keys.create(stores.pg, "alice", list(SCOPES))
+    async with start_instance(workers_enabled=False) as inst, client_of(inst) as client:
+        token = await signed_in(client, made.key)
+        await pool.execute("UPDATE console_sessions SET expires_at = now() - interval '1 s'")
+        page = f"http://127.0.0.1:{inst.port}/console/tasks?status=failed"
+        sent = await client.post("/console/queues/default/pause", data={"csrf_token": token}, headers={"Referer": page})
+        elsewhere = await client.post(
+            "/console/queues/default/pause", data={"csrf_token": token}, headers={"Referer": "https://evil.example/x"}
+        )
+    assert (sent.status_code, sent.headers["location"]) == (
+        303,
+        "/console/sign-in?next=/console/tasks%3Fstatus%3Dfailed",
+    )
+    assert elsewhere.headers["location"] == "/console/sign-in?next=/console/overview"
