@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint clean deploy-tools bench
+.PHONY: install run test lint clean deploy-tools bench fuzz chaos
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "taskmesh needs Python 3.11 or newer on PATH"; exit 1; }
@@ -24,8 +24,12 @@ run: install
 
 # Installs nothing from the system package manager: a deployment test whose tool is missing
 # skips and names the tool and `make deploy-tools`.
+# Two pytest processes (pytest-xdist): most tests wait on real processes, stores and clocks, so
+# two of them share the machine's two cores well; each has its own database and key prefixes.
+# `make test PYTEST_WORKERS=0` runs them in one process.
+PYTEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
 
 # Tools of the tests that PyPI does not have, for CI (.ci/run runs this before `make test`) or by
 # hand: Debian's nginx (nginx -t and requests through it), systemd-analyze (verify the unit),
@@ -64,6 +68,14 @@ lint: install
 # The benchmark is not part of the package: it runs from the repository root, where `benchmarks` imports.
 bench: install
 	$(BIN)/python -m benchmarks.bench $(ARGS)
+
+# The long forms of the bounded runs `make test` holds short: the OpenAPI fuzzing with five
+# times the cases, and the chaos ledger with 3,000 tasks (about 10 minutes together).
+fuzz: install
+	FUZZ=long $(BIN)/python -m pytest -s tests/integration/test_fuzz.py
+
+chaos: install
+	CHAOS_TASKS=3000 $(BIN)/python -m pytest -s tests/chaos
 
 clean:
 	rm -rf $(VENV) .taskmesh build dist src/*.egg-info

@@ -1,7 +1,7 @@
 """Chaos suite: three real instances, kill -9, a Redis flush and restart, a PostgreSQL restart.
 
 The test owns its stores (an embedded PostgreSQL and an embedded Valkey it
-may restart), enqueues ``CHAOS_TASKS`` tasks (default 2,000) whose handlers
+may restart), enqueues ``CHAOS_TASKS`` tasks (default 1,000) whose handlers
 sleep 0-200 ms and record ``(task, attempt, pid, start, end)`` in a ledger
 (a table; a file for the ``def`` handler, which runs in worker processes
 killed with their instance), a third of them blocking the event loop for up
@@ -42,7 +42,7 @@ from tests.chaos.conftest import fresh_database
 from tests.proc import Proc, call, spawn, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
-TASKS = int(os.environ.get("CHAOS_TASKS", "2000"))
+TASKS = int(os.environ.get("CHAOS_TASKS", "1000"))
 SECONDS = float(os.environ.get("CHAOS_SECONDS", "170"))
 INSTANCES = 3
 KILL_EVERY = 3.0

@@ -129,7 +129,9 @@ async def test_hand_inserted_tasks_due_at_minus_infinity_are_run_and_the_instanc
 
     # One id is pushed by hand; the other is left for the reconciler to find and push.
     pushed, found = uuid.uuid4(), uuid.uuid4()
-    async with start_instance(metrics_sample_seconds=0.1, reconcile_interval_seconds=0.2) as inst, http(inst) as client:
+    # The reconciler leaves a row alone for one interval, which gives the sampler (every 0.1 s) a
+    # two seconds to meet the rows before any of them runs, even on a loaded machine.
+    async with start_instance(metrics_sample_seconds=0.1, reconcile_interval_seconds=2.0) as inst, http(inst) as client:
         for task_id, k in ((pushed, 1), (found, 2)):
             await pool.execute(
                 """INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at)

@@ -10,7 +10,7 @@ Two :class:`Schedules` on one database, each with its own pool, as two instances
 them. Scheduler A locks the due row and goes silent inside its fire transaction (its
 ``_fire_row`` waits on an event, so its connection sits idle in transaction, as a
 frozen or cut-off instance's does); scheduler B runs the real scheduler loop on the
-real clock over five five-second slots (about 27 s).
+real clock over four five-second slots (about 20 s).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from taskmesh.tasks import Tasks
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 SLOT_SECONDS = 5
-SLOTS_AFTER = 4
+SLOTS_AFTER = 2
 """Slots B is watched over after the one A holds (and the one due while it holds it)."""
 
 
