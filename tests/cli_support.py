@@ -42,6 +42,8 @@ class Ran:
 def env(**extra: str) -> dict[str, str]:
     """The test's environment without any ``TASKMESH_*``, so that only the flags given count."""
     out = {k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_")}
+    if os.environ.get("TASKMESH_TEST_PG_POOLER"):  # the pooler suite: DATABASE_URL is a PgBouncer's
+        out["TASKMESH_PG_POOLER"] = os.environ["TASKMESH_TEST_PG_POOLER"]
     out.update(PYTHONPATH=str(ROOT), COLUMNS="1000", **extra)
     return out
 

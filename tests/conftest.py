@@ -30,8 +30,9 @@ from taskmesh.logs import configure
 from taskmesh.registry import Registry
 from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
-from taskmesh.store.postgres import migrate_url
+from taskmesh.store.postgres import connect_options, migrate_url
 from taskmesh.tasks import Tasks
+from tests.pgbouncer import PgBouncer, through
 from tests.proc import free_port
 
 
@@ -74,11 +75,30 @@ async def scratch_database(admin: str, prefix: str) -> AsyncIterator[str]:
         await conn.close()
 
 
+POOLER = os.environ.get("TASKMESH_TEST_PG_POOLER", "none")
+"""``transaction``: the tests reach PostgreSQL through a PgBouncer in transaction mode started for
+the session, and instances run with ``pg_pooler = "transaction"`` (``make test``'s pooler suite)."""
+
+
 @pytest.fixture(scope="session")
-async def database_url(store_urls: tuple[str, str]) -> AsyncIterator[str]:
+def pgbouncer_address(store_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """``host:port`` of the session's PgBouncer, or ``None`` when the tests talk to PostgreSQL itself."""
+    if POOLER == "none":
+        yield None
+        return
+    bouncer = PgBouncer(store_urls[0])
+    try:
+        bouncer.start()
+        yield bouncer.address
+    finally:
+        bouncer.cleanup()
+
+
+@pytest.fixture(scope="session")
+async def database_url(store_urls: tuple[str, str], pgbouncer_address: str | None) -> AsyncIterator[str]:
     async with scratch_database(store_urls[0], "tm_test") as url:
         await migrate_url(url)
-        yield url
+        yield url if pgbouncer_address is None else through(url, pgbouncer_address)
 
 
 @pytest.fixture
@@ -89,7 +109,7 @@ def redis_url(store_urls: tuple[str, str]) -> str:
 @pytest.fixture
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     """A pool on the session's database, for tests that look at rows directly; the tables start empty."""
-    p = await asyncpg.create_pool(database_url, min_size=1, max_size=10)
+    p = await asyncpg.create_pool(database_url, min_size=1, max_size=10, **connect_options(POOLER))
     assert p is not None
     await p.execute("TRUNCATE tasks, workers, queues, queue_minutes, operations, api_keys, audit_events CASCADE")
     yield p
@@ -149,6 +169,7 @@ def make_settings(database_url: str, redis_url: str, prefix: str) -> Callable[..
             "reclaim_interval_seconds": 0.5,
             "delayed_poll_seconds": 0.05,
             "migrate_on_start": False,
+            "pg_pooler": POOLER,
         }
         values.update(overrides)
         return load_settings(**values)

@@ -120,7 +120,10 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
             for k, v in os.environ.items()
             if not k.startswith("TASKMESH_") and k not in ("DATABASE_URL", "REDIS_URL")
         }
-        full.update({"HTTP_PORT": str(port), "PYTHONPATH": str(ROOT), "TASKMESH_LOG_FORMAT": "json", **env})
+        full.update({"HTTP_PORT": str(port), "PYTHONPATH": str(ROOT), "TASKMESH_LOG_FORMAT": "json"})
+        if os.environ.get("TASKMESH_TEST_PG_POOLER"):  # the pooler suite (tests/conftest.py)
+            full["TASKMESH_PG_POOLER"] = os.environ["TASKMESH_TEST_PG_POOLER"]
+        full.update(env)
         log = tmp_path / f"taskmesh-{len(procs)}-{port}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(

@@ -33,6 +33,8 @@ class Client:
     :param redis_prefix: key prefix, as the instances' ``redis_prefix``.
     :param registry: handlers whose defaults (queue, max_retries) apply when
         known; default the process-wide registry.
+    :param pg_pooler: ``transaction`` when ``database_url`` is PgBouncer in transaction mode,
+        as the instances' ``pg_pooler``.
 
     Use as ``async with Client(db, redis) as client: ...``; the pools open on
     entry and close on exit.
@@ -47,6 +49,7 @@ class Client:
         registry: Registry | None = None,
         default_max_retries: int = 3,
         pool_size: int = 4,
+        pg_pooler: str = "none",
     ) -> None:
         self._database_url = database_url
         self._redis_url = redis_url
@@ -54,6 +57,7 @@ class Client:
         self._registry = registry or default_registry
         self._default_max_retries = default_max_retries
         self._pool_size = pool_size
+        self._pg_pooler = pg_pooler
         self._stores: Stores | None = None
         self._tasks: Tasks | None = None
 
@@ -63,7 +67,11 @@ class Client:
         :raises StoreError: PostgreSQL did not answer or refused.
         """
         self._stores = await Stores.open(
-            self._database_url, self._redis_url, redis_prefix=self._redis_prefix, pool_size=self._pool_size
+            self._database_url,
+            self._redis_url,
+            redis_prefix=self._redis_prefix,
+            pool_size=self._pool_size,
+            pooler=self._pg_pooler,
         )
         self._tasks = Tasks(
             self._stores.pg,

@@ -34,6 +34,7 @@ from pydantic_settings import (
 
 from taskmesh.cron import CronSpec, load_zone
 from taskmesh.errors import ConfigError, CronSpecError, InvalidTaskError
+from taskmesh.store.redis_urls import check_redis_url
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Allowed task and queue names (issue 2): letters, digits, ``_ . : -``, 1-128 chars."""
@@ -349,6 +350,14 @@ class Settings(BaseSettings):
     """Days the audit log is kept: a month's partition is dropped once its last day is this old (0: kept)."""
     pg_pool_size: int = Field(default=10, ge=2, le=200, validation_alias=_aliases("pg_pool_size"))
     """Connections in this instance's PostgreSQL pool."""
+    pg_pooler: Literal["none", "transaction"] = Field(default="none", validation_alias=_aliases("pg_pooler"))
+    """``transaction`` when ``database_url`` goes through a pooler in transaction mode (PgBouncer):
+    no prepared statements are kept, and ``LISTEN`` uses ``database_direct_url`` or, without it,
+    the scheduler re-reads its table every ``pg_poll_seconds``."""
+    database_direct_url: str | None = Field(default=None, validation_alias=_aliases("database_direct_url"))
+    """A URL to PostgreSQL itself, past the pooler, for ``LISTEN`` (``pg_pooler = "transaction"``)."""
+    pg_poll_seconds: float = Field(default=1.0, gt=0, le=60, validation_alias=_aliases("pg_poll_seconds"))
+    """How often the scheduler re-reads the schedules when ``LISTEN`` is not available, seconds."""
     log_level: str = Field(default="info", validation_alias=_aliases("log_level"))
     log_format: str = Field(default="auto", validation_alias=_aliases("log_format"))
     """``json``, ``console``, or ``auto`` (console on a terminal, JSON elsewhere)."""
@@ -419,19 +428,24 @@ class Settings(BaseSettings):
                 raise ValueError(f"{origin!r} is not an origin: give scheme://host[:port] (no path), or *")
         return list(dict.fromkeys(value))
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_direct_url")
     @classmethod
     def _check_database_url(cls, value: str | None) -> str | None:
         if value and not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("must be a postgresql:// URL")
         return value or None
 
+    @property
+    def listen_url(self) -> str | None:
+        """Where ``LISTEN`` connects: ``None`` when only a transaction pooler is reachable (poll instead)."""
+        if self.database_direct_url:
+            return self.database_direct_url
+        return self.database_url if self.pg_pooler == "none" else None
+
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str | None) -> str | None:
-        if value and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
-        return value or None
+        return check_redis_url(value) if value else None
 
     @field_validator("log_level")
     @classmethod

@@ -45,7 +45,10 @@ async def hand_back(database_url: str, worker_id: str) -> int:
     :raises TimeoutError: likewise.
     """
     try:
-        conn = await asyncpg.connect(database_url, timeout=TIMEOUT_SECONDS, command_timeout=TIMEOUT_SECONDS)
+        # No named prepared statements: two statements, and the URL may be a transaction pooler's.
+        conn = await asyncpg.connect(
+            database_url, timeout=TIMEOUT_SECONDS, command_timeout=TIMEOUT_SECONDS, statement_cache_size=0
+        )
     except POSTGRES_ERRORS as exc:
         raise StoreError("postgres", "connect", transient=True, detail=str(exc)) from exc
     try:

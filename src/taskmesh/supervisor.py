@@ -73,7 +73,8 @@ from taskmesh.services.supervision import RestartBudget, ServiceSpec, supervise
 from taskmesh.services.sync_handlers import SyncHandlers
 from taskmesh.services.worker_pool import QueueWorkers
 from taskmesh.shutdown_signals import ShutdownSignals
-from taskmesh.store import Stores
+from taskmesh.store import PgStore, RedisStore, Stores
+from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import Listener
 from taskmesh.tasks import Tasks
 
@@ -219,8 +220,8 @@ async def _run_root(
         notify.status(f"connecting to PostgreSQL and Redis; HTTP on {settings.http_host}:{inst.port}")
         clock = StoreClock()
         try:
-            stores = await _connect_until_stopped(settings, database_url, redis_url, clock, inst.stop)
-        except (MigrationError, StoreError) as exc:
+            stores = await _connect_until_stopped(settings, database_url, redis_url, clock, inst.stop, state.startup)
+        except (ConfigError, MigrationError, StoreError) as exc:
             fatal.append(exc)
             stores = None
         if stores is not None and not await _may_serve(settings, state, stores):
@@ -283,15 +284,58 @@ async def _may_serve(settings: Settings, state: AppState, stores: Stores) -> boo
 
 
 async def _connect_until_stopped(
-    settings: Settings, database_url: str, redis_url: str, clock: StoreClock, stop: anyio.Event
+    settings: Settings,
+    database_url: str,
+    redis_url: str,
+    clock: StoreClock,
+    stop: anyio.Event,
+    startup: dict[str, str],
 ) -> Stores | None:
     """Connect, measure PostgreSQL's clock and migrate, through outages; ``None`` when stopped first.
 
+    PostgreSQL and Redis are tried side by side, each store's state kept in ``startup``
+    (``connecting``, ``down``, ``ok``) for ``/readyz``, so that it names only the one that failed.
+
     :raises MigrationError: a migration failed for good.
-    :raises StoreError: PostgreSQL refused in a way retrying cannot fix (a wrong database name).
+    :raises ConfigError: a store refused the connection in a way retrying cannot fix (a refused
+        password, a wrong database name, a failed TLS handshake, a Redis Cluster node; see
+        ``RedisStore.check_server``): the message names ``database_url`` or ``redis_url``.
+    :raises StoreError: a store failed for good after connecting (a query PostgreSQL refused).
     """
     result: list[Stores] = []
-    failed: list[MigrationError | StoreError] = []  # raised after the group: a child's error would come wrapped
+    failed: list[Exception] = []  # raised after the group: a child's error would come wrapped
+    redis = RedisStore.connect(redis_url, Keys(settings.redis_prefix), now_ms=clock.now_ms)
+
+    def down(store: str) -> Callable[[StoreError], None]:
+        return lambda exc: startup.__setitem__(store, "down")
+
+    async def open_postgres() -> PgStore:
+        outage = Outage("postgres")
+        while True:
+            try:
+                pg = await PgStore.connect(database_url, settings.pg_pool_size, pooler=settings.pg_pooler)
+                break
+            except StoreError as exc:
+                if not exc.transient:
+                    raise
+                startup["postgres"] = "down"
+                await outage.failed(exc)
+        outage.recovered()
+        try:
+            await call_until_done("postgres", lambda: clock.sync(pg.now), on_failure=down("postgres"))
+            if settings.migrate_on_start:
+                await call_until_done("postgres", pg.migrate, on_failure=down("postgres"))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await pg.close()
+            raise
+        startup["postgres"] = "ok"
+        return pg
+
+    async def check_redis() -> None:
+        await call_until_done("redis", redis.check_server, on_failure=down("redis"))
+        startup["redis"] = "ok"
+
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
@@ -299,46 +343,44 @@ async def _connect_until_stopped(
             tg.cancel_scope.cancel()
 
         async def connect() -> None:
+            pg: list[PgStore] = []
             try:
-                await connect_and_migrate()
-            except (MigrationError, StoreError) as exc:
-                failed.append(exc)
-                tg.cancel_scope.cancel()
+                async with anyio.create_task_group() as both:
+                    both.start_soon(check_redis)
 
-        async def connect_and_migrate() -> None:
-            outage = Outage("postgres")
-            while True:
-                try:
-                    stores = await Stores.open(
-                        database_url,
-                        redis_url,
-                        redis_prefix=settings.redis_prefix,
-                        pool_size=settings.pg_pool_size,
-                        now_ms=clock.now_ms,
-                    )
-                    break
-                except StoreError as exc:
-                    if not exc.transient:
-                        raise
-                    await outage.failed(exc)
-            outage.recovered()
-            try:
-                await call_until_done("postgres", lambda: clock.sync(stores.pg.now))
-                if settings.migrate_on_start:
-                    await call_until_done("postgres", stores.pg.migrate)
-                await call_until_done("redis", stores.redis.ping)
-            except BaseException:
+                    async def postgres() -> None:
+                        pg.append(await open_postgres())
+
+                    both.start_soon(postgres)
+            except* (MigrationError, StoreError) as group:
+                failed.extend(
+                    _refused_for_good(e) for e in group.exceptions if isinstance(e, MigrationError | StoreError)
+                )
+            if failed:
                 with anyio.CancelScope(shield=True):
-                    await stores.close()
-                raise
-            result.append(stores)
+                    for store in pg:
+                        await store.close()
+            else:
+                result.append(Stores(pg[0], redis))
             tg.cancel_scope.cancel()
 
         tg.start_soon(watch)
         tg.start_soon(connect)
+    if not result:
+        with anyio.CancelScope(shield=True):
+            await redis.close()
     if failed:
         raise failed[0]
     return result[0] if result else None
+
+
+def _refused_for_good(exc: MigrationError | StoreError) -> Exception:
+    """A store's refusal to connect as the config error it is (exit 2, naming the setting)."""
+    if not isinstance(exc, StoreError) or exc.transient or exc.operation != "connect":
+        return exc
+    if exc.store == "redis":
+        return ConfigError(exc.detail)  # check_server's message names redis_url already
+    return ConfigError(f"database_url: PostgreSQL refused the connection ({exc.detail})")
 
 
 @dataclass
@@ -382,7 +424,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
     | retention | no | always (it also makes the audit log's months ahead) |
     | sampler | no | always |
     | operations | no | always |
-    | enqueued_listener | no | always |
+    | enqueued_listener | no | ``LISTEN`` is reachable (not behind a transaction pooler alone) |
     | finished_feed | no | the API is served |
 
     The committer (critical, first to start, last of the work to stop), the
@@ -462,9 +504,10 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
         )
     )
     table.append(ServiceSpec("operations", partial(operations.run, p.tasks, p.inst.worker_id), critical=False))
-    table.append(
-        ServiceSpec("enqueued_listener", partial(enqueued_listener.run, s.database_url or "", p.tasks), critical=False)
-    )
+    if s.listen_url is not None:  # behind a transaction pooler, the reconciler's sweep pushes them instead
+        table.append(
+            ServiceSpec("enqueued_listener", partial(enqueued_listener.run, s.listen_url, p.tasks), critical=False)
+        )
     if s.api_enabled:
         table.append(
             ServiceSpec("finished_feed", partial(finished_feed.run, p.stores.redis, p.state.waiters), critical=False)
@@ -476,14 +519,14 @@ def _scheduler_spec(p: _Parts) -> ServiceSpec | None:
     s = p.settings
     if not (s.scheduler_enabled and s.schedules and p.state.schedules is not None):
         return None
-    database_url = s.database_url or ""
     waker = p.state.schedule_waker
-    listener = Listener(database_url, NOTIFY_CHANNEL, lambda _payload: waker.wake())
-    return ServiceSpec(
-        "scheduler",
-        partial(scheduler.run, p.state.schedules, p.clock, waker, listener=listener),
-        critical=False,
-    )
+    if s.listen_url is None:
+        # A transaction pooler loses LISTEN: re-read the table every pg_poll_seconds instead.
+        run = partial(scheduler.run, p.state.schedules, p.clock, waker, max_sleep=s.pg_poll_seconds)
+    else:
+        listener = Listener(s.listen_url, NOTIFY_CHANNEL, lambda _payload: waker.wake())
+        run = partial(scheduler.run, p.state.schedules, p.clock, waker, listener=listener)
+    return ServiceSpec("scheduler", run, critical=False)
 
 
 async def _serve(

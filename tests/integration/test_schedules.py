@@ -20,8 +20,9 @@ from taskmesh.registry import Registry
 from taskmesh.schedules import Schedules
 from taskmesh.services import scheduler
 from taskmesh.store import PgStore, Stores
+from taskmesh.store.postgres import connect_options
 from taskmesh.tasks import Tasks
-from tests.conftest import http, wait_for
+from tests.conftest import POOLER, http, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -120,7 +121,8 @@ async def test_the_scheduler_sleeps_until_the_next_fire_and_not_before(make: Cal
 async def test_several_schedulers_on_one_database_fire_each_time_once(
     make: Callable[..., Schedules], database_url: str, instances: int
 ) -> None:
-    pools = [await asyncpg.create_pool(database_url, min_size=1, max_size=3) for _ in range(instances)]
+    options = connect_options(POOLER)
+    pools = [await asyncpg.create_pool(database_url, min_size=1, max_size=3, **options) for _ in range(instances)]
     try:
         many = [make(sched(), sched("hourly", "0 * * * *"), pool=p) for p in pools]
         for s in many:
@@ -430,6 +432,7 @@ async def _at_least(pool: asyncpg.Pool, n: int) -> bool:
     return bool(await pool.fetchval("SELECT count(*) FROM tasks WHERE type = 'cron'") >= n)
 
 
+@pytest.mark.skipif(POOLER != "none", reason="behind a transaction pooler the scheduler polls: no LISTEN to lose")
 async def test_losing_the_listen_connection_does_not_stop_the_instance_or_the_schedules(
     start_instance: Callable[..., Any], report_handler: None, clean: asyncpg.Pool
 ) -> None:

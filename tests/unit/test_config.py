@@ -57,7 +57,24 @@ def test_the_toml_file_sets_per_queue_concurrency_and_env_wins(monkeypatch: pyte
         ({"QUEUE_NAMES": "a b"}, "queue_names: queue name 'a b' must match [A-Za-z0-9_.:-]{1,128}"),
         ({"QUEUE_NAMES": " , "}, "queue_names: must name at least one queue"),
         ({"DATABASE_URL": "host=localhost dbname=tasks"}, "database_url: must be a postgresql:// URL"),
-        ({"REDIS_URL": "localhost:6379"}, "redis_url: must be a redis://, rediss:// or unix:// URL"),
+        ({"REDIS_URL": "localhost:6379"}, "redis_url: must be a redis://, rediss:// or unix:// URL, not no scheme"),
+        ({"REDIS_URL": "http://h:6379"}, "redis_url: must be a redis://, rediss:// or unix:// URL, not http://"),
+        (
+            {"REDIS_URL": "redis://:secret@h:6379/abc"},
+            "redis_url: the database number 'abc' is not a whole number (0 to 15 on a default server)",
+        ),
+        (
+            {"REDIS_URL": "unix:///run/redis.sock?db=-1"},
+            "redis_url: the database number '-1' is not a whole number (0 to 15 on a default server)",
+        ),
+        (
+            {"REDIS_URL": "redis://h:port/0"},
+            "redis_url: redis-py cannot read it: Port could not be cast to integer value as 'port'",
+        ),
+        (
+            {"REDIS_URL": "redis://h:6379/0?socket_timeout=soon"},
+            "redis_url: redis-py cannot read it: Invalid value for 'socket_timeout' in connection URL.",
+        ),
         ({"TASKMESH_LOG_LEVEL": "loud"}, "log_level: must be one of debug, info, warning, error"),
         (
             {"TASKMESH_SHUTDOWN_GRACE_SECONDS": "-1"},

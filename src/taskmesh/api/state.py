@@ -88,6 +88,8 @@ class AppState:
     console_session_seconds: float = 8 * 3600.0
     """How long a console session lasts after sign-in (``console_session_hours``)."""
     waiters: FinishedWaiters = field(default_factory=FinishedWaiters)
+    startup: dict[str, str] = field(default_factory=lambda: {"postgres": "connecting", "redis": "connecting"})
+    """Each store's state while the instance starts (``connecting``, ``down``, ``ok``), for ``/readyz``."""
     stores: Stores | None = None
     tasks: Tasks | None = None
     schedules: Schedules | None = None

@@ -105,7 +105,7 @@ def migrate() -> None:
     database_url = settings.database_url
 
     async def go() -> None:
-        applied = await migrate_url(database_url)
+        applied = await migrate_url(database_url, pooler=settings.pg_pooler)
         print(f"migrations applied: {applied or 'none, schema is up to date'}")
 
     anyio.run(go)

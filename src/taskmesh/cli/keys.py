@@ -74,7 +74,7 @@ def _with_pg(action: Callable[[PgStore], Awaitable[T]], audit_as: str | None = N
     database_url = settings.database_url
 
     async def go() -> T:
-        pg = await PgStore.connect(database_url, size=2)
+        pg = await PgStore.connect(database_url, size=2, pooler=settings.pg_pooler)
         try:
             if audit_as is None:
                 return await action(pg)

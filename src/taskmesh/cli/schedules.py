@@ -61,7 +61,9 @@ def _with_schedules(action: Callable[[Schedules], Awaitable[T]], audit_as: tuple
     database_url, redis_url = settings.database_url, settings.redis_url
 
     async def go() -> T:
-        stores = await Stores.open(database_url, redis_url, redis_prefix=settings.redis_prefix, pool_size=2)
+        stores = await Stores.open(
+            database_url, redis_url, redis_prefix=settings.redis_prefix, pool_size=2, pooler=settings.pg_pooler
+        )
         try:
             # A trigger's push to a Redis that refuses would only be logged (the task is durable and the
             # reconciler pushes it later); a person at the terminal should hear of it at once instead.

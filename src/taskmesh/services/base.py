@@ -63,9 +63,16 @@ class Outage:
             self.failures = 0
 
 
-async def call_until_done(service: str, call: Callable[[], Awaitable[object]], *, max_delay: float = 5.0) -> None:
+async def call_until_done(
+    service: str,
+    call: Callable[[], Awaitable[object]],
+    *,
+    max_delay: float = 5.0,
+    on_failure: Callable[[StoreError], None] | None = None,
+) -> None:
     """Call ``call`` until it succeeds, backing off through transient store errors.
 
+    :param on_failure: told of each transient failure before the backoff (``/readyz``'s start-up view).
     :raises StoreError: a non-transient one (retrying cannot fix it).
     """
     outage = Outage(service, max_delay)
@@ -75,6 +82,8 @@ async def call_until_done(service: str, call: Callable[[], Awaitable[object]], *
         except StoreError as exc:
             if not exc.transient:
                 raise
+            if on_failure is not None:
+                on_failure(exc)
             await outage.failed(exc)
             continue
         outage.recovered()

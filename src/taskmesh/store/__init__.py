@@ -34,12 +34,15 @@ class Stores:
         redis_prefix: str = "taskmesh",
         pool_size: int = 10,
         now_ms: Callable[[], int] = wall_ms,
+        pooler: str = "none",
     ) -> Stores:
         """Open the PostgreSQL pool and a Redis client (Redis connects lazily).
 
+        :param pooler: ``transaction`` when ``database_url`` is PgBouncer in transaction mode
+            (see :meth:`PgStore.connect`).
         :raises StoreError: PostgreSQL did not answer or refused.
         """
-        pg = await PgStore.connect(database_url, pool_size)
+        pg = await PgStore.connect(database_url, pool_size, pooler=pooler)
         return cls(pg, RedisStore.connect(redis_url, Keys(redis_prefix), now_ms=now_ms))
 
     async def close(self) -> None:

@@ -7,7 +7,7 @@ one connection inside one transaction. Every failure is a
 :class:`~taskmesh.errors.StoreError` naming the operation, transient or not.
 
 Migrations are the numbered files in ``migrations/`` (``0001_name.sql``), applied
-in order, each in its own transaction, under ``pg_advisory_lock`` so that two
+in order, each in its own transaction, under ``pg_advisory_xact_lock`` so that two
 instances starting at once neither fail nor apply one twice (design.md section 4).
 Applied versions are recorded in ``schema_migrations``. A migration that fails
 with an error retrying cannot fix raises :class:`~taskmesh.errors.MigrationError`.
@@ -91,8 +91,12 @@ class PgStore:
         self.sessions = SessionQueries(ex)
 
     @classmethod
-    async def connect(cls, database_url: str, size: int = 10) -> PgStore:
+    async def connect(cls, database_url: str, size: int = 10, *, pooler: str = "none") -> PgStore:
         """Open a pool of at most ``size`` connections (at least 2 are kept open).
+
+        :param pooler: ``transaction`` when ``database_url`` is a pooler in transaction mode
+            (PgBouncer): asyncpg keeps no named prepared statements, which another client's
+            transaction would meet on the same server connection (``statement_cache_size=0``).
 
         taskmesh keeps no session state on pooled connections (as PgBouncer in
         transaction mode requires, design.md section 7), so a released connection
@@ -112,6 +116,7 @@ class PgStore:
                 command_timeout=60,
                 timeout=5,
                 reset=_keep_session,
+                **connect_options(pooler),
             )
         except POSTGRES_ERRORS as exc:
             raise postgres_error("connect", exc) from exc
@@ -226,15 +231,26 @@ class PgStore:
             raise postgres_error("migrate", exc) from exc
 
 
+def connect_options(pooler: str) -> dict[str, Any]:
+    """asyncpg's connection options for ``pooler`` (``none`` or ``transaction``; see :meth:`PgStore.connect`)."""
+    return {"statement_cache_size": 0} if pooler == "transaction" else {}
+
+
 async def migrate(conn: Any) -> list[int]:
     """Apply the migrations this database lacks on ``conn`` (a connection of its own, not in a transaction).
+
+    Each migration runs in a transaction of its own that first takes the migration lock
+    (``pg_advisory_xact_lock``) and looks again whether another instance applied it meanwhile.
+    A transaction-level lock, unlike a session-level one, is released by the commit on the
+    server connection that took it, so it cannot leak through a pooler in transaction mode
+    (PgBouncer), where a session's statements may each run on another server connection.
 
     :returns: the versions applied now.
     :raises MigrationError: a migration failed with an error retrying cannot fix.
     :raises asyncpg.PostgresError, OSError: the connection failed (callers wrap it).
     """
-    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_ID)
-    try:
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_ID)
         await conn.execute(
             """CREATE TABLE IF NOT EXISTS schema_migrations (
                    version integer PRIMARY KEY,
@@ -242,41 +258,37 @@ async def migrate(conn: Any) -> list[int]:
                    applied_at timestamptz NOT NULL DEFAULT now())"""
         )
         done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
-        applied = []
-        for version, name, sql in migrations():
-            if version in done:
-                continue
-            try:
-                async with conn.transaction():
-                    await conn.execute(sql)
-                    await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
-            except POSTGRES_ERRORS as exc:
-                error = postgres_error(f"migration {version:04d}_{name}", exc)
-                if error.transient:
-                    raise
-                log.error("migration_failed", version=version, migration=name, error=error.detail)
-                raise MigrationError(version, name, error.detail) from exc
-            log.info("migration_applied", version=version, migration=name)
-            applied.append(version)
-        return applied
-    finally:
+    applied = []
+    for version, name, sql in migrations():
+        if version in done:
+            continue
         try:
-            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
-        except BaseException:
-            # Pooled connections are not reset on release (see PgStore.connect): a connection
-            # whose unlock did not happen is closed, which releases the lock, never reused.
-            conn.terminate()
-            raise
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_ID)
+                if await conn.fetchval("SELECT 1 FROM schema_migrations WHERE version = $1", version):
+                    continue  # another instance applied it while this one waited for the lock
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
+        except POSTGRES_ERRORS as exc:
+            error = postgres_error(f"migration {version:04d}_{name}", exc)
+            if error.transient:
+                raise
+            log.error("migration_failed", version=version, migration=name, error=error.detail)
+            raise MigrationError(version, name, error.detail) from exc
+        log.info("migration_applied", version=version, migration=name)
+        applied.append(version)
+    return applied
 
 
-async def migrate_url(database_url: str) -> list[int]:
+async def migrate_url(database_url: str, *, pooler: str = "none") -> list[int]:
     """Apply migrations through one short-lived connection (tests, ``taskmesh migrate``).
 
+    :param pooler: see :meth:`PgStore.connect`.
     :raises MigrationError: see :meth:`PgStore.migrate`.
     :raises StoreError: PostgreSQL did not answer or refused the connection.
     """
     try:
-        conn = await asyncpg.connect(database_url, timeout=5)
+        conn = await asyncpg.connect(database_url, timeout=5, **connect_options(pooler))
     except POSTGRES_ERRORS as exc:
         raise postgres_error("connect", exc) from exc
     try:

@@ -25,6 +25,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from taskmesh.errors import StoreError
 from taskmesh.logs import get_logger
 from taskmesh.models import PushTarget
 from taskmesh.store.classify import REDIS_ERRORS, redis_error
@@ -38,6 +39,7 @@ from taskmesh.store.keys import (
     delayed_score,
     ready_score,
 )
+from taskmesh.store.redis_urls import PLAIN_ON_TLS, TLS_FAILED, cluster_refusal, refusal, speaks_plain_redis
 from taskmesh.store.scripts import lua
 
 log = get_logger("taskmesh.redis")
@@ -45,6 +47,8 @@ log = get_logger("taskmesh.redis")
 FOREIGN_KEPT = 1000
 """Most set-aside members kept per queue (newest first)."""
 FOREIGN_LOG_EVERY_SECONDS = 60.0
+PROBED_QUEUES = 16
+"""Most queues whose keys ``/readyz`` touches."""
 
 
 def wall_ms() -> int:
@@ -142,6 +146,56 @@ class RedisStore:
         """
         with _Op("ping"):
             await self.client.ping()
+
+    async def check_server(self) -> None:
+        """Start-up check that the server is one taskmesh can use as configured.
+
+        ``PING`` on a new connection (which does the TLS handshake, ``AUTH`` and ``SELECT``
+        first), then ``INFO cluster``: a Redis Cluster node behind this standalone client
+        would answer ``MOVED`` for most keys, so it is refused here, not met later.
+
+        :raises StoreError: transient when Redis did not answer (start-up waits and says so);
+            not transient, with a message naming ``redis_url`` (``store.redis_urls.refusal``),
+            when it refused the password or the database number, the TLS handshake failed, or
+            it is a cluster node: retrying cannot fix those.
+        """
+        try:
+            await self.client.ping()
+            info = await self.client.info("cluster")
+        except REDIS_ERRORS as exc:
+            message = refusal(exc)
+            tls = self._tls_address()
+            tls_failed = message is None or message.startswith(TLS_FAILED)
+            if tls is not None and tls_failed and await speaks_plain_redis(*tls):
+                message = PLAIN_ON_TLS
+            if message is None:
+                raise redis_error("ping", exc) from exc
+            raise StoreError("redis", "connect", transient=False, detail=message) from exc
+        if isinstance(info, dict) and str(info.get("cluster_enabled", "0")) == "1":
+            raise StoreError("redis", "connect", transient=False, detail=cluster_refusal("cluster_enabled:1"))
+
+    async def probe(self, queues: Sequence[str]) -> None:
+        """``/readyz``'s check: ``PING`` and ``EXISTS`` of the first queues' ready sets, in one pipeline.
+
+        Touching keys, not only the connection, is what shows a server that answers but will not
+        serve them (``MOVED`` from a node that became a cluster node).
+
+        :raises StoreError: transient when Redis did not answer; not transient for an error reply.
+        """
+        with _Op("probe"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.ping()
+                for queue in list(queues)[:PROBED_QUEUES]:
+                    pipe.exists(self.keys.ready(queue))
+                await pipe.execute()
+
+    def _tls_address(self) -> tuple[str, int] | None:
+        """``(host, port)`` when the client connects with TLS (``rediss://``), else ``None``."""
+        pool = self.client.connection_pool
+        if not issubclass(pool.connection_class, aioredis.SSLConnection):
+            return None
+        kwargs = pool.connection_kwargs
+        return str(kwargs.get("host", "localhost")), int(kwargs.get("port", 6379))
 
     # -- pushes ------------------------------------------------------------
 

@@ -33,21 +33,31 @@ async def healthz() -> Response:
 )
 async def readyz(state: StateDep) -> Response:
     """200 when both stores answer within a second, the instance is not draining and no critical
-    service is restarting or failed; 503 otherwise. Services not running are named in ``services``."""
-    checks = {"postgres": "down", "redis": "down"}
+    service is restarting or failed; 503 otherwise. Services not running are named in ``services``.
+
+    Each store reads ``ok``, ``down`` (no answer), ``error`` (an answer taskmesh cannot work with,
+    such as ``MOVED``; the message is in ``errors``) or, before the instance has connected,
+    ``connecting`` while it has not yet been tried or answered."""
+    # Until the stores answered, each one's start-up state: only the one that failed reads "down".
+    checks = {"postgres": "down", "redis": "down"} if state.stores is not None else dict(state.startup)
     stores = state.stores
+    errors: dict[str, str] = {}
     if stores is not None:
 
         async def check(name: str, ping: Any) -> None:
             try:
                 await ping()
                 checks[name] = "ok"
-            except (StoreError, TimeoutError):
+            except StoreError as exc:
+                if not exc.transient:  # answers, but not as taskmesh needs (MOVED, a refused command)
+                    checks[name] = "error"
+                    errors[name] = str(exc)
+            except TimeoutError:
                 pass
 
         async def redis_ping() -> None:
             with anyio.fail_after(PING_TIMEOUT_SECONDS):  # redis-py drops a connection it was cancelled on
-                await stores.redis.ping()
+                await stores.redis.probe(state.queues)
 
         async with anyio.create_task_group() as tg:
             # PostgreSQL's ping has asyncpg's own timeout: cancelling a query from outside can leave
@@ -55,8 +65,15 @@ async def readyz(state: StateDep) -> Response:
             tg.start_soon(check, "postgres", lambda: stores.pg.ping(timeout=PING_TIMEOUT_SECONDS))
             tg.start_soon(check, "redis", redis_ping)
     down = state.services.down()
-    ready = not state.draining and all(v == "ok" for v in checks.values()) and not state.services.critical_down()
+    ready = (
+        stores is not None
+        and not state.draining
+        and all(v == "ok" for v in checks.values())
+        and not state.services.critical_down()
+    )
     body: dict[str, Any] = {"ready": ready, **checks}
+    if errors:
+        body["errors"] = errors
     if down:
         body["services"] = down
     if state.draining:
