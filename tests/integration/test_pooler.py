@@ -4,6 +4,8 @@
   (the next start does not wait);
 - an instance with ``pg_pooler = "transaction"`` runs tasks while PgBouncer is restarted in
   the middle of the run, and loses none;
+- with ``database_direct_url``, a task enqueued inside the application's transaction through
+  PgBouncer is pushed at its commit, the notification heard on the direct connection;
 - without ``LISTEN`` (no ``database_direct_url``), a schedule resumed over another instance's
   API fires at its next slot, the scheduler re-reading its table every ``pg_poll_seconds``,
   with no burst of slots it slept through.
@@ -23,6 +25,7 @@ import anyio
 import asyncpg
 import pytest
 
+from taskmesh.client import Client
 from taskmesh.registry import Registry
 from taskmesh.store.postgres import connect_options, migrate, migrations
 from tests.conftest import http, scratch_database, wait_for
@@ -138,6 +141,34 @@ async def test_a_resumed_schedule_fires_at_its_next_slot_without_listen(
         # One task per second from the first on: no burst of slots the scheduler slept through.
         made = await pool.fetchval("SELECT count(*) FROM tasks WHERE name = 'pooled.tick' AND created_at >= $1", first)
     assert 3 <= made <= 5, made
+
+
+async def test_with_a_direct_url_a_transactional_enqueue_through_pgbouncer_is_pushed_at_commit(
+    start_instance: Any, registry: Registry, database_url: str, redis_url: str, prefix: str, bouncer: PgBouncer
+) -> None:
+    ran: list[int] = []
+
+    @registry.task("pooled.ship")
+    async def ship(payload: dict[str, int]) -> None:
+        ran.append(payload["order"])
+
+    url = through(database_url, bouncer.address)
+    # The sweep comes only every 60 s: a task that runs within seconds was pushed by the NOTIFY.
+    settings = {"database_url": url, "pg_pooler": "transaction", "database_direct_url": database_url}
+    async with (
+        start_instance(reconcile_interval_seconds=60, **settings),
+        Client(url, redis_url, redis_prefix=prefix, registry=registry, pg_pooler="transaction") as client,
+    ):
+        app = await asyncpg.connect(url, **TRANSACTION)
+        try:
+            async with app.transaction():
+                await client.enqueue("pooled.ship", {"order": 7}, connection=app)
+            with anyio.fail_after(10):
+                while not ran:
+                    await anyio.sleep(0.02)
+        finally:
+            await app.close()
+    assert ran == [7]
 
 
 async def _completed_at_least(pool: asyncpg.Pool, n: int) -> bool:
