@@ -22,7 +22,9 @@ allowed to create databases) and uses the Redis of ``REDIS_URL`` (default
 4. **pickup latency**: ``--latency-count`` tasks enqueued one by one at
    ``--rate`` per second, from the enqueue call to the handler's start;
 5. ``--memory``: RSS of the instance after 10% and after 100% of the drain;
-6. ``--compare``: the same drain and latency workloads through PgQueuer, arq
+6. ``--pgbouncer HOST:PORT``: the instance and the client reach PostgreSQL through a
+   PgBouncer in transaction mode (``pg_pooler = "transaction"``); set-up goes direct;
+7. ``--compare``: the same drain and latency workloads through PgQueuer, arq
    and Celery, with the peers harness of ``shared/bench/peers`` (copied to a
    temporary folder and run from a virtual environment of its own that this
    command creates, with the peers' pinned versions), and the ratios
@@ -100,6 +102,13 @@ def _with_db(url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
 
 
+def _through(url: str, address: str) -> str:
+    """``url`` with its host and port replaced by ``address``, keeping its user and database."""
+    parts = urlsplit(url)
+    user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    return urlunsplit((parts.scheme, user + address, parts.path, parts.query, parts.fragment))
+
+
 class Bench:
     """One benchmark run (see the module docs); ``figures`` collects what is printed."""
 
@@ -108,6 +117,9 @@ class Bench:
         self.admin_url = os.environ.get("DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/postgres"
         self.redis_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
         self.db_url = _with_db(self.admin_url, BENCH_DB)
+        # The instance and the client go through PgBouncer with --pgbouncer; set-up goes direct.
+        self.pooler = "transaction" if args.pgbouncer else "none"
+        self.work_url = _through(self.db_url, args.pgbouncer) if args.pgbouncer else self.db_url
         parts = urlsplit(self.redis_url)
         self.recorder_url = urlunsplit((parts.scheme, parts.netloc, "/15", "", ""))
         self.recorder = redis.Redis.from_url(self.recorder_url)
@@ -130,7 +142,8 @@ class Bench:
     def start_instance(self, concurrency: int, port: int = 0) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
-            "DATABASE_URL": self.db_url,
+            "DATABASE_URL": self.work_url,
+            "TASKMESH_PG_POOLER": self.pooler,
             "REDIS_URL": self.redis_url,
             "TASKMESH_REDIS_PREFIX": PREFIX,
             # The instance imports the handler from this checkout, whatever its working directory.
@@ -157,7 +170,7 @@ class Bench:
     async def enqueue_and_drain(self) -> None:
         n, concurrency = self.args.tasks, self.args.concurrency
         await self.reset()
-        async with Client(self.db_url, self.redis_url, redis_prefix=PREFIX) as client:
+        async with Client(self.work_url, self.redis_url, redis_prefix=PREFIX, pg_pooler=self.pooler) as client:
             t0 = time.perf_counter()
             for start in range(0, n, 1000):
                 await client.enqueue_many([{"name": "bench.noop"} for _ in range(min(1000, n - start))])
@@ -251,7 +264,7 @@ class Bench:
         await asyncio.sleep(1.0)
         self.recorder.delete(RAN, START)
         sent: dict[str, float] = {}
-        async with Client(self.db_url, self.redis_url, redis_prefix=PREFIX) as client:
+        async with Client(self.work_url, self.redis_url, redis_prefix=PREFIX, pg_pooler=self.pooler) as client:
             t0 = time.perf_counter()
             for i in range(self.args.latency_count):
                 await asyncio.sleep(max(0.0, t0 + i / self.args.rate - time.perf_counter()))
@@ -393,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=50, help="tasks/s of the pickup-latency run")
     parser.add_argument("--latency-count", type=int, default=300)
     parser.add_argument("--skip-http", action="store_true", help="only enqueue and drain")
+    parser.add_argument(
+        "--pgbouncer",
+        metavar="HOST:PORT",
+        help="the instance and the client reach PostgreSQL through this PgBouncer (transaction mode)",
+    )
     parser.add_argument("--compare", action="store_true", help="also run PgQueuer, arq and Celery")
     parser.add_argument("--peers-dir", default=str(Path.cwd().parent / "shared" / "bench" / "peers"))
     parser.add_argument("--peers-venv", default=str(Path(tempfile.gettempdir()) / "taskmesh-bench-peers-venv"))
