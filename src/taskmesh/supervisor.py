@@ -313,7 +313,9 @@ async def _connect_until_stopped(
         outage = Outage("postgres")
         while True:
             try:
-                pg = await PgStore.connect(database_url, settings.pg_pool_size, pooler=settings.pg_pooler)
+                pg = await PgStore.connect(
+                    database_url, settings.pg_pool_size, pooler=settings.pg_pooler, custom_plans=True
+                )
                 break
             except StoreError as exc:
                 if not exc.transient:
