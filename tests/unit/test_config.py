@@ -72,6 +72,11 @@ def test_the_toml_file_sets_per_queue_concurrency_and_env_wins(monkeypatch: pyte
             "redis_url: redis-py cannot read it: Port could not be cast to integer value as 'port'",
         ),
         (
+            {"REDIS_URL": "rediss://h:6379/0?ssl_ca_cert=/etc/ca.pem"},
+            "redis_url: the option 'ssl_ca_cert' is not one redis-py knows "
+            "(such as ssl_ca_certs, ssl_cert_reqs, socket_timeout)",
+        ),
+        (
             {"REDIS_URL": "redis://h:6379/0?socket_timeout=soon"},
             "redis_url: redis-py cannot read it: Invalid value for 'socket_timeout' in connection URL.",
         ),

@@ -71,9 +71,25 @@ def redis_is_transient(exc: BaseException) -> bool:
     return isinstance(exc, _TRANSIENT_REDIS)
 
 
+POOLER_HINT = 'behind a pooler in transaction mode (PgBouncer)? set pg_pooler = "transaction"'
+"""Said with the errors asyncpg's named prepared statements meet behind a transaction pooler."""
+_POOLER_SYMPTOMS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.InvalidSQLStatementNameError,
+    asyncpg.exceptions.DuplicatePreparedStatementError,
+)
+
+
 def postgres_error(operation: str, exc: BaseException) -> StoreError:
-    """Wrap an asyncpg failure of ``operation`` as a :class:`StoreError`."""
-    return StoreError("postgres", operation, transient=postgres_is_transient(exc), detail=_one_line(exc))
+    """Wrap an asyncpg failure of ``operation`` as a :class:`StoreError`.
+
+    A prepared statement that does not exist, or already does, on the server connection is
+    what a transaction pooler does to a client that keeps them: the detail then says which
+    setting to change (:data:`POOLER_HINT`).
+    """
+    detail = _one_line(exc)
+    if isinstance(exc, _POOLER_SYMPTOMS):
+        detail = f"{detail} ({POOLER_HINT})"
+    return StoreError("postgres", operation, transient=postgres_is_transient(exc), detail=detail)
 
 
 def redis_error(operation: str, exc: BaseException) -> StoreError:

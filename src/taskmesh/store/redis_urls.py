@@ -13,12 +13,13 @@ never repeat the URL, which may hold a password.
 
 from __future__ import annotations
 
+import re
 import ssl
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 import redis.exceptions
-from redis.connection import parse_url
+from redis.asyncio import ConnectionPool
 
 SCHEMES = ("redis", "rediss", "unix")
 """Schemes taskmesh accepts: plain TCP, TLS, a Unix socket."""
@@ -39,8 +40,8 @@ def check_redis_url(url: str) -> str:
         ``unix:///path?db=N``; query options are redis-py's (``ssl_cert_reqs``, ``ssl_ca_certs``…).
     :returns: the same URL.
     :raises ValueError: an unknown scheme, a database number that is not a whole number, a port
-        that is not a number, or an option redis-py refuses; the message names the part, never
-        the password.
+        that is not a number, an option redis-py does not know or a value it refuses; the message
+        names the part, never the password.
     """
     parts = urlsplit(url)
     if parts.scheme not in SCHEMES:
@@ -54,9 +55,16 @@ def check_redis_url(url: str) -> str:
         if not (number.isascii() and number.isdigit()):
             raise ValueError(f"the database number {number!r} is not a whole number (0 to 15 on a default server)")
     try:
-        parse_url(url)  # type: ignore[no-untyped-call]
+        # Building a connection object opens nothing, and is where an unknown option is met.
+        ConnectionPool.from_url(url).make_connection()  # type: ignore[no-untyped-call]
     except ValueError as exc:
         raise ValueError(f"redis-py cannot read it: {exc}") from None
+    except TypeError as exc:
+        unknown = re.search(r"unexpected keyword argument '([^']+)'", str(exc))
+        name = unknown.group(1) if unknown else str(exc)
+        raise ValueError(
+            f"the option {name!r} is not one redis-py knows (such as ssl_ca_certs, ssl_cert_reqs, socket_timeout)"
+        ) from None
     return url
 
 

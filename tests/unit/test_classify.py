@@ -1,0 +1,27 @@
+"""What a store error says: the hint for named prepared statements behind a transaction pooler."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from taskmesh.store.classify import POOLER_HINT, postgres_error
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        asyncpg.exceptions.InvalidSQLStatementNameError('prepared statement "__asyncpg_stmt_33__" does not exist'),
+        asyncpg.exceptions.DuplicatePreparedStatementError('prepared statement "__asyncpg_stmt_1__" already exists'),
+    ],
+)
+def test_a_prepared_statement_a_pooler_lost_or_kept_names_the_pg_pooler_setting(exc: Exception) -> None:
+    error = postgres_error("key_lookup", exc)
+    assert not error.transient
+    assert str(error) == f"postgres error in key_lookup: {type(exc).__name__}: {exc} ({POOLER_HINT})"
+    assert POOLER_HINT == 'behind a pooler in transaction mode (PgBouncer)? set pg_pooler = "transaction"'
+
+
+def test_other_errors_carry_no_pooler_hint() -> None:
+    error = postgres_error("task_insert", asyncpg.exceptions.UniqueViolationError("duplicate key"))
+    assert str(error) == "postgres error in task_insert: UniqueViolationError: duplicate key"
