@@ -12,6 +12,7 @@ import functools
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -233,35 +234,38 @@ async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 10.0, i
     raise AssertionError(f"condition not met within {timeout} s; last value: {last!r}")
 
 
-@pytest.fixture
-def redis_with_password() -> Iterator[str]:
-    """``host:port`` of a Redis of its own that requires the password ``s3cret``."""
+@contextlib.contextmanager
+def redis_server(*args: str, tls: bool = False) -> Iterator[int]:
+    """A ``redis-server`` of its own on a free loopback port (no persistence), with ``args``; yields the port.
+
+    :param tls: the port speaks TLS only (``args`` name the certificate and key).
+    Ready once the port accepts connections (so a TLS-only server counts too); stopped on exit.
+    Skips the test when ``redis-server`` is not on PATH.
+    """
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("redis-server is not on PATH")
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--requirepass",
-            "s3cret",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    listen = ["--port", "0", "--tls-port", str(port)] if tls else ["--port", str(port)]
+    command = [server, *listen, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *args]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
-        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-        yield f"127.0.0.1:{port}"
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        yield port
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_with_password() -> Iterator[str]:
+    """``host:port`` of a Redis of its own that requires the password ``s3cret``."""
+    with redis_server("--requirepass", "s3cret") as port:
+        yield f"127.0.0.1:{port}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +20,19 @@ from pathlib import Path
 
 import anyio
 import pytest
+import redis as sync_redis
+from redis.crc import key_slot
 
+from taskmesh.errors import StoreError
+from taskmesh.store import Keys, RedisStore
+from tests.conftest import redis_server
 from tests.proc import free_port
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "taskmesh: error: redis_url: "
+HALF = 8192
+"""Slots 0..8191 on the first node of the two-node cluster, the rest on the second."""
 AUTH = "; set the ones the server expects"
 OPENSSL_SELF_SIGNED = [
     "openssl",
@@ -45,53 +51,31 @@ OPENSSL_SELF_SIGNED = [
 @pytest.fixture
 def cluster_node(tmp_path: Path) -> Iterator[str]:
     """``host:port`` of a Redis started with ``--cluster-enabled yes`` (one node, no slots: it still says so)."""
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not on PATH")
-    port = free_port()
-    args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    args += ["--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf"), "--dir", str(tmp_path)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
+    with redis_server(*cluster_args(tmp_path)) as port:
         yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
 def tls_redis(tmp_path: Path) -> Iterator[str]:
     """``host:port`` of a Redis that speaks TLS only, with a self-signed certificate no client trusts."""
-    server = shutil.which("redis-server")
-    if server is None or shutil.which("openssl") is None:
-        pytest.skip("redis-server or openssl is not on PATH")
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not on PATH")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [*OPENSSL_SELF_SIGNED, "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )
-    port = free_port()
-    args = [server, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    args += ["--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "redis-server (TLS) did not start"
-                time.sleep(0.05)
+    subprocess.run([*OPENSSL_SELF_SIGNED, "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    args = ("--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no")
+    with redis_server(*args, tls=True) as port:
         yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+
+
+def cluster_args(root: Path, bus: int = 0) -> tuple[str, ...]:
+    """``redis-server`` options of a cluster node whose files stay in ``root``.
+
+    The cluster bus gets a free port of its own: by default it is the node's port plus 10,000,
+    which for a high free port is past 65,535 or taken (``bus``: that port, 0 picks one).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    files = ("--cluster-config-file", str(root / "nodes.conf"), "--dir", str(root))
+    return ("--cluster-enabled", "yes", "--cluster-port", str(bus or free_port()), *files)
 
 
 def run_instance(database_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:
@@ -167,3 +151,43 @@ async def test_a_store_that_refuses_for_good_ends_start_up_with_exit_2_naming_re
     assert last.startswith(PREFIX + expected), last
     assert wrong not in done.stderr and wrong not in done.stdout
     assert took < 30, f"start-up took {took:.1f} s to give up"
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """Ports of two cluster nodes that share the 16,384 slots half and half (``cluster_state:ok``)."""
+    bus_b = free_port()
+    with (
+        redis_server(*cluster_args(tmp_path / "a")) as a,
+        redis_server(*cluster_args(tmp_path / "b", bus_b)) as b,
+    ):
+        client_a, client_b = sync_redis.Redis(port=a), sync_redis.Redis(port=b)
+        try:
+            client_a.execute_command("CLUSTER ADDSLOTSRANGE", 0, HALF - 1)
+            client_b.execute_command("CLUSTER ADDSLOTSRANGE", HALF, 16383)
+            client_a.execute_command("CLUSTER MEET", "127.0.0.1", b, bus_b)
+            deadline = time.monotonic() + 20
+            while not all(c.cluster("INFO")["cluster_state"] == "ok" for c in (client_a, client_b)):
+                assert time.monotonic() < deadline, "the two nodes did not form a cluster"
+                time.sleep(0.1)
+            yield a, b
+        finally:
+            client_a.close()
+            client_b.close()
+
+
+async def test_the_readiness_probe_of_a_standalone_client_on_a_cluster_node_fails_for_good_with_moved(
+    two_node_cluster: tuple[int, int],
+) -> None:
+    """``/readyz``'s Redis check touches the queues' keys: a node that owns another's slots answers MOVED."""
+    here = next(q for q in ("a", "b", "c", "d") if key_slot(q.encode()) < HALF)
+    elsewhere = next(q for q in ("a", "b", "c", "d") if key_slot(q.encode()) >= HALF)
+    store = RedisStore.connect(f"redis://127.0.0.1:{two_node_cluster[0]}/0", Keys("probe"))
+    try:
+        await store.probe([here])  # its slot is this node's: the check passes
+        with pytest.raises(StoreError) as caught:
+            await store.probe([here, elsewhere])
+    finally:
+        await store.close()
+    assert not caught.value.transient
+    assert str(caught.value).startswith("redis error in probe: MovedError: ")

@@ -84,7 +84,8 @@ def refusal(exc: BaseException) -> str | None:
             f"{TLS_FAILED} ({text}); check that the server speaks TLS on "
             "that port (rediss://) and that its certificate is trusted (ssl_ca_certs, ssl_cert_reqs)"
         )
-    if isinstance(exc, redis.exceptions.ResponseError) and any(word in text for word in _CLUSTER_WORDS):
+    moved = isinstance(exc, redis.exceptions.MovedError | redis.exceptions.AskError)
+    if moved or (isinstance(exc, redis.exceptions.ResponseError) and any(word in text for word in _CLUSTER_WORDS)):
         return cluster_refusal(text)
     if isinstance(exc, redis.exceptions.ResponseError) and "DB index is out of range" in text:
         return f"redis_url: Redis refused the database number ({text}); pick one below its `databases` setting"
