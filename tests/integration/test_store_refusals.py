@@ -163,9 +163,9 @@ def two_node_cluster(tmp_path: Path) -> Iterator[tuple[int, int]]:
     ):
         client_a, client_b = sync_redis.Redis(port=a), sync_redis.Redis(port=b)
         try:
-            client_a.execute_command("CLUSTER ADDSLOTSRANGE", 0, HALF - 1)
-            client_b.execute_command("CLUSTER ADDSLOTSRANGE", HALF, 16383)
-            client_a.execute_command("CLUSTER MEET", "127.0.0.1", b, bus_b)
+            client_a.cluster("ADDSLOTSRANGE", 0, HALF - 1)
+            client_b.cluster("ADDSLOTSRANGE", HALF, 16383)
+            client_a.cluster("MEET", "127.0.0.1", b, bus_b)
             deadline = time.monotonic() + 20
             while not all(c.cluster("INFO")["cluster_state"] == "ok" for c in (client_a, client_b)):
                 assert time.monotonic() < deadline, "the two nodes did not form a cluster"
