@@ -20,6 +20,7 @@ from taskmesh.errors import InvalidTaskError, StoreError, TaskCancelledError, Ta
 from taskmesh.registry import Registry, default_registry
 from taskmesh.states import TaskStatus
 from taskmesh.store import Stores
+from taskmesh.store.redis_clients import RedisMode
 from taskmesh.task_actions import Cancelled, Retried
 from taskmesh.tasks import Enqueued, Tasks
 from taskmesh.validation import parse_task_spec
@@ -35,6 +36,8 @@ class Client:
         known; default the process-wide registry.
     :param pg_pooler: ``transaction`` when ``database_url`` is PgBouncer in transaction mode,
         as the instances' ``pg_pooler``.
+    :param redis_mode: ``cluster`` when ``redis_url`` names a Redis Cluster node, as the
+        instances' ``redis_mode`` (a ``redis+sentinel://`` URL needs nothing more).
 
     Use as ``async with Client(db, redis) as client: ...``; the pools open on
     entry and close on exit.
@@ -50,6 +53,7 @@ class Client:
         default_max_retries: int = 3,
         pool_size: int = 4,
         pg_pooler: str = "none",
+        redis_mode: RedisMode = "standalone",
     ) -> None:
         self._database_url = database_url
         self._redis_url = redis_url
@@ -58,6 +62,7 @@ class Client:
         self._default_max_retries = default_max_retries
         self._pool_size = pool_size
         self._pg_pooler = pg_pooler
+        self._redis_mode: RedisMode = redis_mode
         self._stores: Stores | None = None
         self._tasks: Tasks | None = None
 
@@ -72,6 +77,7 @@ class Client:
             redis_prefix=self._redis_prefix,
             pool_size=self._pool_size,
             pooler=self._pg_pooler,
+            redis_mode=self._redis_mode,
         )
         self._tasks = Tasks(
             self._stores.pg,

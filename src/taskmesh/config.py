@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -34,7 +43,7 @@ from pydantic_settings import (
 
 from taskmesh.cron import CronSpec, load_zone
 from taskmesh.errors import ConfigError, CronSpecError, InvalidTaskError
-from taskmesh.store.redis_urls import check_redis_url
+from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Allowed task and queue names (issue 2): letters, digits, ``_ . : -``, 1-128 chars."""
@@ -221,7 +230,11 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, validation_alias=_aliases("database_url", "DATABASE_URL"))
     """PostgreSQL URL (``postgresql://user@host:5432/db``); required except for ``dev``."""
     redis_url: str | None = Field(default=None, validation_alias=_aliases("redis_url", "REDIS_URL"))
-    """Redis URL (``redis://host:6379/0``); required except for ``dev``."""
+    """Redis URL (``redis://host:6379/0``, ``rediss://`` for TLS, or
+    ``redis+sentinel://host:26379,host:26379/master-name/0`` behind Sentinel); required except for ``dev``."""
+    redis_mode: Literal["standalone", "cluster"] = Field(default="standalone", validation_alias=_aliases("redis_mode"))
+    """``cluster`` when ``redis_url`` names a node of a Redis Cluster (the client learns the others;
+    database 0 only); ``standalone`` for one server, perhaps behind Sentinel."""
     http_host: str = Field(default="127.0.0.1", validation_alias=_aliases("http_host", "HTTP_HOST"))
     """Address the HTTP API binds; ``0.0.0.0`` to serve other hosts."""
     http_port: int = Field(default=8080, ge=0, le=65535, validation_alias=_aliases("http_port", "HTTP_PORT"))
@@ -446,6 +459,16 @@ class Settings(BaseSettings):
     @classmethod
     def _check_redis_url(cls, value: str | None) -> str | None:
         return check_redis_url(value) if value else None
+
+    @field_validator("redis_mode")
+    @classmethod
+    def _check_redis_mode(cls, value: str, info: ValidationInfo) -> str:
+        url = info.data.get("redis_url")
+        if value == "cluster" and url:
+            problem = cluster_url_problem(url)
+            if problem:
+                raise ValueError(problem)
+        return value
 
     @field_validator("log_level")
     @classmethod

@@ -304,7 +304,7 @@ async def _connect_until_stopped(
     """
     result: list[Stores] = []
     failed: list[Exception] = []  # raised after the group: a child's error would come wrapped
-    redis = RedisStore.connect(redis_url, Keys(settings.redis_prefix), now_ms=clock.now_ms)
+    redis = RedisStore.connect(redis_url, Keys(settings.redis_prefix), mode=settings.redis_mode, now_ms=clock.now_ms)
 
     def down(store: str) -> Callable[[StoreError], None]:
         return lambda exc: startup.__setitem__(store, "down")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
+import redis.exceptions
 
-from taskmesh.store.classify import POOLER_HINT, postgres_error
+from taskmesh.store.classify import POOLER_HINT, postgres_error, redis_error
 
 
 @pytest.mark.parametrize(
@@ -25,3 +26,19 @@ def test_a_prepared_statement_a_pooler_lost_or_kept_names_the_pg_pooler_setting(
 def test_other_errors_carry_no_pooler_hint() -> None:
     error = postgres_error("task_insert", asyncpg.exceptions.UniqueViolationError("duplicate key"))
     assert str(error) == "postgres error in task_insert: UniqueViolationError: duplicate key"
+
+
+@pytest.mark.parametrize(
+    ("message", "transient"),
+    [
+        ("Redis Cluster cannot be connected. Please provide at least one reachable node: refused", True),
+        ("startup_nodes could not agree on a valid slots cache: a vs b", True),
+        ("Cluster mode is not enabled on this node", False),
+        ("ZADD - all keys must map to the same key slot", False),
+    ],
+)
+def test_the_cluster_clients_own_errors_are_outages_only_when_no_node_answered(message: str, transient: bool) -> None:
+    """redis-py's RedisClusterException is not a RedisError: it is classified by what it says."""
+    error = redis_error("push", redis.exceptions.RedisClusterException(message))
+    assert error.transient is transient
+    assert str(error).startswith("redis ")

@@ -10,6 +10,7 @@ import pytest
 
 from taskmesh.config import load_settings, require_stores
 from taskmesh.errors import ConfigError
+from taskmesh.store.redis_urls import parse_sentinel_url
 
 
 @pytest.fixture(autouse=True)
@@ -57,8 +58,50 @@ def test_the_toml_file_sets_per_queue_concurrency_and_env_wins(monkeypatch: pyte
         ({"QUEUE_NAMES": "a b"}, "queue_names: queue name 'a b' must match [A-Za-z0-9_.:-]{1,128}"),
         ({"QUEUE_NAMES": " , "}, "queue_names: must name at least one queue"),
         ({"DATABASE_URL": "host=localhost dbname=tasks"}, "database_url: must be a postgresql:// URL"),
-        ({"REDIS_URL": "localhost:6379"}, "redis_url: must be a redis://, rediss:// or unix:// URL, not no scheme"),
-        ({"REDIS_URL": "http://h:6379"}, "redis_url: must be a redis://, rediss:// or unix:// URL, not http://"),
+        (
+            {"REDIS_URL": "localhost:6379"},
+            "redis_url: must be a redis://, rediss://, unix:// or redis+sentinel:// URL, not no scheme",
+        ),
+        (
+            {"REDIS_URL": "http://h:6379"},
+            "redis_url: must be a redis://, rediss://, unix:// or redis+sentinel:// URL, not http://",
+        ),
+        (
+            {"REDIS_URL": "redis+sentinel://:secret@/tm"},
+            "redis_url: name at least one Sentinel: redis+sentinel://host:26379,host:26379/master-name",
+        ),
+        (
+            {"REDIS_URL": "redis+sentinel://s1:26379,s2:x/tm"},
+            "redis_url: the Sentinel address 's2:x' is not host:port",
+        ),
+        (
+            {"REDIS_URL": "redis+sentinel://s1:26379,s2:26379"},
+            "redis_url: name the master after the Sentinels: redis+sentinel://host:26379/master-name[/db]",
+        ),
+        (
+            {"REDIS_URL": "redis+sentinel://:secret@s1,s2/tm/one"},
+            "redis_url: the database number 'one' is not a whole number (0 to 15 on a default server)",
+        ),
+        (
+            {"REDIS_URL": "redis+sentinel://s1,s2/tm/0?password=x"},
+            "redis_url: the option 'password' is not one a Sentinel URL takes (sentinel_username, sentinel_password)",
+        ),
+        (
+            {"REDIS_URL": "redis://:secret@h:6379/3", "TASKMESH_REDIS_MODE": "cluster"},
+            "redis_mode: a Redis Cluster has database 0 alone (it refuses SELECT): end redis_url with /0 or no number",
+        ),
+        (
+            {"REDIS_URL": "redis+sentinel://s1,s2/tm/0", "TASKMESH_REDIS_MODE": "cluster"},
+            "redis_mode: a redis+sentinel:// URL names one master, not a cluster: use redis_mode = standalone",
+        ),
+        (
+            {"REDIS_URL": "unix:///run/redis.sock", "TASKMESH_REDIS_MODE": "cluster"},
+            "redis_mode: a Redis Cluster is reached over TCP: redis_url must be redis:// or rediss:// in cluster mode",
+        ),
+        (
+            {"TASKMESH_REDIS_MODE": "sharded"},
+            "redis_mode: Input should be 'standalone' or 'cluster'",
+        ),
         (
             {"REDIS_URL": "redis://:secret@h:6379/abc"},
             "redis_url: the database number 'abc' is not a whole number (0 to 15 on a default server)",
@@ -95,6 +138,14 @@ def test_a_bad_setting_is_refused_naming_its_key(
     with pytest.raises(ConfigError) as info:
         load_settings()
     assert str(info.value) == f"invalid configuration: {message}"
+
+
+def test_a_sentinel_url_names_the_sentinels_the_master_and_the_database() -> None:
+    target = parse_sentinel_url("rediss+sentinel://app:p%40ss@s1:26380,s2,[::1]:26381/tm-main/2?sentinel_password=sp")
+    assert target.sentinels == [("s1", 26380), ("s2", 26379), ("::1", 26381)]
+    assert (target.master, target.db, target.username, target.password) == ("tm-main", 2, "app", "p@ss")
+    assert target.tls and target.sentinel_password == "sp"
+    assert "p@ss" not in repr(target) and "'sp'" not in repr(target)
 
 
 def test_an_unknown_toml_key_is_refused(tmp_path: Path) -> None:

@@ -62,7 +62,12 @@ def _with_schedules(action: Callable[[Schedules], Awaitable[T]], audit_as: tuple
 
     async def go() -> T:
         stores = await Stores.open(
-            database_url, redis_url, redis_prefix=settings.redis_prefix, pool_size=2, pooler=settings.pg_pooler
+            database_url,
+            redis_url,
+            redis_prefix=settings.redis_prefix,
+            pool_size=2,
+            pooler=settings.pg_pooler,
+            redis_mode=settings.redis_mode,
         )
         try:
             # A trigger's push to a Redis that refuses would only be logged (the task is durable and the

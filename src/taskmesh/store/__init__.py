@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import PgStore
 from taskmesh.store.redis import RedisStore, wall_ms
+from taskmesh.store.redis_clients import RedisMode
 
 __all__ = ["Keys", "PgStore", "RedisStore", "Stores"]
 
@@ -35,15 +36,17 @@ class Stores:
         pool_size: int = 10,
         now_ms: Callable[[], int] = wall_ms,
         pooler: str = "none",
+        redis_mode: RedisMode = "standalone",
     ) -> Stores:
         """Open the PostgreSQL pool and a Redis client (Redis connects lazily).
 
         :param pooler: ``transaction`` when ``database_url`` is PgBouncer in transaction mode
             (see :meth:`PgStore.connect`).
+        :param redis_mode: ``cluster`` for a Redis Cluster (see :meth:`RedisStore.connect`).
         :raises StoreError: PostgreSQL did not answer or refused.
         """
         pg = await PgStore.connect(database_url, pool_size, pooler=pooler)
-        return cls(pg, RedisStore.connect(redis_url, Keys(redis_prefix), now_ms=now_ms))
+        return cls(pg, RedisStore.connect(redis_url, Keys(redis_prefix), mode=redis_mode, now_ms=now_ms))
 
     async def close(self) -> None:
         """Close both (bounded: a dead server cannot hold the caller)."""

@@ -32,8 +32,15 @@ POSTGRES_ERRORS: tuple[type[BaseException], ...] = (
 )
 """What asyncpg raises for a failed call (network errors come as OSError or TimeoutError)."""
 
-REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError, TimeoutError)
+REDIS_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.RedisError,
+    redis.exceptions.RedisClusterException,  # not a RedisError: the cluster client's own failures
+    OSError,
+    TimeoutError,
+)
 """What redis-py raises for a failed call."""
+_CLUSTER_UNREACHABLE = ("cannot be connected", "could not agree on a valid slots cache")
+"""The cluster client's words for nodes that did not answer, or answered mid-reshard: outages."""
 
 _TRANSIENT_REDIS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,  # includes AuthenticationError, BusyLoadingError
@@ -68,6 +75,8 @@ def postgres_is_transient(exc: BaseException) -> bool:
 
 def redis_is_transient(exc: BaseException) -> bool:
     """Whether a Redis failure is an outage (see module docs); a command error (WRONGTYPE) is not."""
+    if isinstance(exc, redis.exceptions.RedisClusterException):
+        return any(words in str(exc) for words in _CLUSTER_UNREACHABLE)
     return isinstance(exc, _TRANSIENT_REDIS)
 
 
