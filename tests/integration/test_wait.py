@@ -95,7 +95,7 @@ async def test_the_waiting_request_hears_the_end_on_the_channel_and_does_not_rea
             await pool.execute("UPDATE tasks SET status = 'completed' WHERE id = $1", task_id)
             await anyio.sleep(2.0)
             assert answers == [], "the waiter read the task again without being told"
-            assert await stores.redis.finished.announce([task_id]) == 1  # one subscriber: this instance
+            assert await stores.redis.finished.announce([task_id]) is True  # this instance's flag is set
             with anyio.fail_after(5):
                 while not answers:
                     await anyio.sleep(0.02)
@@ -105,9 +105,9 @@ async def test_the_waiting_request_hears_the_end_on_the_channel_and_does_not_rea
 async def test_nothing_is_published_while_nobody_waits(stores: Stores) -> None:
     await stores.redis.client.delete(stores.redis.keys.finished_waiters())
     async with stores.redis.finished.subscribe():
-        assert await stores.redis.finished.announce(["00000000-0000-4000-8000-000000000000"]) == 0
+        assert await stores.redis.finished.announce(["00000000-0000-4000-8000-000000000000"]) is False
         await stores.redis.finished.mark_waiting(1)
-        assert await stores.redis.finished.announce(["00000000-0000-4000-8000-000000000000"]) == 1
+        assert await stores.redis.finished.announce(["00000000-0000-4000-8000-000000000000"]) is True
 
 
 UNKNOWN = f"{TASKS}/00000000-0000-4000-8000-000000000000"

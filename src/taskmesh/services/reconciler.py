@@ -3,14 +3,17 @@
 Three jobs, each safe to run in every instance at once (``ZADD NX``; the DLQ
 mirror is rewritten in one MULTI):
 
-- **Resync after a flush or restart.** Every ``check_interval`` seconds (1) it
-  reads Redis's ``run_id`` and the marker key ``{prefix}:marker``. A new
-  run_id (restart) or a missing marker (flush, or a restart without
-  persistence) triggers a full resync at once: every queued task of the
-  instance's queues whose id Redis lacks is pushed (ready when due, else
-  delayed), and each queue's DLQ mirror is rewritten from the failed tasks;
-  then the marker is written. One instance does it (lock
-  ``{prefix}:lock:resync``); the others wait for the marker.
+- **Resync after a flush, restart or failover.** Every ``check_interval``
+  seconds (1), for each of the instance's queues, it reads the ``run_id`` of
+  the Redis node holding the queue's keys and the queue's marker
+  ``{prefix}:{q}:marker`` (in the queue's slot, so on a Redis Cluster it lives
+  and dies with the queue's keys). A new run_id (a restart, or a failover to
+  another node) or a missing marker (a flush, or a restart without
+  persistence) triggers that queue's resync at once: every queued task whose
+  id Redis lacks is pushed (ready when due, else delayed), and the DLQ mirror
+  is rewritten from the failed tasks; then the marker is written. One instance
+  resyncs a queue (lock ``{prefix}:lock:resync:{q}``); the others see the
+  marker. Only the queues of a flushed or restarted cluster node are resynced.
 - **Sweep.** Every ``sweep_interval`` seconds (default 5), per queue, under that
   queue's lock ``{prefix}:lock:reconciler:{q}`` (released when the queue is
   done, so every instance repairs the queues it serves): when PostgreSQL holds
@@ -70,8 +73,8 @@ class Cursor:
 class State:
     """What the reconciler remembers between ticks."""
 
-    run_id: str | None = None
-    """Redis's run_id once the marker was seen."""
+    run_ids: dict[str, str] = field(default_factory=dict)
+    """Per queue, the run_id of the node holding its keys once its marker was seen there."""
     cursors: dict[str, Cursor] = field(default_factory=dict)
     next_full: float = 0.0
 
@@ -147,31 +150,51 @@ async def resync(tasks: Tasks, queues: Sequence[str]) -> int:
 
 
 async def check(tasks: Tasks, queues: Sequence[str], state: State, *, instance: str) -> int | None:
-    """Detect a Redis flush or restart and resync; returns ids pushed, or None when nothing happened."""
-    run_id, marker = await tasks.redis.identity()
-    if marker and run_id == state.run_id:
+    """Detect queues whose keys Redis lost (flush, restart, failover) and resync them.
+
+    :returns: ids pushed, or ``None`` when no queue was resynced.
+    """
+    seen = await tasks.redis.identity(queues)
+    stale: list[str] = []
+    for queue, (run_id, marker) in seen.items():
+        if marker and queue not in state.run_ids:
+            state.run_ids[queue] = run_id  # first look at a healthy queue: nothing was lost
+        elif not marker or state.run_ids[queue] != run_id:
+            stale.append(queue)
+    pushed = 0
+    reasons: dict[str, str] = {}
+    for queue in stale:
+        done = await _resync_queue(tasks, queue, state, instance=instance)
+        if done is not None:
+            reasons[queue] = done[0]
+            pushed += done[1]
+    if not reasons:
         return None
-    lock = tasks.redis.keys.lock("resync")
+    if tasks.metrics is not None:
+        tasks.metrics.redis_resyncs.inc()
+    # No marker: Redis lost the queue's keys, or this is the deployment's first start (nothing pushed).
+    reason = ", ".join(sorted(set(reasons.values())))
+    (log.warning if pushed else log.info)("redis_resynced", pushed=pushed, reason=reason, queues=sorted(reasons))
+    return pushed
+
+
+async def _resync_queue(tasks: Tasks, queue: str, state: State, *, instance: str) -> tuple[str, int] | None:
+    """Resync one queue under its lock; ``(reason, pushed)``, or ``None`` when it was not needed here."""
+    lock = tasks.redis.keys.lock("resync", queue)
     token = await tasks.redis.try_lock(lock, 60_000)
     if token is None:
-        return None  # another instance resyncs; the marker tells us when it is done
+        return None  # another instance resyncs it; the marker tells us when it is done
     try:
         # Someone may have finished a resync between our look and our lock.
-        run_id, marker = await tasks.redis.identity()
-        if marker and state.run_id is not None and run_id == state.run_id:
+        run_id, marker = (await tasks.redis.identity([queue]))[queue]
+        known = state.run_ids.get(queue)
+        if marker and known in (None, run_id):
+            state.run_ids[queue] = run_id
             return None
-        if marker and state.run_id is None:
-            state.run_id = run_id  # first look at a healthy Redis: nothing was lost
-            return None
-        pushed = await resync(tasks, queues)
-        await tasks.redis.set_marker(instance)
-        state.run_id = run_id
-        if tasks.metrics is not None:
-            tasks.metrics.redis_resyncs.inc()
-        # No marker: Redis lost its data, or this is the deployment's first start (nothing pushed).
-        reason = "restart" if marker else ("data lost" if pushed else "no marker yet")
-        (log.warning if pushed else log.info)("redis_resynced", pushed=pushed, reason=reason)
-        return pushed
+        pushed = await resync(tasks, [queue])
+        await tasks.redis.set_marker(queue, instance)
+        state.run_ids[queue] = run_id
+        return ("restart" if marker else ("data lost" if pushed else "no marker yet")), pushed
     finally:
         await tasks.redis.release_lock(lock, token)
 

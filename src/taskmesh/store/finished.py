@@ -19,11 +19,11 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
 from taskmesh.store.classify import REDIS_ERRORS, redis_error
 from taskmesh.store.keys import Keys
+from taskmesh.store.redis_clients import RedisClient
 from taskmesh.store.scripts import lua
 
 POLL_SECONDS = 1.0
@@ -37,21 +37,21 @@ class FinishedChannel:
     :param keys: the deployment's key builder.
     """
 
-    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, client: RedisClient, keys: Keys) -> None:
         self.client = client
         self.channel = keys.finished()
         self.flag = keys.finished_waiters()
         self._announce = client.register_script(lua("announce_finished"))
 
-    async def announce(self, task_ids: Sequence[uuid.UUID | str]) -> int:
-        """Publish ``task_ids`` when someone waits; returns the receivers (0: nobody waits).
+    async def announce(self, task_ids: Sequence[uuid.UUID | str]) -> bool:
+        """Publish ``task_ids`` when someone waits; returns whether it published (``False``: nobody waits).
 
         :raises StoreError: Redis failed (a waiter then sees the end at its deadline).
         """
         if not task_ids:
-            return 0
+            return False
         try:
-            return int(await self._announce(keys=[self.flag], args=[self.channel, " ".join(map(str, task_ids))]))
+            return bool(await self._announce(keys=[self.flag], args=[self.channel, " ".join(map(str, task_ids))]))
         except REDIS_ERRORS as exc:
             raise redis_error("announce_finished", exc) from exc
 

@@ -73,9 +73,9 @@ class Keys:
         """Set, with a TTL, while some request waits for a task to finish: only then is it published."""
         return f"{self.prefix}:finished:waiters"
 
-    def marker(self) -> str:
-        """Written after each resync; its absence means Redis was flushed or restarted empty."""
-        return f"{self.prefix}:marker"
+    def marker(self, queue: str) -> str:
+        """Written after a queue's resync, in its slot; its absence means the queue's keys were lost."""
+        return f"{self.prefix}:{{{queue}}}:marker"
 
     def rate_limit(self, bucket: str) -> str:
         """A rate-limit bucket (``{class}:{key id}``): a GCRA arrival time, its TTL its own end."""

@@ -24,6 +24,8 @@ from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import MasterNotFoundError, SentinelConnectionPool
 
 from taskmesh.errors import StoreError
 from taskmesh.logs import get_logger
@@ -39,7 +41,15 @@ from taskmesh.store.keys import (
     delayed_score,
     ready_score,
 )
-from taskmesh.store.redis_urls import PLAIN_ON_TLS, TLS_FAILED, cluster_refusal, refusal, speaks_plain_redis
+from taskmesh.store.redis_clients import RedisClient, RedisMode, open_client
+from taskmesh.store.redis_urls import (
+    PLAIN_ON_TLS,
+    TLS_FAILED,
+    cluster_refusal,
+    refusal,
+    sentinel_refusal,
+    speaks_plain_redis,
+)
 from taskmesh.store.scripts import lua
 
 log = get_logger("taskmesh.redis")
@@ -92,6 +102,12 @@ class _Op:
             raise redis_error(self.name, exc) from exc
 
 
+def _run_id(info: object) -> str:
+    """The ``run_id`` field of an ``INFO server`` reply ('' when absent)."""
+    run_id = info.get("run_id", "") if isinstance(info, dict) else ""
+    return run_id.decode() if isinstance(run_id, bytes) else str(run_id)
+
+
 def _text(raw: bytes | str) -> str | None:
     """A task id as text, or ``None`` when ``raw`` is not one taskmesh wrote (a canonical UUID)."""
     try:
@@ -104,13 +120,14 @@ def _text(raw: bytes | str) -> str | None:
 class RedisStore:
     """Redis, as taskmesh uses it (see module docs).
 
-    :param client: a redis-py asyncio client with ``decode_responses=False``.
+    :param client: a redis-py asyncio client with ``decode_responses=False``: standalone (perhaps
+        behind Sentinel) or a cluster client (``store.redis_clients``).
     :param keys: the deployment's key builder.
     :param now_ms: the instance's clock in ms (corrected to PostgreSQL's; see ``clock.StoreClock``),
         used for ready scores and due times.
     """
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, *, now_ms: Callable[[], int] = wall_ms) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, *, now_ms: Callable[[], int] = wall_ms) -> None:
         self.client = client
         self.keys = keys
         self.now_ms = now_ms
@@ -121,16 +138,20 @@ class RedisStore:
         self._foreign_logged: dict[str, float] = {}
 
     @classmethod
-    def connect(cls, redis_url: str, keys: Keys, *, now_ms: Callable[[], int] = wall_ms) -> RedisStore:
+    def connect(
+        cls, redis_url: str, keys: Keys, *, mode: RedisMode = "standalone", now_ms: Callable[[], int] = wall_ms
+    ) -> RedisStore:
         """A store on a new client with short timeouts (connects lazily; no I/O here).
 
-        Connect timeout 2 s; reads may take 10 s (a blocking pop asks the server to wait
-        up to its own timeout, which stays below that).
+        :param mode: ``cluster`` for a Redis Cluster; a ``redis+sentinel://`` URL says Sentinel
+            by itself (``store.redis_clients.open_client``).
         """
-        client = aioredis.Redis.from_url(
-            redis_url, socket_connect_timeout=2, socket_timeout=10, health_check_interval=15, decode_responses=False
-        )
-        return cls(client, keys, now_ms=now_ms)
+        return cls(open_client(redis_url, mode), keys, now_ms=now_ms)
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the client is a Redis Cluster one."""
+        return isinstance(self.client, RedisCluster)
 
     async def close(self) -> None:
         """Close the client's connections (errors ignored: closing a dead link is fine)."""
@@ -151,19 +172,27 @@ class RedisStore:
         """Start-up check that the server is one taskmesh can use as configured.
 
         ``PING`` on a new connection (which does the TLS handshake, ``AUTH`` and ``SELECT``
-        first), then ``INFO cluster``: a Redis Cluster node behind this standalone client
-        would answer ``MOVED`` for most keys, so it is refused here, not met later.
+        first), then ``INFO cluster``: a Redis Cluster node behind a standalone client would
+        answer ``MOVED`` for most keys, so it is refused here, not met later. A cluster client
+        learns the topology first (``CLUSTER SLOTS``) and pings every node; behind Sentinel, the
+        Sentinels are asked for the master first.
 
         :raises StoreError: transient when Redis did not answer (start-up waits and says so);
             not transient, with a message naming ``redis_url`` (``store.redis_urls.refusal``),
-            when it refused the password or the database number, the TLS handshake failed, or
-            it is a cluster node: retrying cannot fix those.
+            when it refused the password or the database number, the TLS handshake failed, a
+            standalone client met a cluster node or a cluster client a node that is not one, or
+            the Sentinels answered but know no master by that name: retrying cannot fix those.
         """
         try:
+            if isinstance(self.client, RedisCluster):
+                await self.client.ping(target_nodes=RedisCluster.ALL_NODES)
+                return
             await self.client.ping()
             info = await self.client.info("cluster")
         except REDIS_ERRORS as exc:
             message = refusal(exc)
+            if isinstance(exc, MasterNotFoundError):
+                message = await self._unknown_master()
             tls = self._tls_address()
             tls_failed = message is None or message.startswith(TLS_FAILED)
             if tls is not None and tls_failed and await speaks_plain_redis(*tls):
@@ -174,8 +203,25 @@ class RedisStore:
         if isinstance(info, dict) and str(info.get("cluster_enabled", "0")) == "1":
             raise StoreError("redis", "connect", transient=False, detail=cluster_refusal("cluster_enabled:1"))
 
+    async def _unknown_master(self) -> str | None:
+        """The refusal when the Sentinels answer but none knows the master's name; ``None`` otherwise."""
+        pool = self.client.connection_pool if isinstance(self.client, aioredis.Redis) else None
+        if not isinstance(pool, SentinelConnectionPool):
+            return None
+        known: set[str] = set()
+        answered = False
+        for sentinel in pool.sentinel_manager.sentinels:
+            try:
+                masters = await sentinel.sentinel_masters()
+            except REDIS_ERRORS:
+                continue
+            answered = True
+            known.update(str(name.decode() if isinstance(name, bytes) else name) for name in masters)
+        return sentinel_refusal(pool.service_name, sorted(known)) if answered else None
+
     async def probe(self, queues: Sequence[str]) -> None:
-        """``/readyz``'s check: ``PING`` and ``EXISTS`` of the first queues' ready sets, in one pipeline.
+        """``/readyz``'s check: ``PING`` and ``EXISTS`` of the first queues' ready sets, in one pipeline
+        (on a cluster, ``PING`` of every node first).
 
         Touching keys, not only the connection, is what shows a server that answers but will not
         serve them (``MOVED`` from a node that became a cluster node).
@@ -183,14 +229,21 @@ class RedisStore:
         :raises StoreError: transient when Redis did not answer; not transient for an error reply.
         """
         with _Op("probe"):
+            if isinstance(self.client, RedisCluster):  # a cluster pipeline takes only commands with keys
+                await self.client.ping(target_nodes=RedisCluster.ALL_NODES)
             async with self.client.pipeline(transaction=False) as pipe:
-                pipe.ping()
+                if not isinstance(self.client, RedisCluster):
+                    pipe.ping()
                 for queue in list(queues)[:PROBED_QUEUES]:
                     pipe.exists(self.keys.ready(queue))
                 await pipe.execute()
 
     def _tls_address(self) -> tuple[str, int] | None:
-        """``(host, port)`` when the client connects with TLS (``rediss://``), else ``None``."""
+        """``(host, port)`` when a standalone client connects with TLS (``rediss://``), else ``None``."""
+        if not isinstance(self.client, aioredis.Redis) or isinstance(
+            self.client.connection_pool, SentinelConnectionPool
+        ):
+            return None
         pool = self.client.connection_pool
         if not issubclass(pool.connection_class, aioredis.SSLConnection):
             return None
@@ -433,20 +486,35 @@ class RedisStore:
                 await pipe.execute()
         return True
 
-    async def identity(self) -> tuple[str, bool]:
-        """``(run_id, marker_present)``: a new run_id means a restart, a missing marker a flush."""
+    async def identity(self, queues: Sequence[str]) -> dict[str, tuple[str, bool]]:
+        """``{queue: (run_id, marker_present)}`` for the node that holds each queue's keys.
+
+        A new run_id means that node restarted or another took its place (a failover); a
+        missing marker (``{prefix}:{queue}:marker``, in the queue's own slot) means the queue's
+        keys were lost (a flush, a restart without persistence). On a cluster, each node owning
+        one of the queues is asked once.
+        """
+        if not queues:
+            return {}
         with _Op("identity"):
             async with self.client.pipeline(transaction=False) as pipe:
-                pipe.info("server")
-                pipe.exists(self.keys.marker())
-                info, marker = await pipe.execute()
-        run_id = info.get("run_id", "") if isinstance(info, dict) else ""
-        return (run_id.decode() if isinstance(run_id, bytes) else str(run_id)), bool(marker)
+                for queue in queues:
+                    pipe.exists(self.keys.marker(queue))
+                markers = await pipe.execute()
+            if isinstance(self.client, RedisCluster):
+                owners = {q: self.client.get_node_from_key(self.keys.marker(q)) for q in queues}
+                run_ids: dict[str, str] = {}
+                for node in {n.name: n for n in owners.values() if n is not None}.values():
+                    run_ids[node.name] = _run_id(await self.client.info("server", target_nodes=node))
+                runs = [run_ids.get(n.name, "") if n is not None else "" for n in owners.values()]
+            else:
+                runs = [_run_id(await self.client.info("server"))] * len(queues)
+        return {q: (run, bool(marker)) for q, run, marker in zip(queues, runs, markers, strict=True)}
 
-    async def set_marker(self, value: str) -> None:
-        """Write the marker whose disappearance tells the reconciler Redis lost its data."""
+    async def set_marker(self, queue: str, value: str) -> None:
+        """Write the marker whose disappearance tells the reconciler ``queue``'s keys were lost."""
         with _Op("set_marker"):
-            await self.client.set(self.keys.marker(), value)
+            await self.client.set(self.keys.marker(queue), value)
 
     async def depths(self, queue: str) -> tuple[int, int, int]:
         """``(ready, delayed, dlq)`` lengths of one queue."""
