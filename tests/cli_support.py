@@ -44,6 +44,8 @@ def env(**extra: str) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_")}
     if os.environ.get("TASKMESH_TEST_PG_POOLER"):  # the pooler suite: DATABASE_URL is a PgBouncer's
         out["TASKMESH_PG_POOLER"] = os.environ["TASKMESH_TEST_PG_POOLER"]
+    if os.environ.get("TASKMESH_TEST_REDIS_TOPOLOGY") == "cluster":  # the cluster suite
+        out["TASKMESH_REDIS_MODE"] = "cluster"
     out.update(PYTHONPATH=str(ROOT), COLUMNS="1000", **extra)
     return out
 

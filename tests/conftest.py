@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -32,9 +32,11 @@ from taskmesh.registry import Registry
 from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import connect_options, migrate_url
+from taskmesh.store.redis_clients import RedisMode, open_client
 from taskmesh.tasks import Tasks
 from tests.pgbouncer import PgBouncer, through
 from tests.proc import free_port
+from tests.redis_topologies import Cluster, SentinelSet
 
 
 @pytest.fixture(scope="session")
@@ -102,9 +104,30 @@ async def database_url(store_urls: tuple[str, str], pgbouncer_address: str | Non
         yield url if pgbouncer_address is None else through(url, pgbouncer_address)
 
 
+REDIS_TOPOLOGY = os.environ.get("TASKMESH_TEST_REDIS_TOPOLOGY", "standalone")
+"""``cluster``: the tests' Redis is a 3-master Redis Cluster started for the session, and instances
+run with ``redis_mode = "cluster"``; ``sentinel``: a master, a replica and three Sentinels, reached
+through a ``redis+sentinel://`` URL (``make test``'s cluster and Sentinel suites)."""
+REDIS_MODE: RedisMode = "cluster" if REDIS_TOPOLOGY == "cluster" else "standalone"
+
+
+@pytest.fixture(scope="session")
+def redis_topology() -> Iterator[Cluster | SentinelSet | None]:
+    """The session's Redis Cluster or Sentinel set (:data:`REDIS_TOPOLOGY`), or ``None``."""
+    if REDIS_TOPOLOGY == "standalone":
+        yield None
+        return
+    topology = Cluster() if REDIS_TOPOLOGY == "cluster" else SentinelSet()
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.stop()
+
+
 @pytest.fixture
-def redis_url(store_urls: tuple[str, str]) -> str:
-    return store_urls[1]
+def redis_url(store_urls: tuple[str, str], redis_topology: Cluster | SentinelSet | None) -> str:
+    return store_urls[1] if redis_topology is None else redis_topology.url
 
 
 @pytest.fixture
@@ -125,7 +148,8 @@ def prefix() -> str:
 @pytest.fixture
 async def redis_client(redis_url: str, prefix: str) -> AsyncIterator[aioredis.Redis]:
     """A decoding client for tests that look at keys directly; the prefix's keys are deleted after."""
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    # On a cluster the client is a cluster one; the tests use the commands both kinds share.
+    client = cast(aioredis.Redis, open_client(redis_url, REDIS_MODE, decode=True))
     yield client
     keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
     if keys:
@@ -146,7 +170,7 @@ def keys(prefix: str) -> Keys:
 @pytest.fixture
 async def stores(pool: asyncpg.Pool, redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> AsyncIterator[Stores]:
     """The stores as an instance has them (the PostgreSQL side on ``pool``)."""
-    redis = RedisStore.connect(redis_url, keys)
+    redis = RedisStore.connect(redis_url, keys, mode=REDIS_MODE)
     yield Stores(PgStore(pool), redis)
     await redis.close()
 
@@ -171,6 +195,7 @@ def make_settings(database_url: str, redis_url: str, prefix: str) -> Callable[..
             "delayed_poll_seconds": 0.05,
             "migrate_on_start": False,
             "pg_pooler": POOLER,
+            "redis_mode": REDIS_MODE,
         }
         values.update(overrides)
         return load_settings(**values)
@@ -189,10 +214,11 @@ async def running(settings: Settings, registry: Registry) -> AsyncIterator[super
         # The reconciler's first look at a fresh prefix resyncs Redis; let it finish, so
         # that a test's own pushes and deletes do not race it.
         assert settings.redis_url is not None
-        client = aioredis.Redis.from_url(settings.redis_url)
+        client = open_client(settings.redis_url, settings.redis_mode)
+        markers = [Keys(settings.redis_prefix).marker(q) for q in settings.queue_names]
         try:
             with anyio.fail_after(10):
-                while not await client.exists(Keys(settings.redis_prefix).marker()):
+                while not all([await client.exists(m) for m in markers]):
                     await anyio.sleep(0.02)
         finally:
             await client.aclose()

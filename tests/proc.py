@@ -123,6 +123,9 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
         full.update({"HTTP_PORT": str(port), "PYTHONPATH": str(ROOT), "TASKMESH_LOG_FORMAT": "json"})
         if os.environ.get("TASKMESH_TEST_PG_POOLER"):  # the pooler suite (tests/conftest.py)
             full["TASKMESH_PG_POOLER"] = os.environ["TASKMESH_TEST_PG_POOLER"]
+        # The cluster suite; `dev` starts a standalone Valkey of its own.
+        if os.environ.get("TASKMESH_TEST_REDIS_TOPOLOGY") == "cluster" and args[:1] != ("dev",):
+            full["TASKMESH_REDIS_MODE"] = "cluster"
         full.update(env)
         log = tmp_path / f"taskmesh-{len(procs)}-{port}.log"
         with log.open("wb") as out:

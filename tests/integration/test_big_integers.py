@@ -23,7 +23,7 @@ from taskmesh.client import Client
 from taskmesh.errors import InvalidTaskError
 from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
-from tests.conftest import http
+from tests.conftest import REDIS_MODE, http
 from tests.integration.test_api_bad_input import assert_nothing_written, assert_problem, raw_task
 
 pytestmark = pytest.mark.anyio
@@ -124,7 +124,9 @@ async def test_the_client_refuses_an_integer_beyond_64_bits_with_the_same_messag
         (10**30, "payload"),
         (Ref(2**64), "payload"),  # orjson writes dataclasses itself: its error is translated
     ]
-    async with Client(database_url, redis_url, redis_prefix=prefix, registry=Registry()) as client:
+    async with Client(
+        database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=Registry()
+    ) as client:
         for payload, path in cases:
             with pytest.raises(InvalidTaskError) as caught:
                 await client.enqueue("x", payload)

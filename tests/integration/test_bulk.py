@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 import taskmesh
 from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
-from tests.conftest import http, wait_for
+from tests.conftest import REDIS_MODE, http, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -84,7 +84,9 @@ async def test_an_atomic_batch_with_one_bad_item_stores_nothing(start_instance: 
 async def test_enqueue_many_writes_a_thousand_tasks_in_one_call(
     database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
-    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, registry=Registry()) as client:
+    async with taskmesh.Client(
+        database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=Registry()
+    ) as client:
         out = await client.enqueue_many([{"name": "n", "payload": {"i": i}, "priority": i % 7} for i in range(1000)])
         again = await client.enqueue_many([{"name": "n", "dedup_key": "k"}, {"name": "n", "dedup_key": "k"}])
         with pytest.raises(taskmesh.InvalidTaskError) as info:

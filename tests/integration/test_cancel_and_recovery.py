@@ -149,7 +149,7 @@ async def test_after_redis_loses_its_data_queued_tasks_are_pushed_again_and_run(
         our_keys = [k async for k in redis_client.scan_iter(match=f"{prefix}:*")]
         await redis_client.delete(*our_keys)
         assert await redis_client.zcard(keys.ready("default")) == 0
-        await wait_for(lambda: redis_client.exists(keys.marker()), timeout=5)
+        await wait_for(lambda: redis_client.exists(keys.marker("default")), timeout=5)
         assert await redis_client.zcard(keys.ready("default")) + await redis_client.zcard(keys.delayed("default")) == 5
         gate.set()
         await wait_for(lambda: pool.fetchval("SELECT count(*) = 6 FROM tasks WHERE status = 'completed'"), timeout=10)

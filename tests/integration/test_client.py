@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 import taskmesh
 from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
+from tests.conftest import REDIS_MODE
 
 pytestmark = pytest.mark.anyio
 
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.anyio
 async def test_the_client_enqueues_reads_and_deduplicates(
     database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
-    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, registry=Registry()) as client:
+    async with taskmesh.Client(
+        database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=Registry()
+    ) as client:
         tid = await client.enqueue("reports.export", {"report": 7}, priority=5, idempotency_key="report-7")
         again = await client.enqueue_detailed("reports.export", {"report": 7}, idempotency_key="report-7")
         delayed = await client.enqueue("reports.export", delay_seconds=30, queue="slow")
@@ -49,7 +52,7 @@ async def test_the_client_refuses_bad_input_like_the_api_and_writes_nothing(
 ) -> None:
     args: dict[str, object] = {"name": "ok.name", **kwargs}
     name = str(args.pop("name"))
-    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix) as client:
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
         with pytest.raises(taskmesh.InvalidTaskError) as info:
             await client.enqueue(name, **args)  # type: ignore[arg-type]
     assert str(info.value).endswith(message)
@@ -57,7 +60,7 @@ async def test_the_client_refuses_bad_input_like_the_api_and_writes_nothing(
 
 
 async def test_get_of_an_unknown_task_raises_task_not_found(database_url: str, redis_url: str, prefix: str) -> None:
-    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix) as client:
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
         missing = uuid.uuid4()
         with pytest.raises(taskmesh.TaskNotFoundError) as info:
             await client.get(missing)

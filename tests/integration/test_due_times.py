@@ -25,7 +25,7 @@ from taskmesh.client import Client
 from taskmesh.errors import InvalidTaskError
 from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys, ready_score
-from tests.conftest import http, wait_for
+from tests.conftest import REDIS_MODE, http, wait_for
 from tests.integration.test_api_bad_input import assert_nothing_written, assert_problem, bad_task
 
 pytestmark = pytest.mark.anyio
@@ -106,7 +106,9 @@ async def test_run_at_within_a_year_either_way_is_accepted_and_a_past_one_is_rea
 async def test_the_client_refuses_run_at_out_of_range_with_the_same_message(
     database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
-    async with Client(database_url, redis_url, redis_prefix=prefix, registry=Registry()) as client:
+    async with Client(
+        database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=Registry()
+    ) as client:
         for run_at in ("0001-01-01T00:00:00Z", datetime(9999, 12, 31, tzinfo=UTC)):
             with pytest.raises(InvalidTaskError) as caught:
                 await client.enqueue("x", run_at=run_at)

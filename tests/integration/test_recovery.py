@@ -12,7 +12,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import asyncpg
@@ -21,10 +21,11 @@ import redis.asyncio as aioredis
 
 from taskmesh.registry import Registry
 from taskmesh.store.keys import PRIORITY_MAX, PRIORITY_STEP, Keys, ready_score
+from taskmesh.store.redis_clients import open_client
 from taskmesh.supervisor import Instance
 from taskmesh.tasks import Tasks
 from taskmesh.validation import TaskSpec
-from tests.conftest import http, wait_for
+from tests.conftest import REDIS_MODE, http, wait_for
 from tests.proc import Proc, call, spawn, stores_env, task_status
 
 __all__ = ["spawn"]  # a fixture, used by name
@@ -36,7 +37,7 @@ StartInstance = Callable[..., contextlib.AbstractAsyncContextManager[Instance]]
 @contextlib.asynccontextmanager
 async def raw_redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     """A client that reads replies as bytes: foreign members are not UTF-8."""
-    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    client = cast(aioredis.Redis, open_client(redis_url, REDIS_MODE))
     try:
         yield client
     finally:

@@ -27,6 +27,7 @@ from taskmesh.errors import StoreError
 from taskmesh.store import Keys, RedisStore
 from tests.conftest import redis_server
 from tests.proc import free_port
+from tests.redis_topologies import Node
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,8 +79,22 @@ def cluster_args(root: Path, bus: int = 0) -> tuple[str, ...]:
     return ("--cluster-enabled", "yes", "--cluster-port", str(bus or free_port()), *files)
 
 
-def run_instance(database_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:
+@pytest.fixture
+def lone_sentinel(tmp_path: Path) -> Iterator[str]:
+    """``host:port`` of a Sentinel that watches no master."""
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text("")
+    sentinel = Node(tmp_path, ("--sentinel",), conf=conf)
+    sentinel.start()
+    try:
+        yield f"127.0.0.1:{sentinel.port}"
+    finally:
+        sentinel.stop()
+
+
+def run_instance(database_url: str, redis_url: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_")}
+    env.update(extra)
     env.update(
         DATABASE_URL=database_url,
         REDIS_URL=redis_url,
@@ -116,9 +131,15 @@ def redis_address(redis_url: str) -> str:
         ),
         (
             "cluster node",
-            "the server is a Redis Cluster node (cluster_enabled:1); taskmesh's client is a standalone one here "
-            "and would meet MOVED for the keys other nodes own",
+            "the server is a Redis Cluster node (cluster_enabled:1); with redis_mode = standalone taskmesh's "
+            'client would meet MOVED for the keys other nodes own: set redis_mode = "cluster"',
         ),
+        (
+            "not a cluster",
+            'redis_mode is "cluster" but the server is not a Redis Cluster node (cluster_enabled:0): '
+            "set redis_mode = standalone, or name a cluster node",
+        ),
+        ("unknown master", "the Sentinels know no master named 'tm-nowhere' (they watch: none)"),
     ],
 )
 async def test_a_store_that_refuses_for_good_ends_start_up_with_exit_2_naming_redis_url(
@@ -137,14 +158,19 @@ async def test_a_store_that_refuses_for_good_ends_start_up_with_exit_2_naming_re
         "database out of range": f"redis://{redis_address(redis_url)}/99",
         "cluster node": "",
         "untrusted certificate": "",
+        "not a cluster": f"redis://{redis_address(redis_url)}/0",
+        "unknown master": "",
     }
     url = urls[case]
     if case == "cluster node":
         url = f"redis://{request.getfixturevalue('cluster_node')}/0"
     elif case == "untrusted certificate":
         url = f"rediss://{request.getfixturevalue('tls_redis')}/0"
+    elif case == "unknown master":
+        url = f"redis+sentinel://{request.getfixturevalue('lone_sentinel')}/tm-nowhere/0"
+    mode = {"TASKMESH_REDIS_MODE": "cluster"} if case == "not a cluster" else {}
     started = time.monotonic()
-    done = await anyio.to_thread.run_sync(lambda: run_instance(database_url, url))
+    done = await anyio.to_thread.run_sync(lambda: run_instance(database_url, url, **mode))
     took = time.monotonic() - started
     last = done.stderr.splitlines()[-1] if done.stderr else ""
     assert done.returncode == 2, done.stderr[-3000:]

@@ -18,7 +18,7 @@ import pytest
 from taskmesh.client import Client
 from taskmesh.errors import InvalidTaskError
 from taskmesh.registry import Registry
-from tests.conftest import wait_for
+from tests.conftest import REDIS_MODE, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -45,7 +45,7 @@ async def test_a_rolled_back_enqueue_leaves_no_task_and_a_committed_one_runs_at_
     await pool.execute("TRUNCATE app_orders")
     async with (
         start_instance(reconcile_interval_seconds=60),
-        Client(database_url, redis_url, redis_prefix=prefix, registry=registry) as client,
+        Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=registry) as client,
     ):
         app = await asyncpg.connect(database_url)
         try:
@@ -78,7 +78,7 @@ async def test_a_rolled_back_enqueue_leaves_no_task_and_a_committed_one_runs_at_
 async def test_a_connection_outside_a_transaction_is_refused_and_nothing_is_written(
     registry: Registry, database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool
 ) -> None:
-    async with Client(database_url, redis_url, redis_prefix=prefix, registry=registry) as client:
+    async with Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=registry) as client:
         app = await asyncpg.connect(database_url)
         try:
             with pytest.raises(InvalidTaskError) as caught:
