@@ -33,9 +33,17 @@ PYTEST_WORKERS ?= 2
 POOLER_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py task_actions.py \
 	bulk_operations.py wait.py schedules.py cancel_and_recovery.py recovery.py auth.py search.py \
 	queue_pause.py crash.py process.py migrate.py)
+# Then the Redis suites: the functional tests again against a 3-master Redis Cluster, then against
+# a master, a replica and three Sentinels, each started on loopback for the run
+# (tests/redis_topologies.py), instances with redis_mode = "cluster" or a redis+sentinel:// URL.
+REDIS_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py task_actions.py \
+	bulk_operations.py wait.py schedules.py cancel_and_recovery.py recovery.py queue_pause.py crash.py \
+	rate_limits.py dlq_listing.py bulk.py client.py due_times.py)
 test: install
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
 	TASKMESH_TEST_PG_POOLER=transaction $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(POOLER_SUITE)
+	TASKMESH_TEST_REDIS_TOPOLOGY=cluster $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(REDIS_SUITE)
+	TASKMESH_TEST_REDIS_TOPOLOGY=sentinel $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(REDIS_SUITE)
 
 # Tools of the tests that PyPI does not have, for CI (.ci/run runs this before `make test`) or by
 # hand: Debian's nginx (nginx -t and requests through it), systemd-analyze (verify the unit),
@@ -47,7 +55,8 @@ test: install
 # alone is unpacked from Debian's prometheus package (no Prometheus server is installed or
 # started) into /usr/local/bin as root, else into .venv/bin. Where that fails, those tests skip
 # and say why. supervisord, PyYAML and hadolint come from PyPI with the dev extra.
-DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd faketime:faketime chromium:chromium chromedriver:chromium-driver pgbouncer:pgbouncer
+DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd faketime:faketime chromium:chromium chromedriver:chromium-driver pgbouncer:pgbouncer \
+	redis-server:redis-server redis-cli:redis-tools
 deploy-tools: | $(STAMP)
 	@missing=""; for pair in $(DEPLOY_TOOLS); do tool=$${pair%%:*}; pkg=$${pair#*:}; \
 		PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \

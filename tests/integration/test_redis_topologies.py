@@ -11,6 +11,7 @@ per-queue marker check, not the sweep.
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,7 @@ from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
 from taskmesh.store.redis_clients import open_client
 from tests.conftest import http, wait_for
+from tests.deploy import tool_missing
 from tests.redis_topologies import Cluster, SentinelSet
 
 pytestmark = pytest.mark.anyio
@@ -30,8 +32,15 @@ PER_QUEUE = 6
 """Tasks per queue: a blocker holding the queue's one executor, then ready and delayed ones."""
 
 
+def servers_or_skip() -> None:
+    for tool, package in (("redis-server", "redis-server"), ("redis-cli", "redis-tools")):
+        if shutil.which(tool) is None:
+            pytest.skip(tool_missing(tool, package, "no Redis Cluster or Sentinel was started"))
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
+    servers_or_skip()
     topology = Cluster()
     try:
         topology.start()
@@ -42,6 +51,7 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def sentinels() -> Iterator[SentinelSet]:
+    servers_or_skip()
     topology = SentinelSet()
     try:
         topology.start()
