@@ -24,6 +24,8 @@ allowed to create databases) and uses the Redis of ``REDIS_URL`` (default
 5. ``--memory``: RSS of the instance after 10% and after 100% of the drain;
 6. ``--pgbouncer HOST:PORT``: the instance and the client reach PostgreSQL through a
    PgBouncer in transaction mode (``pg_pooler = "transaction"``); set-up goes direct;
+   ``--redis-cluster HOST:PORT``: they dispatch through the Redis Cluster of which that is a
+   node (``redis_mode = "cluster"``); the recorder stays on ``REDIS_URL``;
 7. ``--compare``: the same drain and latency workloads through PgQueuer, arq
    and Celery, with the peers harness of ``shared/bench/peers`` (copied to a
    temporary folder and run from a virtual environment of its own that this
@@ -55,6 +57,7 @@ import redis
 from benchmarks.bench_handler import RAN, START
 from taskmesh.client import Client
 from taskmesh.store.postgres import migrate_url
+from taskmesh.store.redis_clients import RedisMode
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root: the instance's ``PYTHONPATH`` starts with it, so it imports ``benchmarks.bench_handler``."""
@@ -120,6 +123,9 @@ class Bench:
         # The instance and the client go through PgBouncer with --pgbouncer; set-up goes direct.
         self.pooler = "transaction" if args.pgbouncer else "none"
         self.work_url = _through(self.db_url, args.pgbouncer) if args.pgbouncer else self.db_url
+        # The instance and the client dispatch through a Redis Cluster with --redis-cluster.
+        self.redis_mode: RedisMode = "cluster" if args.redis_cluster else "standalone"
+        self.work_redis = f"redis://{args.redis_cluster}/0" if args.redis_cluster else self.redis_url
         parts = urlsplit(self.redis_url)
         self.recorder_url = urlunsplit((parts.scheme, parts.netloc, "/15", "", ""))
         self.recorder = redis.Redis.from_url(self.recorder_url)
@@ -133,7 +139,7 @@ class Bench:
         finally:
             await admin.close()
         await migrate_url(self.db_url)
-        client = redis.Redis.from_url(self.redis_url)
+        client = (redis.RedisCluster if self.redis_mode == "cluster" else redis.Redis).from_url(self.work_redis)
         keys = list(client.scan_iter(match=f"{PREFIX}:*", count=1000))
         if keys:
             client.delete(*keys)
@@ -144,7 +150,8 @@ class Bench:
             **os.environ,
             "DATABASE_URL": self.work_url,
             "TASKMESH_PG_POOLER": self.pooler,
-            "REDIS_URL": self.redis_url,
+            "REDIS_URL": self.work_redis,
+            "TASKMESH_REDIS_MODE": self.redis_mode,
             "TASKMESH_REDIS_PREFIX": PREFIX,
             # The instance imports the handler from this checkout, whatever its working directory.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -170,7 +177,9 @@ class Bench:
     async def enqueue_and_drain(self) -> None:
         n, concurrency = self.args.tasks, self.args.concurrency
         await self.reset()
-        async with Client(self.work_url, self.redis_url, redis_prefix=PREFIX, pg_pooler=self.pooler) as client:
+        async with Client(
+            self.work_url, self.work_redis, redis_prefix=PREFIX, pg_pooler=self.pooler, redis_mode=self.redis_mode
+        ) as client:
             t0 = time.perf_counter()
             for start in range(0, n, 1000):
                 await client.enqueue_many([{"name": "bench.noop"} for _ in range(min(1000, n - start))])
@@ -264,7 +273,9 @@ class Bench:
         await asyncio.sleep(1.0)
         self.recorder.delete(RAN, START)
         sent: dict[str, float] = {}
-        async with Client(self.work_url, self.redis_url, redis_prefix=PREFIX, pg_pooler=self.pooler) as client:
+        async with Client(
+            self.work_url, self.work_redis, redis_prefix=PREFIX, pg_pooler=self.pooler, redis_mode=self.redis_mode
+        ) as client:
             t0 = time.perf_counter()
             for i in range(self.args.latency_count):
                 await asyncio.sleep(max(0.0, t0 + i / self.args.rate - time.perf_counter()))
@@ -410,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
         "--pgbouncer",
         metavar="HOST:PORT",
         help="the instance and the client reach PostgreSQL through this PgBouncer (transaction mode)",
+    )
+    parser.add_argument(
+        "--redis-cluster",
+        metavar="HOST:PORT",
+        help="the instance and the client dispatch through the Redis Cluster this node belongs to",
     )
     parser.add_argument("--compare", action="store_true", help="also run PgQueuer, arq and Celery")
     parser.add_argument("--peers-dir", default=str(Path.cwd().parent / "shared" / "bench" / "peers"))
