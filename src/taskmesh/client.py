@@ -67,9 +67,12 @@ class Client:
         self._tasks: Tasks | None = None
 
     async def __aenter__(self) -> Client:
-        """Open the stores.
+        """Open the stores, and check that Redis is one this client can use as configured.
 
-        :raises StoreError: PostgreSQL did not answer or refused.
+        :raises StoreError: PostgreSQL did not answer or refused; or Redis refused for good (a
+            password, TLS, a cluster node with ``redis_mode="standalone"`` or the reverse, an
+            unknown Sentinel master: the message names ``redis_url``). A Redis that does not
+            answer is no error here: creates commit in PostgreSQL, and the instances push them.
         """
         self._stores = await Stores.open(
             self._database_url,
@@ -79,6 +82,13 @@ class Client:
             pooler=self._pg_pooler,
             redis_mode=self._redis_mode,
         )
+        try:
+            await self._stores.redis.check_server()
+        except StoreError as exc:
+            if not exc.transient:
+                await self._stores.close()
+                self._stores = None
+                raise
         self._tasks = Tasks(
             self._stores.pg,
             self._stores.redis,

@@ -23,9 +23,11 @@ import pytest
 import redis as sync_redis
 from redis.crc import key_slot
 
+import taskmesh
 from taskmesh.errors import StoreError
 from taskmesh.store import Keys, RedisStore
-from tests.conftest import redis_server
+from taskmesh.store.redis_urls import NOT_A_CLUSTER, cluster_refusal
+from tests.conftest import POOLER, redis_server
 from tests.proc import free_port
 from tests.redis_topologies import Node
 
@@ -217,3 +219,21 @@ async def test_the_readiness_probe_of_a_standalone_client_on_a_cluster_node_fail
         await store.close()
     assert not caught.value.transient
     assert str(caught.value).startswith("redis error in probe: MovedError: ")
+
+
+async def test_a_python_client_on_the_wrong_kind_of_redis_fails_at_open_naming_redis_url(
+    two_node_cluster: tuple[int, int], database_url: str, redis_url: str
+) -> None:
+    """A standalone client on a cluster node (or the reverse) would lose every push to MOVED: it fails at once."""
+    node = f"redis://127.0.0.1:{two_node_cluster[0]}/0"
+    with pytest.raises(StoreError) as standalone:
+        async with taskmesh.Client(database_url, node, pg_pooler=POOLER):
+            pass
+    assert not standalone.value.transient
+    assert str(standalone.value) == "redis error in connect: " + cluster_refusal("cluster_enabled:1")
+    with pytest.raises(StoreError) as cluster:
+        async with taskmesh.Client(database_url, redis_url, pg_pooler=POOLER, redis_mode="cluster"):
+            pass
+    assert str(cluster.value) == "redis error in connect: " + NOT_A_CLUSTER
+    async with taskmesh.Client(database_url, node, pg_pooler=POOLER, redis_mode="cluster") as client:
+        assert await client.enqueue("n") is not None
