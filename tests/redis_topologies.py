@@ -92,13 +92,21 @@ class Node:
 class Cluster:
     """Three masters sharing the 16,384 slots (``redis-cli --cluster create``), no replicas."""
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, node_timeout_ms: int = 2000) -> None:
         self.root = root or Path(tempfile.mkdtemp(prefix="tm-cluster-"))
         self.nodes: list[Node] = []
         for i in range(3):
             bus = free_port()
             files = ("--cluster-config-file", str(self.root / f"n{i}" / "nodes.conf"))
-            args = ("--cluster-enabled", "yes", "--cluster-port", str(bus), *files, "--cluster-node-timeout", "2000")
+            args = (
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                str(bus),
+                *files,
+                "--cluster-node-timeout",
+                str(node_timeout_ms),
+            )
             self.nodes.append(Node(self.root / f"n{i}", args))
 
     @property

@@ -50,6 +50,18 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
+def patient_cluster() -> Iterator[Cluster]:
+    """A cluster whose nodes wait 8 s before they call a silent node failed (Redis's default is 15 s)."""
+    servers_or_skip()
+    topology = Cluster(node_timeout_ms=8000)
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.fixture(scope="module")
 def sentinels() -> Iterator[SentinelSet]:
     servers_or_skip()
     topology = SentinelSet()
@@ -129,6 +141,51 @@ async def test_a_cluster_node_that_loses_its_memory_loses_no_task(
         gate.set()
         await run_once_each(pool, runs, made)
         assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_a_cluster_node_down_crashes_no_service_and_the_other_nodes_queues_keep_running(
+    patient_cluster: Cluster, start_instance: Any, registry: Registry, pool: asyncpg.Pool, prefix: str
+) -> None:
+    """Until the cluster calls the node failed, the other nodes' queues run; then the whole cluster
+    refuses (CLUSTERDOWN, no replicas here): an outage of every service, never a crash. redis-py's
+    cluster client closes its connections to every node on such errors, under calls in flight."""
+    cluster = patient_cluster
+    gate, runs = anyio.Event(), list[str]()
+    gate.set()
+    recording(registry, gate, runs)
+    queues = queues_on_every_node(cluster, prefix)
+    settings = {"redis_url": cluster.url, "redis_mode": "cluster", "queue_names": queues}
+    async with start_instance(**settings) as inst, http(inst) as client:
+        made = await create_tasks(client, queues)
+        await wait_for(lambda: pool.fetchval("SELECT count(*) = $1 FROM tasks WHERE status = 'completed'", 3 * 3))
+        victim = cluster.node_of(Keys(prefix).ready(queues[-1]))
+        victim.stop(kill=True)
+        healthy = await create_tasks(client, queues[:1], start=len(made))
+        made += healthy
+        ran = await wait_for(lambda: _ran(pool, healthy[:3]), timeout=5)  # the ready ones, while the node is down
+        assert ran, "a queue on a healthy node stopped while another node was down"
+        for _ in range(6):  # creates while the cluster is down: PostgreSQL has them, Redis gets them later
+            made += await create_tasks(client, queues[:1], start=len(made))
+            await anyio.sleep(1)
+        await anyio.to_thread.run_sync(lambda: cluster.restart(victim))
+        await run_once_each(pool, runs, made)
+        ready = await wait_for(lambda: _ready(client), timeout=15)
+        assert "services" not in ready, ready  # no service failed or is restarting
+        metrics = (await client.get("/metrics")).text
+        crashed = [line for line in metrics.splitlines() if line.startswith("taskmesh_service_restarts_total{")]
+        assert all(line.endswith(" 0.0") for line in crashed), crashed
+
+
+async def _ran(pool: asyncpg.Pool, ns: list[str]) -> bool:
+    done = await pool.fetchval(
+        "SELECT count(*) FROM tasks WHERE status = 'completed' AND payload->>'n' = ANY($1::text[])", ns
+    )
+    return bool(done == len(ns))
+
+
+async def _ready(client: Any) -> dict[str, Any] | None:
+    r = await client.get("/readyz")
+    return dict(r.json()) if r.status_code == 200 else None
 
 
 async def _all_back(redis: Any, keys: Keys, queue: str) -> bool:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import asyncpg
 import pytest
 import redis.exceptions
 
-from taskmesh.store.classify import POOLER_HINT, postgres_error, redis_error
+from taskmesh.errors import StoreError
+from taskmesh.store.classify import POOLER_HINT, postgres_error, redis_call, redis_error
 
 
 @pytest.mark.parametrize(
@@ -42,3 +46,19 @@ def test_the_cluster_clients_own_errors_are_outages_only_when_no_node_answered(m
     error = redis_error("push", redis.exceptions.RedisClusterException(message))
     assert error.transient is transient
     assert str(error).startswith("redis ")
+
+
+def test_a_connection_closed_under_a_redis_call_is_an_outage_and_our_own_bug_is_not() -> None:
+    """What redis-py's cluster reset does to calls in flight is transient; an AttributeError of ours propagates."""
+    with pytest.raises(StoreError) as closed:
+        with redis_call("pop_ready"):
+            asyncio.Lock().release()  # a RuntimeError raised inside asyncio, as a closed transport's is
+    assert closed.value.transient
+    assert str(closed.value) == (
+        "redis unavailable in pop_ready: RuntimeError: Lock is not acquired. "
+        "(a connection the client closed under this call)"
+    )
+    gone: Any = None
+    with pytest.raises(AttributeError):
+        with redis_call("pop_ready"):
+            gone.writelines([b"x"])  # raised in this module: a bug, not an outage

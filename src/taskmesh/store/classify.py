@@ -106,6 +106,49 @@ def redis_error(operation: str, exc: BaseException) -> StoreError:
     return StoreError("redis", operation, transient=redis_is_transient(exc), detail=_one_line(exc))
 
 
+def closed_under_the_call(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection closed under a call by the client itself, not a bug of ours.
+
+    redis-py's cluster client closes every node's connections when the cluster is down or
+    its slots moved (``RedisCluster.aclose`` before it learns the topology again); a call on
+    another node in flight then fails inside redis-py or asyncio with ``RuntimeError`` (``the
+    handler is closed``) or ``AttributeError`` (a transport gone: ``None``). That is an outage
+    of the call. The same exceptions raised in taskmesh's own code are bugs, and stay so.
+    """
+    if not isinstance(exc, RuntimeError | AttributeError) or exc.__traceback__ is None:
+        return False
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    module = str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module.split(".")[0] in ("redis", "asyncio")
+
+
+class redis_call:  # used as a statement: ``with redis_call("push"):``
+    """Context manager turning what a redis-py call raises into a :class:`StoreError` naming ``name``.
+
+    Redis and socket errors are classified by :func:`redis_error`; a connection the client closed
+    under the call (:func:`closed_under_the_call`) is transient. Anything else propagates.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, REDIS_ERRORS):
+            raise redis_error(self.name, exc) from exc
+        if closed_under_the_call(exc):
+            detail = f"{_one_line(exc)} (a connection the client closed under this call)"
+            raise StoreError("redis", self.name, transient=True, detail=detail) from exc
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""

@@ -15,13 +15,15 @@ finds the flag set when it is announced (the flag is read after the commit).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from redis.asyncio.client import PubSub
 
-from taskmesh.store.classify import REDIS_ERRORS, redis_error
+from taskmesh.errors import StoreError
+from taskmesh.store.classify import REDIS_ERRORS, redis_call
 from taskmesh.store.keys import Keys
 from taskmesh.store.redis_clients import RedisClient
 from taskmesh.store.scripts import lua
@@ -50,10 +52,8 @@ class FinishedChannel:
         """
         if not task_ids:
             return False
-        try:
+        with redis_call("announce_finished"):
             return bool(await self._announce(keys=[self.flag], args=[self.channel, " ".join(map(str, task_ids))]))
-        except REDIS_ERRORS as exc:
-            raise redis_error("announce_finished", exc) from exc
 
     async def mark_waiting(self, seconds: float) -> None:
         """Keep the flag for at least ``seconds`` more (it is never shortened by another waiter).
@@ -61,12 +61,10 @@ class FinishedChannel:
         :raises StoreError: Redis failed.
         """
         ttl_ms = int(seconds * 1000) + 5000
-        try:
+        with redis_call("mark_waiting"):
             current = await self.client.pttl(self.flag)
             if current < ttl_ms:
                 await self.client.set(self.flag, b"1", px=ttl_ms)
-        except REDIS_ERRORS as exc:
-            raise redis_error("mark_waiting", exc) from exc
 
     @asynccontextmanager
     async def subscribe(self) -> AsyncIterator[Subscription]:
@@ -76,17 +74,18 @@ class FinishedChannel:
         """
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(self.channel)
-        except REDIS_ERRORS as exc:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-            raise redis_error("subscribe_finished", exc) from exc
+            with redis_call("subscribe_finished"):
+                await pubsub.subscribe(self.channel)
+        except StoreError:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            raise
         try:
             yield Subscription(pubsub)
         finally:
-            try:
+            # The connection may be gone already, or closed under us by the cluster client.
+            with contextlib.suppress(*REDIS_ERRORS, RuntimeError, AttributeError):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
-            except REDIS_ERRORS:
-                pass  # the connection is gone already
 
 
 class Subscription:
@@ -100,10 +99,8 @@ class Subscription:
 
         :raises StoreError: Redis failed (the subscription is lost: subscribe again).
         """
-        try:
+        with redis_call("subscribe_finished"):
             message = await self._pubsub.get_message(timeout=within)
-        except REDIS_ERRORS as exc:
-            raise redis_error("subscribe_finished", exc) from exc
         if message is None or message.get("type") != "message":
             return None
         data = message["data"]

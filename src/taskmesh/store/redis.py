@@ -30,7 +30,7 @@ from redis.asyncio.sentinel import MasterNotFoundError, SentinelConnectionPool
 from taskmesh.errors import StoreError
 from taskmesh.logs import get_logger
 from taskmesh.models import PushTarget
-from taskmesh.store.classify import REDIS_ERRORS, redis_error
+from taskmesh.store.classify import REDIS_ERRORS, redis_call, redis_error
 from taskmesh.store.finished import FinishedChannel
 from taskmesh.store.keys import (
     DELAYED_PRIORITY_SLOTS,
@@ -84,22 +84,6 @@ def due_ms(at: datetime) -> int | None:
         return int(at.timestamp() * 1000)
     except (OverflowError, ValueError):
         return None
-
-
-class _Op:
-    """Context manager turning redis-py and socket errors into :class:`StoreError` naming ``name``."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if exc is not None and isinstance(exc, REDIS_ERRORS):
-            raise redis_error(self.name, exc) from exc
 
 
 def _run_id(info: object) -> str:
@@ -165,7 +149,7 @@ class RedisStore:
 
         :raises StoreError: Redis did not answer.
         """
-        with _Op("ping"):
+        with redis_call("ping"):
             await self.client.ping()
 
     async def check_server(self) -> None:
@@ -228,7 +212,7 @@ class RedisStore:
 
         :raises StoreError: transient when Redis did not answer; not transient for an error reply.
         """
-        with _Op("probe"):
+        with redis_call("probe"):
             if isinstance(self.client, RedisCluster):  # a cluster pipeline takes only commands with keys
                 await self.client.ping(target_nodes=RedisCluster.ALL_NODES)
             async with self.client.pipeline(transaction=False) as pipe:
@@ -277,7 +261,7 @@ class RedisStore:
             n += 1
         if not n:
             return 0
-        with _Op("push"):
+        with redis_call("push"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for queue, members in ready.items():
                     pipe.zadd(self.keys.ready(queue), members, nx=True)
@@ -309,7 +293,7 @@ class RedisStore:
         by_queue: dict[str, list[PushTarget]] = {}
         for t in targets:
             by_queue.setdefault(t.queue, []).append(t)
-        with _Op("push_missing"):
+        with redis_call("push_missing"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for queue, group in by_queue.items():
                     ids = [str(t.task_id) for t in group]
@@ -327,7 +311,7 @@ class RedisStore:
         """Mirror dead-lettered tasks into the queue's DLQ list (newest last)."""
         if not task_ids:
             return
-        with _Op("dead_letter"):
+        with redis_call("dead_letter"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for tid in task_ids:
                     pipe.lrem(self.keys.dlq(queue), 0, tid)
@@ -342,7 +326,7 @@ class RedisStore:
         if not items:
             return
         now = self.now_ms()
-        with _Op("replay"):
+        with redis_call("replay"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for tid, priority in items:
                     pipe.lrem(self.keys.dlq(queue), 0, tid)
@@ -357,7 +341,7 @@ class RedisStore:
         """Remove each ``(queue, task_id)`` from every structure of its queue, in one pipeline."""
         if not items:
             return
-        with _Op("forget"):
+        with redis_call("forget"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for queue, task_id in items:
                     pipe.zrem(self.keys.ready(queue), task_id)
@@ -377,7 +361,7 @@ class RedisStore:
 
         :returns: the popped task ids (empty after a timeout).
         """
-        with _Op("pop_ready"):
+        with redis_call("pop_ready"):
             reply: Any = await self.client.bzmpop(block_seconds, 1, [self.keys.ready(queue)], min=True, count=count)
         if not reply:
             return []
@@ -406,7 +390,7 @@ class RedisStore:
                 sample=repr(members[0][:64]),
                 kept_in=self.keys.foreign(queue),
             )
-        with _Op("set_aside"):
+        with redis_call("set_aside"):
             async with self.client.pipeline(transaction=False) as pipe:
                 pipe.lpush(self.keys.foreign(queue), *members)
                 pipe.ltrim(self.keys.foreign(queue), 0, FOREIGN_KEPT - 1)
@@ -417,7 +401,7 @@ class RedisStore:
 
         :returns: ids moved.
         """
-        with _Op("move_due"):
+        with redis_call("move_due"):
             moved = await self._move(
                 keys=[self.keys.delayed(queue), self.keys.ready(queue), self.keys.priorities(queue)],
                 args=[self.now_ms(), limit, EPOCH_MS, PRIORITY_STEP, DELAYED_PRIORITY_SLOTS, LEGACY_DELAYED_SCORE_MAX],
@@ -433,13 +417,13 @@ class RedisStore:
             only saves work (design.md principle 5); it never guards correctness.
         """
         token = secrets.token_hex(8)
-        with _Op("try_lock"):
+        with redis_call("try_lock"):
             ok = await self.client.set(key, token, nx=True, px=ttl_ms)
         return token if ok else None
 
     async def release_lock(self, key: str, token: str) -> bool:
         """Release a lock taken by :meth:`try_lock` if it is still ours."""
-        with _Op("release_lock"):
+        with redis_call("release_lock"):
             released = await self._release(keys=[key], args=[token])
         return bool(released)
 
@@ -452,7 +436,7 @@ class RedisStore:
         :returns: ``(allowed, remaining, retry_after_seconds, reset_seconds)``.
         :raises StoreError: Redis failed.
         """
-        with _Op("rate_limit"):
+        with redis_call("rate_limit"):
             allowed, remaining, retry_us, reset_us = await self._rate(
                 keys=[self.keys.rate_limit(bucket)], args=[round(1_000_000 / per_second), burst, cost]
             )
@@ -468,7 +452,7 @@ class RedisStore:
         :returns: whether it had to change (the list differed).
         """
         key = self.keys.dlq(queue)
-        with _Op("rewrite_dlq"):
+        with redis_call("rewrite_dlq"):
             current = await self.client.lrange(key, 0, -1)
         decoded = [_text(m) for m in current]
         if decoded == list(task_ids):
@@ -478,7 +462,7 @@ class RedisStore:
         ]
         if foreign:
             await self._set_aside(queue, key, foreign)
-        with _Op("rewrite_dlq"):
+        with redis_call("rewrite_dlq"):
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.delete(key)
                 if task_ids:
@@ -496,7 +480,7 @@ class RedisStore:
         """
         if not queues:
             return {}
-        with _Op("identity"):
+        with redis_call("identity"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for queue in queues:
                     pipe.exists(self.keys.marker(queue))
@@ -513,12 +497,12 @@ class RedisStore:
 
     async def set_marker(self, queue: str, value: str) -> None:
         """Write the marker whose disappearance tells the reconciler ``queue``'s keys were lost."""
-        with _Op("set_marker"):
+        with redis_call("set_marker"):
             await self.client.set(self.keys.marker(queue), value)
 
     async def depths(self, queue: str) -> tuple[int, int, int]:
         """``(ready, delayed, dlq)`` lengths of one queue."""
-        with _Op("depths"):
+        with redis_call("depths"):
             async with self.client.pipeline(transaction=False) as pipe:
                 pipe.zcard(self.keys.ready(queue))
                 pipe.zcard(self.keys.delayed(queue))
@@ -528,7 +512,7 @@ class RedisStore:
 
     async def sizes(self, queues: Sequence[str]) -> dict[str, tuple[int, int]]:
         """``{queue: (ready, delayed)}`` in one pipeline (the sampler's read)."""
-        with _Op("sizes"):
+        with redis_call("sizes"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for queue in queues:
                     pipe.zcard(self.keys.ready(queue))
