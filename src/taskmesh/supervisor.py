@@ -76,6 +76,7 @@ from taskmesh.shutdown_signals import ShutdownSignals
 from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import Listener
+from taskmesh.store.redis_clients import is_sentinel_url
 from taskmesh.tasks import Tasks
 
 log = get_logger("taskmesh.supervisor")
@@ -159,6 +160,8 @@ async def run(
         queues={q: settings.concurrency_of(q) for q in settings.queue_names},
         handlers=registry.names(),
         fallback=registry.fallback.name if registry.fallback else None,
+        redis_mode="sentinel" if is_sentinel_url(settings.redis_url or "") else settings.redis_mode,
+        pg_pooler=settings.pg_pooler,
     )
     fatal: list[BaseException] = []
     monitor = LoopMonitor(settings.loop_block_threshold_seconds, worker_id=inst.worker_id, metrics=metrics)

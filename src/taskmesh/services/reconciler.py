@@ -194,7 +194,9 @@ async def _resync_queue(tasks: Tasks, queue: str, state: State, *, instance: str
         pushed = await resync(tasks, [queue])
         await tasks.redis.set_marker(queue, instance)
         state.run_ids[queue] = run_id
-        return ("restart" if marker else ("data lost" if pushed else "no marker yet")), pushed
+        # A queue seen before whose marker is gone lost its keys, even when nothing was queued to push.
+        lost = "data lost" if known is not None or pushed else "no marker yet"
+        return ("restart" if marker else lost), pushed
     finally:
         await tasks.redis.release_lock(lock, token)
 
