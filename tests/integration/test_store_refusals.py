@@ -133,13 +133,13 @@ def redis_address(redis_url: str) -> str:
         ),
         (
             "cluster node",
-            "the server is a Redis Cluster node (cluster_enabled:1); with redis_mode = standalone taskmesh's "
+            'the server is a Redis Cluster node (cluster_enabled:1); with redis_mode = "standalone" taskmesh\'s '
             'client would meet MOVED for the keys other nodes own: set redis_mode = "cluster"',
         ),
         (
             "not a cluster",
             'redis_mode is "cluster" but the server is not a Redis Cluster node (cluster_enabled:0): '
-            "set redis_mode = standalone, or name a cluster node",
+            'set redis_mode = "standalone", or name a cluster node',
         ),
         ("unknown master", "the Sentinels know no master named 'tm-nowhere' (they watch: none)"),
     ],

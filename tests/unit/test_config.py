@@ -92,7 +92,7 @@ def test_the_toml_file_sets_per_queue_concurrency_and_env_wins(monkeypatch: pyte
         ),
         (
             {"REDIS_URL": "redis+sentinel://s1,s2/tm/0", "TASKMESH_REDIS_MODE": "cluster"},
-            "redis_mode: a redis+sentinel:// URL names one master, not a cluster: use redis_mode = standalone",
+            'redis_mode: a redis+sentinel:// URL names one master, not a cluster: use redis_mode = "standalone"',
         ),
         (
             {"REDIS_URL": "unix:///run/redis.sock", "TASKMESH_REDIS_MODE": "cluster"},

@@ -53,7 +53,7 @@ def open_client(url: str, mode: RedisMode = "standalone", *, decode: bool = Fals
     common = {**_COMMON, "decode_responses": decode}
     if is_sentinel_url(url):
         if mode == "cluster":
-            raise ValueError("a redis+sentinel:// URL names one master: use redis_mode = standalone")
+            raise ValueError('a redis+sentinel:// URL names one master: use redis_mode = "standalone"')
         return _sentinel_client(url, common)
     if mode == "cluster":
         return RedisCluster.from_url(url, **common)

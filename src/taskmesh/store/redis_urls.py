@@ -84,7 +84,7 @@ def cluster_url_problem(url: str) -> str | None:
     """
     parts = urlsplit(url)
     if parts.scheme in SENTINEL_SCHEMES:
-        return "a redis+sentinel:// URL names one master, not a cluster: use redis_mode = standalone"
+        return 'a redis+sentinel:// URL names one master, not a cluster: use redis_mode = "standalone"'
     if parts.scheme == "unix":
         return "a Redis Cluster is reached over TCP: redis_url must be redis:// or rediss:// in cluster mode"
     numbers = [*parse_qs(parts.query).get("db", []), unquote(parts.path).strip("/")]
@@ -201,14 +201,14 @@ async def speaks_plain_redis(host: str, port: int, timeout: float = 1.0) -> bool
 def cluster_refusal(seen: str) -> str:
     """The start-up message for a standalone client pointed at a Redis Cluster node."""
     return (
-        f"redis_url: the server is a Redis Cluster node ({seen}); with redis_mode = standalone taskmesh's "
+        f'redis_url: the server is a Redis Cluster node ({seen}); with redis_mode = "standalone" taskmesh\'s '
         'client would meet MOVED for the keys other nodes own: set redis_mode = "cluster"'
     )
 
 
 NOT_A_CLUSTER = (
     'redis_url: redis_mode is "cluster" but the server is not a Redis Cluster node '
-    "(cluster_enabled:0): set redis_mode = standalone, or name a cluster node"
+    '(cluster_enabled:0): set redis_mode = "standalone", or name a cluster node'
 )
 
 
