@@ -37,11 +37,11 @@ POOLER_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueu
 # a master, a replica and three Sentinels, each started on loopback for the run
 # (tests/redis_topologies.py), instances with redis_mode = "cluster" or a redis+sentinel:// URL.
 # Behind Sentinel the client is the standalone one with another way to find the master, so its
-# suite is the part that connects, pops, waits, loses keys and crashes.
+# suite is the part that connects, pops, waits, fires schedules, loses keys and crashes.
 REDIS_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py task_actions.py \
 	bulk_operations.py wait.py schedules.py cancel_and_recovery.py recovery.py queue_pause.py crash.py \
 	rate_limits.py dlq_listing.py bulk.py client.py due_times.py)
-SENTINEL_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py wait.py \
+SENTINEL_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py wait.py schedules.py \
 	cancel_and_recovery.py recovery.py crash.py client.py)
 test: install
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
