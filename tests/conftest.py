@@ -36,7 +36,7 @@ from taskmesh.store.redis_clients import RedisMode, open_client
 from taskmesh.tasks import Tasks
 from tests.pgbouncer import PgBouncer, through
 from tests.proc import free_port
-from tests.redis_topologies import Cluster, SentinelSet
+from tests.redis_topologies import Cluster, SentinelSet, started
 
 
 @pytest.fixture(scope="session")
@@ -117,12 +117,8 @@ def redis_topology() -> Iterator[Cluster | SentinelSet | None]:
     if REDIS_TOPOLOGY == "standalone":
         yield None
         return
-    topology = Cluster() if REDIS_TOPOLOGY == "cluster" else SentinelSet()
-    try:
-        topology.start()
+    with started(Cluster() if REDIS_TOPOLOGY == "cluster" else SentinelSet()) as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 @pytest.fixture

@@ -7,12 +7,15 @@ the same ``MOVED``, failovers and topology refreshes it would meet in production
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import redis as sync_redis
 from redis.crc import key_slot
@@ -255,3 +258,16 @@ class SentinelSet:
         for node in [*self.sentinels, self.replica, self.master]:
             node.stop(kill=True)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+Topology = TypeVar("Topology", bound=Cluster | SentinelSet)
+
+
+@contextlib.contextmanager
+def started(topology: Topology) -> Iterator[Topology]:
+    """Start ``topology`` for the block; stop it and remove its files after, whatever happened."""
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.stop()

@@ -25,7 +25,7 @@ from taskmesh.store.keys import Keys
 from taskmesh.store.redis_clients import open_client
 from tests.conftest import http, wait_for
 from tests.deploy import tool_missing
-from tests.redis_topologies import Cluster, SentinelSet
+from tests.redis_topologies import Cluster, SentinelSet, started
 
 pytestmark = pytest.mark.anyio
 PER_QUEUE = 6
@@ -41,35 +41,23 @@ def servers_or_skip() -> None:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     servers_or_skip()
-    topology = Cluster()
-    try:
-        topology.start()
+    with started(Cluster()) as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 @pytest.fixture(scope="module")
 def patient_cluster() -> Iterator[Cluster]:
     """A cluster whose nodes wait 8 s before they call a silent node failed (Redis's default is 15 s)."""
     servers_or_skip()
-    topology = Cluster(node_timeout_ms=8000)
-    try:
-        topology.start()
+    with started(Cluster(node_timeout_ms=8000)) as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 @pytest.fixture(scope="module")
 def sentinels() -> Iterator[SentinelSet]:
     servers_or_skip()
-    topology = SentinelSet()
-    try:
-        topology.start()
+    with started(SentinelSet()) as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 def queues_on_every_node(cluster: Cluster, prefix: str) -> list[str]:

@@ -132,11 +132,6 @@ class RedisStore:
         """
         return cls(open_client(redis_url, mode), keys, now_ms=now_ms)
 
-    @property
-    def cluster(self) -> bool:
-        """Whether the client is a Redis Cluster one."""
-        return isinstance(self.client, RedisCluster)
-
     async def close(self) -> None:
         """Close the client's connections (errors ignored: closing a dead link is fine)."""
         try:
