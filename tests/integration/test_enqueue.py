@@ -33,7 +33,7 @@ async def test_a_repeated_idempotency_key_returns_the_existing_task_and_writes_n
     assert first.created and not again.created
     assert again.task_id == first.task_id
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 1
-    assert await pool.fetchval("SELECT count(*) FROM task_runs") == 1
+    assert await pool.fetchval("SELECT count(*) FROM task_runs") == 0  # written at the first claim
 
 
 async def test_fifty_concurrent_creates_with_one_key_make_exactly_one_task(tasks: Tasks, pool: asyncpg.Pool) -> None:
@@ -47,7 +47,7 @@ async def test_fifty_concurrent_creates_with_one_key_make_exactly_one_task(tasks
             tg.start_soon(create)
     assert len(ids) == 50 and len(set(ids)) == 1
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 1
-    assert await pool.fetchval("SELECT count(*) FROM task_runs") == 1
+    assert await pool.fetchval("SELECT count(*) FROM task_runs") == 0  # written at the first claim
 
 
 async def test_a_new_task_has_a_queued_first_run_and_sits_in_the_ready_set(
@@ -58,6 +58,24 @@ async def test_a_new_task_has_a_queued_first_run_and_sits_in_the_ready_set(
     assert task["status"] == "queued" and task["type"] == "immediate" and task["priority"] == 7
     assert run is not None and run["attempt"] == 1 and run["status"] == "queued"
     assert await redis_client.zscore(keys.ready("default"), str(created.task_id)) is not None
+
+
+async def test_the_pending_first_run_a_queued_task_shows_is_the_run_its_claim_writes(
+    tasks: Tasks, pool: asyncpg.Pool
+) -> None:
+    created = await tasks.enqueue(spec())
+    assert await pool.fetchval("SELECT count(*) FROM task_runs") == 0
+    _, pending = await tasks.get(created.task_id)
+    assert pending is not None
+    listed = await tasks.runs(created.task_id)
+    assert [(r["id"], r["attempt"], r["status"], r["worker_id"]) for r in listed] == [
+        (pending["id"], 1, "queued", None)
+    ]
+    [claimed] = await tasks.claim("default", [str(created.task_id)], "w-1", 30)
+    assert str(claimed.run_id) == pending["id"]
+    _, run = await tasks.get(created.task_id)
+    assert run is not None and (run["id"], run["status"], run["worker_id"]) == (pending["id"], "running", "w-1")
+    assert [r["id"] for r in await tasks.runs(created.task_id)] == [pending["id"]]
 
 
 async def test_higher_priority_pops_first_and_fifo_holds_within_a_priority(

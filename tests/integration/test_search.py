@@ -65,7 +65,9 @@ async def _finish(pool: asyncpg.Pool, task_id: str, status: str, error: str | No
         finished,
     )
     await pool.execute(
-        "UPDATE task_runs SET status = $2, error = $3, finished_at = $4::text::timestamptz WHERE task_id = $1",
+        # A run row is written at the claim: the task gets the one its claim and end would have written.
+        "INSERT INTO task_runs (task_id, attempt, status, error, finished_at)"
+        " VALUES ($1, 1, $2, $3, $4::text::timestamptz)",
         task_id,
         run_status,
         error,

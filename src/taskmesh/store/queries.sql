@@ -8,7 +8,8 @@
 -- ======================================================================
 
 -- name: task_insert_many
--- Bulk enqueue: every task and its first run in one statement (issue 4).
+-- Bulk enqueue: every task in one statement (issue 4). No run row yet: the first claim writes
+-- it (issue 15; until then the task shows a pending run built from its row).
 -- Repeated idempotency keys (in the table or within the batch) insert nothing.
 -- run_at: the given instant (a past one means now: validation allows up to a year ago), else
 -- now() + the delay (0 for an immediate task), so an instance whose clock runs ahead cannot
@@ -28,9 +29,6 @@ WITH input AS (
     FROM input
     ON CONFLICT (idempotency_key, (COALESCE(tenant_id, ''))) DO NOTHING
     RETURNING id, run_at
-), r AS (
-    INSERT INTO task_runs (task_id, attempt, status)
-    SELECT id, 1, 'queued' FROM t
 )
 SELECT id, run_at, run_at > now() AS delayed FROM t;
 
@@ -41,7 +39,8 @@ FROM unnest($1::text[], $2::text[]) AS k(key, tenant)
 JOIN tasks t ON t.idempotency_key = k.key AND COALESCE(t.tenant_id, '') = k.tenant;
 
 -- name: task_get_with_latest_run
--- A task and its latest run read in one statement, so both come from one snapshot.
+-- A task and its latest run read in one statement, so both come from one snapshot. A task never
+-- claimed has no run row: its latest run is then the pending first one (see 0017's migration).
 SELECT t.id, t.name, t.type, t.queue, t.priority, t.payload::text AS payload, t.idempotency_key,
        t.max_retries, t.retries, t.attempts, t.status, t.run_at, t.tenant_id, t.trace_id,
        t.created_at, t.updated_at,
@@ -52,7 +51,14 @@ SELECT t.id, t.name, t.type, t.queue, t.priority, t.payload::text AS payload, t.
        r.updated_at AS run_updated_at
 FROM tasks t
 LEFT JOIN LATERAL (
-    SELECT * FROM task_runs WHERE task_id = t.id ORDER BY attempt DESC LIMIT 1
+    SELECT * FROM (
+        (SELECT *, 0 AS pending FROM task_runs WHERE task_id = t.id ORDER BY attempt DESC LIMIT 1)
+        UNION ALL
+        -- a task not claimed yet: its pending first run, as the claim will write it
+        SELECT taskmesh_run_id(t.id, 1), t.id, 1, 'queued', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               t.created_at, t.created_at, NULL, 1
+        WHERE t.status = 'queued' AND t.attempts = 0
+    ) runs ORDER BY attempt DESC, pending LIMIT 1
 ) r ON true
 WHERE t.id = $1;
 
@@ -69,15 +75,24 @@ SELECT count(*) FROM (SELECT 1 FROM tasks WHERE tenant_id = $1 AND status IN ('q
 SELECT tenant_id, queue FROM tasks WHERE id = $1;
 
 -- name: run_list_by_task
+-- Every run of a task by attempt; a task never claimed lists its pending first run.
 SELECT id, task_id, attempt, status, worker_id, claimed_at, started_at, finished_at,
        lease_expires_at, next_retry_at, error, traceback, result::text AS result, created_at, updated_at
-FROM task_runs WHERE task_id = $1 ORDER BY attempt;
+FROM task_runs WHERE task_id = $1
+UNION ALL
+SELECT taskmesh_run_id(t.id, 1), t.id, 1, 'queued', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       t.created_at, t.created_at
+FROM tasks t
+WHERE t.id = $1 AND t.status = 'queued' AND t.attempts = 0
+  AND NOT EXISTS (SELECT 1 FROM task_runs r WHERE r.task_id = t.id)
+ORDER BY attempt;
 
 -- name: task_claim_many
 -- Design.md principle 3: one conditional UPDATE claims the batch; a task that
 -- is no longer queued (claimed elsewhere, cancelled), not yet due (a stray
 -- id pushed early) or in a paused queue (issue 11) is simply not returned.
--- The claimed attempt's run row is created, or its queued row taken over.
+-- The claimed attempt's run row is created (its id the pending run's: taskmesh_run_id), or
+-- the queued row of a requeue (or of an enqueue before migration 0017) taken over.
 -- `status || ''` keeps the planner off the partial index of queued tasks: with a
 -- cached generic plan it would otherwise scan every queued task of the queue
 -- (a backlog) instead of looking the popped ids up by primary key.
@@ -89,8 +104,8 @@ WITH claimed AS (
     RETURNING id, name, queue, priority, payload::text AS payload, attempts, retries,
               max_retries, idempotency_key, trace_id, tenant_id, run_at
 ), runs AS (
-    INSERT INTO task_runs (task_id, attempt, status, worker_id, claimed_at, started_at, lease_expires_at)
-    SELECT id, attempts, 'running', $3, now(), now(), now() + make_interval(secs => $4)
+    INSERT INTO task_runs (id, task_id, attempt, status, worker_id, claimed_at, started_at, lease_expires_at)
+    SELECT taskmesh_run_id(id, attempts), id, attempts, 'running', $3, now(), now(), now() + make_interval(secs => $4)
     FROM claimed
     ON CONFLICT (task_id, attempt) DO UPDATE
     SET status = 'running', worker_id = EXCLUDED.worker_id, claimed_at = EXCLUDED.claimed_at,
@@ -222,15 +237,20 @@ RETURNING t.id, t.status;
 SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
 
 -- name: task_cancel_queued
--- A queued (ready, delayed or waiting out a backoff) task never runs; its
--- queued run, if any, ends failed with error 'cancelled'.
+-- A queued (ready, delayed or waiting out a backoff) task never runs; its queued run, if any,
+-- ends failed with error 'cancelled', and so does the pending first run of a task never claimed
+-- (written now, so the task keeps a record of why it never ran).
 WITH t AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE id = $1 AND status = 'queued'
-    RETURNING id
+    RETURNING id, attempts
+), queued AS (
+    UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE task_id IN (SELECT id FROM t) AND status = 'queued'
 )
-UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
-WHERE task_id IN (SELECT id FROM t) AND status = 'queued';
+INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at)
+SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now() FROM t WHERE attempts = 0
+ON CONFLICT (task_id, attempt) DO NOTHING;
 
 -- name: task_request_cancel
 UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
@@ -677,15 +697,19 @@ FROM unnest($1::text[]) AS q(queue);
 -- ======================================================================
 
 -- name: bulk_cancel
--- Queued tasks become cancelled (their queued run ends failed 'cancelled'); running ones get a
+-- Queued tasks become cancelled (their queued or pending run ends failed 'cancelled'); running ones get a
 -- cancel request (their worker stops them). `cancelled`: whether the task ended now.
 WITH queued AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status = 'queued'
-    RETURNING id, queue
+    RETURNING id, queue, attempts
 ), runs AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id IN (SELECT id FROM queued) AND status = 'queued'
+), pending AS (
+    INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at)
+    SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now() FROM queued WHERE attempts = 0
+    ON CONFLICT (task_id, attempt) DO NOTHING
 ), running AS (
     UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status = 'running'

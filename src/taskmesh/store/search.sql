@@ -20,7 +20,13 @@ SELECT t.id, t.name, t.type, t.queue, t.priority, t.idempotency_key,
 FROM win w
 JOIN tasks t ON t.id = w.id
 LEFT JOIN LATERAL (
-    SELECT attempt, status, error, finished_at FROM task_runs WHERE task_id = t.id ORDER BY attempt DESC LIMIT 1
+    SELECT * FROM (
+        (SELECT attempt, status, error, finished_at, 0 AS pending
+           FROM task_runs WHERE task_id = t.id ORDER BY attempt DESC LIMIT 1)
+        UNION ALL
+        -- a task not claimed yet shows its pending first run (migration 0017)
+        SELECT 1, 'queued', NULL, NULL, 1 WHERE t.status = 'queued' AND t.attempts = 0
+    ) runs ORDER BY attempt DESC, pending LIMIT 1
 ) r ON true
 WHERE (cardinality($7::text[]) = 0 OR t.status = ANY($7::text[]))
   AND ($8::text IS NULL OR t.queue = $8)
