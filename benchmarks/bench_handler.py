@@ -1,9 +1,11 @@
-"""The benchmark's no-op handler: ``python -m benchmarks.bench`` has its instance load ``benchmarks.bench_handler``.
+"""The benchmark's handlers: ``python -m benchmarks.bench`` has its instance load ``benchmarks.bench_handler``.
 
-Its body is the peers harness's job body (``shared/bench/peers/common.py``): one
-pipelined Redis round trip, ``HINCRBY ran <id> 1`` and ``HSETNX start <id> <time>``,
-so taskmesh and the peers pay for the same recorder and the benchmark can check
-that every task ran exactly once.
+``bench.noop``'s body is the peers harness's job body (``shared/bench/peers/common.py``):
+one pipelined Redis round trip, ``HINCRBY ran <id> 1`` and ``HSETNX start <id> <time>``,
+so taskmesh and the peers pay for the same recorder and the benchmark can check that
+every task ran exactly once. ``bench.spin`` is a ``def`` handler (it runs in the
+instance's handler processes) that burns ``payload["ms"]`` milliseconds of pure Python,
+then records the same way.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+import redis
 import redis.asyncio as aioredis
 
 import taskmesh
@@ -19,6 +22,7 @@ from taskmesh.models import TaskContext
 RAN = "taskmesh:bench:ran"
 START = "taskmesh:bench:start"
 _client: aioredis.Redis | None = None
+_sync_client: redis.Redis | None = None
 
 
 @taskmesh.task("bench.noop")
@@ -31,3 +35,20 @@ async def noop(payload: object, ctx: TaskContext) -> None:
     pipe.hincrby(RAN, str(ctx.task_id), 1)
     pipe.hsetnx(START, str(ctx.task_id), repr(time.time()))
     await pipe.execute()
+
+
+@taskmesh.task("bench.spin")
+def spin(payload: dict[str, float], ctx: TaskContext) -> None:
+    """Burn ``payload["ms"]`` milliseconds of CPU in pure Python, then record like ``bench.noop``."""
+    global _sync_client
+    started = time.time()
+    until = time.process_time() + payload["ms"] / 1000
+    n = 0
+    while time.process_time() < until:
+        n += 1
+    if _sync_client is None:
+        _sync_client = redis.Redis.from_url(os.environ["TASKMESH_BENCH_RECORDER_URL"])
+    pipe = _sync_client.pipeline(transaction=False)
+    pipe.hincrby(RAN, str(ctx.task_id), 1)
+    pipe.hsetnx(START, str(ctx.task_id), repr(started))
+    pipe.execute()
