@@ -313,7 +313,7 @@ async def assert_nothing_written(pool: asyncpg.Pool, redis_client: aioredis.Redi
     depths = (
         await redis_client.zcard(keys.ready("default")),
         await redis_client.zcard(keys.delayed("default")),
-        await redis_client.llen(keys.dlq("default")),
+        await redis_client.zcard(keys.dlq("default")),
     )
     assert depths == (0, 0, 0), f"{case}: Redis queue 'default' (ready, delayed, dlq) = {depths}"
 

@@ -88,7 +88,7 @@ async def test_a_dry_run_counts_then_a_replay_by_filter_acts_on_each_task_once_w
     assert done["filter"] == {"status": ["failed"], "name": "bulk.flaky"}
     assert sorted(attempts) == sorted(str(n) for n in range(600))
     assert all(a == [1, 2] for a in attempts.values()), "a task was replayed twice or not at all"
-    assert await redis_client.lrange(keys.dlq("default"), 0, -1) == []
+    assert await redis_client.zrange(keys.dlq("default"), 0, -1) == []
 
 
 async def test_an_operation_whose_instance_is_gone_is_taken_over_and_finished_from_its_cursor(

@@ -75,7 +75,7 @@ async def test_a_task_that_kills_its_worker_every_time_ends_in_the_dlq(
             procs.append(start(spawn, database_url, redis_url, prefix))
         time.sleep(0.1)
     assert await runs(pool, tid) == [(1, "retrying", "lease expired"), (2, "failed", "lease expired")]
-    assert await redis_client.lrange(keys.dlq("default"), 0, -1) == [tid]
+    assert await redis_client.zrange(keys.dlq("default"), 0, -1) == [tid]
     print(f"\npoison task: failed after 2 attempts, {len(procs)} instances started, {len(procs) - 1} killed by it")
 
 

@@ -121,7 +121,7 @@ async def test_exhausted_retries_dead_letter_the_task_and_replay_starts_a_fresh_
         tid = await enqueue(inst, name="doomed", priority=3, max_retries=1)
         failed = await settled(inst, tid, "failed")
         assert failed["latest_run"]["status"] == "failed" and failed["latest_run"]["attempt"] == 2
-        assert await redis_client.lrange(keys.dlq("default"), 0, -1) == [tid]
+        assert await redis_client.zrange(keys.dlq("default"), 0, -1) == [tid]
         dlq = (await client.get("/api/v1/queues/default/dlq?count=10")).json()
         assert [t["id"] for t in dlq["tasks"]] == [tid] and dlq["count"] == 1
 
@@ -135,7 +135,7 @@ async def test_exhausted_retries_dead_letter_the_task_and_replay_starts_a_fresh_
         assert r.json()["replayed"] == [tid]
         done = await settled(inst, tid, "completed")
         assert done["task"]["priority"] == 4 and done["task"]["retries"] == 0
-        assert await redis_client.llen(keys.dlq("default")) == 0
+        assert await redis_client.zcard(keys.dlq("default")) == 0
         empty = (await client.get("/api/v1/queues/default/dlq")).json()
         assert empty["tasks"] == []
     assert calls == [1, 2, 3, 4, 5]

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from taskmesh.metrics import Metrics
 from taskmesh.models import Outcome, RunResult
 from taskmesh.services import heartbeat, reclaimer
-from taskmesh.store.keys import Keys
+from taskmesh.store.keys import DLQ_MIRROR_MAX, Keys
 from taskmesh.tasks import Tasks
 from taskmesh.validation import parse_task_spec
 
@@ -76,7 +76,7 @@ async def test_a_run_that_keeps_killing_its_worker_ends_in_the_dlq(
     await expire(pool, task.task_id)
     assert await reclaimer.run_once(tasks, lease_seconds=1) == {"failed": 1}
     assert await pool.fetchval("SELECT status FROM tasks WHERE id = $1", task.task_id) == "failed"
-    assert await redis_client.lrange(keys.dlq("default"), 0, -1) == [str(task.task_id)]
+    assert await redis_client.zrange(keys.dlq("default"), 0, -1) == [str(task.task_id)]
 
 
 async def test_a_live_worker_keeps_the_runs_it_holds_and_loses_those_it_does_not(
@@ -175,7 +175,23 @@ async def test_the_reconciler_rewrites_a_dlq_mirror_that_drifted_from_postgres(
         str(r["id"]) for r in await pool.fetch("SELECT id FROM tasks WHERE status = 'failed' ORDER BY updated_at, id")
     ]
     await redis_client.delete(keys.dlq("default"))
-    await redis_client.rpush(keys.dlq("default"), "not-a-failed-task", expected[0])
+    await redis_client.zadd(keys.dlq("default"), {"not-a-failed-task": 1, expected[0]: 2})
+    await redis_client.rpush(keys.legacy_dlq("default"), *expected)  # the list of versions before 0.3
     assert await reconciler.repair_dlq(tasks, "default") is True
-    assert await redis_client.lrange(keys.dlq("default"), 0, -1) == expected
+    assert await redis_client.zrange(keys.dlq("default"), 0, -1) == expected
+    assert await redis_client.exists(keys.legacy_dlq("default")) == 0
     assert await reconciler.repair_dlq(tasks, "default") is False
+
+
+async def test_the_dlq_mirror_keeps_the_oldest_ten_thousand_at_a_cost_independent_of_its_size(
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    old = [f"old-{i:05d}" for i in range(DLQ_MIRROR_MAX)]
+    await tasks.redis.dead_letter("default", old)
+    await anyio.sleep(0.01)  # a later millisecond: newer than every one before
+    await tasks.redis.dead_letter("default", ["newer-1", "newer-2"])
+    assert await redis_client.zcard(keys.dlq("default")) == DLQ_MIRROR_MAX
+    assert await redis_client.zscore(keys.dlq("default"), "newer-1") is None
+    await tasks.redis.replay("default", [("old-00000", 0), ("old-00001", 0)])
+    await tasks.redis.forget("default", "old-00002")
+    assert await redis_client.zcard(keys.dlq("default")) == DLQ_MIRROR_MAX - 3

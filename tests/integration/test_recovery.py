@@ -228,20 +228,20 @@ async def test_foreign_members_of_a_dlq_list_are_set_aside_and_the_instance_keep
     async with raw_redis(redis_url) as r:
 
         async def mirrored() -> bool:
-            return await r.lrange(keys.dlq("default"), 0, -1) == [failed.encode()]
+            return await r.zrange(keys.dlq("default"), 0, -1) == [failed.encode()]
 
         await wait_for(mirrored, timeout=10)
-        await r.rpush(keys.dlq("default"), *FOREIGN)
+        await r.zadd(keys.dlq("default"), dict.fromkeys(FOREIGN, 1))
 
         async def repaired() -> bool:
             assert proc.alive(), fate(proc)
-            return await r.lrange(keys.dlq("default"), 0, -1) == [failed.encode()]
+            return await r.zrange(keys.dlq("default"), 0, -1) == [failed.encode()]
 
         await wait_for(repaired, timeout=5)  # the next sweep, 1 s apart
         await keeps_serving(proc, 3)  # three more sweeps
         await completes_a_task(proc)
         assert sorted(await r.lrange(foreign_key(prefix, "default"), 0, -1)) == sorted(FOREIGN)
-        assert await r.lrange(keys.dlq("default"), 0, -1) == [failed.encode()]
+        assert await r.zrange(keys.dlq("default"), 0, -1) == [failed.encode()]
     said = [e for e in proc.events() if e["event"] == "redis_foreign_member"]
     assert [(e["key"], e["kept_in"]) for e in said] == [(keys.dlq("default"), foreign_key(prefix, "default"))]
 
@@ -268,7 +268,7 @@ async def test_an_instance_repairs_its_queue_while_another_instance_sweeps_a_dif
             failed = r.json()["task_id"]
 
             async def mirrored() -> bool:
-                return bool(await redis_client.lrange(keys.dlq("b"), 0, -1) == [failed])
+                return bool(await redis_client.zrange(keys.dlq("b"), 0, -1) == [failed])
 
             await wait_for(mirrored, timeout=5)
             await redis_client.delete(keys.dlq("b"))

@@ -84,13 +84,13 @@ async def test_a_failed_task_retried_with_a_new_priority_leaves_the_dlq_and_comp
             "priority": 7,
             "previous_status": "failed",
         }
-        assert await redis_client.lrange(keys.dlq("default"), 0, -1) == []  # at once, not at the next sweep
+        assert await redis_client.zrange(keys.dlq("default"), 0, -1) == []  # at once, not at the next sweep
         done = await wait_for(lambda: reached(client, task_id, "completed"))
         assert (done["task"]["priority"], done["task"]["retries"], done["task"]["attempts"]) == (7, 0, 2)
         assert (done["latest_run"]["attempt"], done["latest_run"]["result"]) == (2, 2)
         runs = (await client.get(f"{TASKS}/{task_id}/runs")).json()["runs"]
         assert [(run["attempt"], run["status"]) for run in runs] == [(1, "failed"), (2, "succeeded")]
-    assert await redis_client.lrange(keys.dlq("default"), 0, -1) == []
+    assert await redis_client.zrange(keys.dlq("default"), 0, -1) == []
     assert calls["flaky"] == 2
 
 
@@ -164,14 +164,14 @@ async def test_deleting_finished_tasks_removes_them_their_runs_and_their_dlq_ent
             r = await client.delete(f"{TASKS}/{task_id}", params=WHY)
             assert (r.status_code, r.content) == (204, b""), r.text
             assert (await client.get(f"{TASKS}/{task_id}")).status_code == 404
-        assert await redis_client.lrange(keys.dlq("default"), 0, -1) == []  # at once, not at the next sweep
+        assert await redis_client.zrange(keys.dlq("default"), 0, -1) == []  # at once, not at the next sweep
         again = await client.delete(f"{TASKS}/{completed}", params=WHY)
         assert_problem(
             again, no_errors("delete twice", "DELETE", "", 404, "Task not found", f"no task has id {completed}")
         )
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 0
     assert await pool.fetchval("SELECT count(*) FROM task_runs") == 0
-    assert await redis_client.lrange(keys.dlq("default"), 0, -1) == []
+    assert await redis_client.zrange(keys.dlq("default"), 0, -1) == []
 
 
 RETRY = f"{TASKS}/{UNKNOWN_ID}/retry"
@@ -223,7 +223,7 @@ async def test_a_bad_retry_or_delete_gets_its_exact_problem(bad: Bad, start_inst
 
 
 async def _in_dlq(redis_client: aioredis.Redis, keys: Keys, task_id: str) -> bool:
-    return task_id in await redis_client.lrange(keys.dlq("default"), 0, -1)
+    return task_id in await redis_client.zrange(keys.dlq("default"), 0, -1)
 
 
 async def test_a_405_names_every_method_of_its_path_in_allow(start_instance: Any) -> None:
@@ -253,7 +253,7 @@ async def test_replay_by_ids_moves_exactly_those_dead_lettered_tasks_and_names_t
         assert r.json() == {"queue": "default", "count": 1, "replayed": [second], "not_replayed": [UNKNOWN_ID]}
         oldest = await client.post("/api/v1/queues/default/dlq/replay")  # no body: the oldest one
         assert oldest.json()["replayed"] == [first], oldest.text
-        assert await redis_client.lrange(keys.dlq("default"), 0, -1) == [third]
+        assert await redis_client.zrange(keys.dlq("default"), 0, -1) == [third]
         done = await wait_for(lambda: reached(client, second, "completed"))
         assert (done["task"]["priority"], done["latest_run"]["attempt"]) == (9, 2)
         assert (await snapshot(client, third))["task"]["status"] == "failed"

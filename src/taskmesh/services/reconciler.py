@@ -43,12 +43,11 @@ import anyio
 from taskmesh.logs import get_logger
 from taskmesh.models import PushTarget
 from taskmesh.services.base import Counts, run_periodic
+from taskmesh.store.keys import DLQ_MIRROR_MAX
 from taskmesh.tasks import Tasks
 
 log = get_logger("taskmesh.reconciler")
 
-DLQ_MIRROR_MAX = 10_000
-"""Most ids kept in one queue's DLQ mirror (listing and replay read PostgreSQL)."""
 PAGE = 1000
 MAX_PAGES = 50
 """Pages one queue's sweep walks per tick (50,000 ids); a longer walk resumes next tick."""
@@ -109,8 +108,8 @@ async def walk(tasks: Tasks, queue: str, cursor: Cursor, *, min_age: float, max_
 
 async def repair_dlq(tasks: Tasks, queue: str) -> bool:
     """Rewrite the queue's DLQ mirror when it differs from PostgreSQL; returns whether it did."""
-    ids = await tasks.pg.tasks.list_failed_ids(queue, DLQ_MIRROR_MAX)
-    return await tasks.redis.rewrite_dlq(queue, [str(i) for i in ids])
+    failed = await tasks.pg.tasks.list_failed_ids(queue, DLQ_MIRROR_MAX)
+    return await tasks.redis.rewrite_dlq(queue, [(str(i), at) for i, at in failed])
 
 
 async def drifted(tasks: Tasks, queue: str, queued: int) -> bool:

@@ -18,6 +18,8 @@ DELAYED_PRIORITY_SLOTS = 1024
 """A delayed score is ``due_ms * 1024 + priority``: the priority travels with the id, so losing
 any other key cannot send a due task to ready at the wrong priority. Exact in a double until
 the year 2248 (``due_ms * 1024 < 2**53``)."""
+DLQ_MIRROR_MAX = 10_000
+"""The DLQ mirror of a queue holds its oldest dead-lettered ids, at most this many (PostgreSQL has them all)."""
 LEGACY_DELAYED_SCORE_MAX = 10**14
 """Delayed scores below this were written by versions before 0.2 (score = due_ms, priority in a
 hash); the mover converts them (``delayed_move.lua``)."""
@@ -58,7 +60,13 @@ class Keys:
         return f"{self.prefix}:{{{queue}}}:priority"
 
     def dlq(self, queue: str) -> str:
-        """List of dead-lettered task ids, newest last (a mirror of PostgreSQL)."""
+        """Sorted set of dead-lettered task ids scored by when they failed (ms since the epoch), a
+        mirror of PostgreSQL's oldest :data:`DLQ_MIRROR_MAX`: adding or removing one id costs
+        O(log n), however many the queue holds."""
+        return f"{self.prefix}:{{{queue}}}:dead"
+
+    def legacy_dlq(self, queue: str) -> str:
+        """The list the DLQ mirror was before 0.3 (each removal scanned it whole); the reconciler deletes it."""
         return f"{self.prefix}:{{{queue}}}:dlq"
 
     def foreign(self, queue: str) -> str:

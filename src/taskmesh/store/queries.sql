@@ -326,8 +326,9 @@ ORDER BY run_at, id
 LIMIT $5;
 
 -- name: task_list_failed_ids
--- The ids the DLQ mirror of queue $1 should hold, oldest first.
-SELECT id FROM tasks WHERE queue = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT $2;
+-- The ids the DLQ mirror of queue $1 should hold, oldest first, with when each failed (ms since the epoch).
+SELECT id, (extract(epoch FROM updated_at) * 1000)::bigint AS failed_at_ms
+FROM tasks WHERE queue = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT $2;
 
 -- name: task_count_queued
 -- Queued tasks per queue (through the partial index): the reconciler's cheap drift check.

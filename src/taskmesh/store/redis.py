@@ -33,6 +33,7 @@ from taskmesh.models import PushTarget
 from taskmesh.store.classify import REDIS_ERRORS, redis_call, redis_error
 from taskmesh.store.finished import FinishedChannel
 from taskmesh.store.keys import (
+    DLQ_MIRROR_MAX,
     DELAYED_PRIORITY_SLOTS,
     EPOCH_MS,
     LEGACY_DELAYED_SCORE_MAX,
@@ -303,14 +304,16 @@ class RedisStore:
         return missing
 
     async def dead_letter(self, queue: str, task_ids: Sequence[str]) -> None:
-        """Mirror dead-lettered tasks into the queue's DLQ list (newest last)."""
+        """Mirror dead-lettered tasks into the queue's DLQ set, scored now; it keeps the oldest
+        :data:`DLQ_MIRROR_MAX`. Two commands however many ids, each O(log n) per id."""
         if not task_ids:
             return
+        now = self.now_ms()
+        key = self.keys.dlq(queue)
         with redis_call("dead_letter"):
             async with self.client.pipeline(transaction=False) as pipe:
-                for tid in task_ids:
-                    pipe.lrem(self.keys.dlq(queue), 0, tid)
-                    pipe.rpush(self.keys.dlq(queue), tid)
+                pipe.zadd(key, dict.fromkeys(task_ids, now), nx=True)
+                pipe.zremrangebyrank(key, DLQ_MIRROR_MAX, -1)
                 await pipe.execute()
 
     async def replay(self, queue: str, items: Sequence[tuple[str, int]]) -> None:
@@ -323,8 +326,8 @@ class RedisStore:
         now = self.now_ms()
         with redis_call("replay"):
             async with self.client.pipeline(transaction=False) as pipe:
+                pipe.zrem(self.keys.dlq(queue), *(tid for tid, _ in items))
                 for tid, priority in items:
-                    pipe.lrem(self.keys.dlq(queue), 0, tid)
                     pipe.zadd(self.keys.ready(queue), {tid: ready_score(priority, now)}, nx=True)
                 await pipe.execute()
 
@@ -342,7 +345,7 @@ class RedisStore:
                     pipe.zrem(self.keys.ready(queue), task_id)
                     pipe.zrem(self.keys.delayed(queue), task_id)
                     pipe.hdel(self.keys.priorities(queue), task_id)
-                    pipe.lrem(self.keys.dlq(queue), 0, task_id)
+                    pipe.zrem(self.keys.dlq(queue), task_id)
                 await pipe.execute()
 
     # -- pops and moves ------------------------------------------------------
@@ -439,18 +442,22 @@ class RedisStore:
 
     # -- the DLQ mirror, health ----------------------------------------------
 
-    async def rewrite_dlq(self, queue: str, task_ids: Sequence[str]) -> bool:
-        """Make the DLQ mirror of ``queue`` hold exactly ``task_ids`` (oldest first).
+    async def rewrite_dlq(self, queue: str, failed: Sequence[tuple[str, int]]) -> bool:
+        """Make the DLQ mirror of ``queue`` hold exactly ``failed`` and delete the pre-0.3 list.
+
+        :param failed: ``(task_id, failed_at_ms)``, oldest first (at most :data:`DLQ_MIRROR_MAX`).
+        :returns: whether it had to change (the members differed, or the old list was there).
 
         Members that are not task ids are set aside first.
-
-        :returns: whether it had to change (the list differed).
         """
-        key = self.keys.dlq(queue)
+        key, legacy = self.keys.dlq(queue), self.keys.legacy_dlq(queue)
         with redis_call("rewrite_dlq"):
-            current = await self.client.lrange(key, 0, -1)
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.zrange(key, 0, -1)
+                pipe.exists(legacy)
+                current, had_legacy = await pipe.execute()
         decoded = [_text(m) for m in current]
-        if decoded == list(task_ids):
+        if not had_legacy and set(decoded) == {tid for tid, _ in failed} and len(decoded) == len(failed):
             return False
         foreign = [
             m if isinstance(m, bytes) else str(m).encode() for m, d in zip(current, decoded, strict=True) if d is None
@@ -459,9 +466,9 @@ class RedisStore:
             await self._set_aside(queue, key, foreign)
         with redis_call("rewrite_dlq"):
             async with self.client.pipeline(transaction=True) as pipe:
-                pipe.delete(key)
-                if task_ids:
-                    pipe.rpush(key, *task_ids)
+                pipe.delete(key, legacy)
+                if failed:
+                    pipe.zadd(key, dict(failed))
                 await pipe.execute()
         return True
 
@@ -501,7 +508,7 @@ class RedisStore:
             async with self.client.pipeline(transaction=False) as pipe:
                 pipe.zcard(self.keys.ready(queue))
                 pipe.zcard(self.keys.delayed(queue))
-                pipe.llen(self.keys.dlq(queue))
+                pipe.zcard(self.keys.dlq(queue))
                 ready, delayed, dlq = await pipe.execute()
         return int(ready), int(delayed), int(dlq)
 

@@ -192,9 +192,9 @@ class TaskQueries(Queries):
         """``task_list_queued_after``: ``id, queue, priority, run_at`` after the cursor, in (run_at, id) order."""
         return await self._fetch("task_list_queued_after", queue, after_run_at, after_id, min_age_seconds, limit)
 
-    async def list_failed_ids(self, queue: str, limit: int) -> list[uuid.UUID]:
-        """``task_list_failed_ids``: ids of the queue's dead-lettered tasks, oldest first."""
-        return [r["id"] for r in await self._fetch("task_list_failed_ids", queue, limit)]
+    async def list_failed_ids(self, queue: str, limit: int) -> list[tuple[uuid.UUID, int]]:
+        """``task_list_failed_ids``: ``(id, failed_at_ms)`` of the queue's dead-lettered tasks, oldest first."""
+        return [(r["id"], r["failed_at_ms"]) for r in await self._fetch("task_list_failed_ids", queue, limit)]
 
     async def count_queued(self, queues: Sequence[str]) -> dict[str, int]:
         """``task_count_queued``: queued tasks per queue (queues without any are absent)."""
