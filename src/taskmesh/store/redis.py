@@ -33,8 +33,8 @@ from taskmesh.models import PushTarget
 from taskmesh.store.classify import REDIS_ERRORS, redis_call, redis_error
 from taskmesh.store.finished import FinishedChannel
 from taskmesh.store.keys import (
-    DLQ_MIRROR_MAX,
     DELAYED_PRIORITY_SLOTS,
+    DLQ_MIRROR_MAX,
     EPOCH_MS,
     LEGACY_DELAYED_SCORE_MAX,
     PRIORITY_STEP,
