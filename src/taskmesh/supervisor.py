@@ -316,9 +316,7 @@ async def _connect_until_stopped(
         outage = Outage("postgres")
         while True:
             try:
-                pg = await PgStore.connect(
-                    database_url, settings.pg_pool_size, pooler=settings.pg_pooler, custom_plans=True
-                )
+                pg = await PgStore.connect(database_url, settings.pg_pool_size, pooler=settings.pg_pooler)
                 break
             except StoreError as exc:
                 if not exc.transient:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from datetime import UTC, datetime
@@ -183,3 +184,93 @@ async def test_retention_deletes_old_finished_tasks_in_batches_and_keeps_live_on
     left = {r["status"]: r["n"] for r in await pool.fetch("SELECT status, count(*) AS n FROM tasks GROUP BY status")}
     assert left == {"failed": HISTORY // 5, "queued": 100, "running": 100}
     assert await pool.fetchval("SELECT count(*) FROM task_runs") == HISTORY // 5 + 200
+
+
+BACKLOG = 20_000
+RUNNING = 1_000
+
+
+async def fill_backlog(pool: asyncpg.Pool) -> None:
+    """A queue with a backlog of 20,000 queued tasks (never claimed: no run rows) and 1,000 running
+    ones, beside a history of 50,000 completed tasks and their runs."""
+    await pool.execute(
+        """INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at, attempts)
+           SELECT gen_random_uuid(), 'job', 'immediate', 'default', 0, 'null', 3, 'completed', now(), 1
+           FROM generate_series(1, 50000)"""
+    )
+    await pool.execute(
+        """INSERT INTO task_runs (id, task_id, attempt, status, finished_at)
+           SELECT taskmesh_run_id(id, 1), id, 1, 'succeeded', now() FROM tasks"""
+    )
+    await pool.execute(
+        f"""INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at, attempts)
+            SELECT gen_random_uuid(), 'job', 'immediate', 'default', 0, 'null', 3,
+                   CASE WHEN g <= {RUNNING} THEN 'running' ELSE 'queued' END, now() - interval '1 s',
+                   CASE WHEN g <= {RUNNING} THEN 1 ELSE 0 END
+            FROM generate_series(1, {BACKLOG + RUNNING}) g"""
+    )
+    await pool.execute(
+        """INSERT INTO task_runs (id, task_id, attempt, status, worker_id, lease_expires_at)
+           SELECT taskmesh_run_id(id, 1), id, 1, 'running', 'w-1', now() + interval '30 s'
+           FROM tasks WHERE status = 'running'"""
+    )
+    # No ANALYZE of the backlog: an instance starts on a bulk enqueue before autovacuum sees it.
+    await pool.execute("ANALYZE task_runs")
+
+
+def rows_read(plan: dict[str, Any]) -> int:
+    """Rows a plan node and its children read: returned plus filtered out, times their loops."""
+    removed = plan.get("Rows Removed by Filter", 0) + plan.get("Rows Removed by Join Filter", 0)
+    own = (plan.get("Actual Rows", 0) + removed) * plan.get("Actual Loops", 1)
+    own += plan.get("Rows Removed by Index Recheck", 0)
+    return int(own) + sum(rows_read(child) for child in plan.get("Plans", []))
+
+
+async def test_the_instance_statements_read_only_their_rows_under_a_generic_plan_beside_a_backlog(
+    pool: asyncpg.Pool,
+) -> None:
+    # An instance's statements run with the generic plan PostgreSQL caches after five runs. Over a
+    # backlog a wrong index (the queue's created_at index, the queued partial index) still "uses
+    # an index" but reads every queued task of the queue: this counts the rows each one reads.
+    await fill_backlog(pool)
+    queued = [r["id"] for r in await pool.fetch("SELECT id FROM tasks WHERE status = 'queued' LIMIT 100")]
+    runs = await pool.fetch("SELECT id, task_id FROM task_runs WHERE status = 'running' LIMIT 100")
+    run_ids, run_tasks = [r["id"] for r in runs], [r["task_id"] for r in runs]
+    n = len(runs)
+    statements = {
+        "task_claim_many": (queued, "default", "w-1", 30.0),
+        "task_list_unclaimed_queued": (queued,),
+        "run_finish_many": (
+            run_ids,
+            run_tasks,
+            ["succeeded"] * n,
+            [None] * n,
+            ["null"] * n,
+            [0.0] * n,
+            [None] * n,
+            "w-1",
+        ),
+        "worker_heartbeat": ("w-1", "h", 1, "{}", "v", "running", 30.0, run_ids, ["job"]),
+        "task_get_with_latest_run": (queued[0],),
+        "run_list_by_task": (queued[0],),
+        "task_cancel_queued": (queued[0],),
+        "bulk_cancel": (queued,),
+        "task_requeue": (queued, ["failed", "cancelled"], None, None, None, None),
+    }
+    sql = queries()
+    read = {}
+    async with pool.acquire() as conn:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        for name, params in statements.items():
+            tx = conn.transaction()
+            await tx.start()  # EXPLAIN ANALYZE runs the statement: rolled back below
+            try:
+                await conn.execute(f"PREPARE growth_{name} AS {sql[name]}")
+                args = ", ".join(literal(p) for p in params)
+                [[plan]] = await conn.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE growth_{name}({args})")
+                read[name] = rows_read(json.loads(plan)[0]["Plan"])
+            finally:
+                await tx.rollback()
+        await conn.execute("RESET plan_cache_mode")
+    # Bounded by the instance's own running runs (1,000 here) at most, never by the backlog.
+    assert {name: rows for name, rows in read.items() if rows >= BACKLOG // 4} == {}, read

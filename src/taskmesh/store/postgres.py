@@ -91,15 +91,12 @@ class PgStore:
         self.sessions = SessionQueries(ex)
 
     @classmethod
-    async def connect(
-        cls, database_url: str, size: int = 10, *, pooler: str = "none", custom_plans: bool = False
-    ) -> PgStore:
+    async def connect(cls, database_url: str, size: int = 10, *, pooler: str = "none") -> PgStore:
         """Open a pool of at most ``size`` connections (at least 2 are kept open).
 
         :param pooler: ``transaction`` when ``database_url`` is a pooler in transaction mode
             (PgBouncer): asyncpg keeps no named prepared statements, which another client's
             transaction would meet on the same server connection (``statement_cache_size=0``).
-        :param custom_plans: see :func:`connect_options` (an instance's own pool sets it).
 
         taskmesh keeps no session state on pooled connections (as PgBouncer in
         transaction mode requires, design.md section 7), so a released connection
@@ -119,7 +116,7 @@ class PgStore:
                 command_timeout=60,
                 timeout=5,
                 reset=_keep_session,
-                **connect_options(pooler, custom_plans=custom_plans),
+                **connect_options(pooler),
             )
         except POSTGRES_ERRORS as exc:
             raise postgres_error("connect", exc) from exc
@@ -234,19 +231,16 @@ class PgStore:
             raise postgres_error("migrate", exc) from exc
 
 
-def connect_options(pooler: str, *, custom_plans: bool = False) -> dict[str, Any]:
+def connect_options(pooler: str) -> dict[str, Any]:
     """asyncpg's connection options for ``pooler`` (``none`` or ``transaction``; see :meth:`PgStore.connect`).
 
-    :param custom_plans: plan every run of a prepared statement for its values. Straight to
-        PostgreSQL, statements are prepared once per connection, and PostgreSQL switches one to a
-        generic plan after its fifth run; for an instance's claim and result statements that
-        plan is far slower (a drain of 20,000 tasks ran at about a third of the speed). A
-        client's bulk enqueue, whose planning is the larger part, keeps the default. Behind a
-        transaction pooler statements are unnamed and planned each time anyway.
+    Straight to PostgreSQL, each statement is prepared once per connection and, after its fifth
+    run, PostgreSQL may cache a generic plan for it: the hot statements are written so that plan
+    looks rows up by primary key, never by an index of the whole backlog (the growth test reads
+    the rows each one touches beside a backlog). Behind a transaction pooler statements are
+    unnamed and planned each time.
     """
-    if pooler == "transaction":
-        return {"statement_cache_size": 0}
-    return {"server_settings": {"plan_cache_mode": "force_custom_plan"}} if custom_plans else {}
+    return {"statement_cache_size": 0} if pooler == "transaction" else {}
 
 
 async def migrate(conn: Any) -> list[int]:

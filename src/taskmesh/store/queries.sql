@@ -93,13 +93,15 @@ ORDER BY attempt;
 -- id pushed early) or in a paused queue (issue 11) is simply not returned.
 -- The claimed attempt's run row is created (its id the pending run's: taskmesh_run_id), or
 -- the queued row of a requeue (or of an enqueue before migration 0017) taken over.
--- `status || ''` keeps the planner off the partial index of queued tasks: with a
--- cached generic plan it would otherwise scan every queued task of the queue
--- (a backlog) instead of looking the popped ids up by primary key.
+-- `status || ''` and `queue || ''` keep the planner off the partial index of queued tasks
+-- and the (queue, created_at, id) index: with a cached generic plan it would otherwise scan
+-- every queued task of the queue (a backlog) instead of looking the popped ids up by primary
+-- key. Every run's id is taskmesh_run_id(task, attempt), a queued row's taken over too, so
+-- the claimed batch is returned without joining the inserted runs back.
 WITH claimed AS (
     UPDATE tasks
     SET status = 'running', attempts = attempts + 1, updated_at = now()
-    WHERE id = ANY($1::uuid[]) AND queue = $2 AND status || '' = 'queued' AND run_at <= now()
+    WHERE id = ANY($1::uuid[]) AND queue || '' = $2 AND status || '' = 'queued' AND run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM queues p WHERE p.name = $2 AND p.paused_at IS NOT NULL)
     RETURNING id, name, queue, priority, payload::text AS payload, attempts, retries,
               max_retries, idempotency_key, trace_id, tenant_id, run_at
@@ -108,19 +110,18 @@ WITH claimed AS (
     SELECT taskmesh_run_id(id, attempts), id, attempts, 'running', $3, now(), now(), now() + make_interval(secs => $4)
     FROM claimed
     ON CONFLICT (task_id, attempt) DO UPDATE
-    SET status = 'running', worker_id = EXCLUDED.worker_id, claimed_at = EXCLUDED.claimed_at,
+    SET id = EXCLUDED.id, status = 'running', worker_id = EXCLUDED.worker_id, claimed_at = EXCLUDED.claimed_at,
         started_at = EXCLUDED.started_at, lease_expires_at = EXCLUDED.lease_expires_at,
         error = NULL, result = NULL, traceback = NULL, finished_at = NULL, next_retry_at = NULL,
         updated_at = now()
-    RETURNING id, task_id
 )
-SELECT c.*, runs.id AS run_id FROM claimed c JOIN runs ON runs.task_id = c.id;
+SELECT c.*, taskmesh_run_id(c.id, c.attempts) AS run_id FROM claimed c;
 
 -- name: task_list_unclaimed_queued
 -- Of ids whose claim failed, the ones still queued: not due yet (a stray or early id; `delayed`)
 -- or due in a paused queue. Claimed elsewhere, cancelled or finished ones are not returned.
 SELECT id, queue, priority, run_at, run_at > now() AS delayed FROM tasks
-WHERE id = ANY($1::uuid[]) AND status = 'queued';
+WHERE id = ANY($1::uuid[]) AND status || '' = 'queued';  -- by primary key, not the queued backlog's index
 
 -- name: run_finish_many
 -- Write a batch of run results and their tasks' next state in one statement.
@@ -150,18 +151,19 @@ WITH r AS (
         updated_at = now()
     FROM r JOIN tasks t ON t.id = r.task_id
     WHERE tr.id = r.run_id AND tr.status = 'running' AND tr.worker_id = $8
-    RETURNING tr.id, tr.next_retry_at
+    -- the outcome comes back with each written run: the tasks' update below joins nothing else
+    RETURNING tr.task_id, tr.next_retry_at, r.outcome
 )
 UPDATE tasks t
-SET status = CASE WHEN r.outcome = 'succeeded' THEN 'completed'
-                  WHEN r.outcome = 'cancelled' OR t.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                  WHEN r.outcome = 'failed' THEN 'failed'
+SET status = CASE WHEN runs.outcome = 'succeeded' THEN 'completed'
+                  WHEN runs.outcome = 'cancelled' OR t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN runs.outcome = 'failed' THEN 'failed'
                   ELSE 'queued' END,
-    retries = t.retries + CASE WHEN r.outcome = 'retry' AND t.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
+    retries = t.retries + CASE WHEN runs.outcome = 'retry' AND t.cancel_requested_at IS NULL THEN 1 ELSE 0 END,
     run_at = COALESCE(runs.next_retry_at, t.run_at),
     updated_at = now()
-FROM r JOIN runs ON runs.id = r.run_id
-WHERE t.id = r.task_id AND t.status = 'running'
+FROM runs
+WHERE t.id = runs.task_id AND t.status = 'running'
 RETURNING t.id, t.queue, t.priority, t.status, t.run_at;
 
 -- name: run_reclaim_expired
@@ -246,7 +248,7 @@ WITH t AS (
     RETURNING id, attempts
 ), queued AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
-    WHERE task_id IN (SELECT id FROM t) AND status = 'queued'
+    WHERE task_id = ANY(ARRAY(SELECT id FROM t)) AND status = 'queued'  -- by (task_id, attempt), not a scan
 )
 INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at)
 SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now() FROM t WHERE attempts = 0
@@ -308,8 +310,8 @@ WITH upd AS (
       AND ($6::text IS NULL OR t.tenant_id = $6)
     RETURNING t.id, t.queue, t.priority, t.attempts
 ), runs AS (
-    INSERT INTO task_runs (task_id, attempt, status)
-    SELECT id, attempts + 1, 'queued' FROM upd
+    INSERT INTO task_runs (id, task_id, attempt, status)
+    SELECT taskmesh_run_id(id, attempts + 1), id, attempts + 1, 'queued' FROM upd
     ON CONFLICT (task_id, attempt) DO NOTHING
 )
 SELECT id, queue, priority FROM upd;
@@ -702,18 +704,18 @@ FROM unnest($1::text[]) AS q(queue);
 -- cancel request (their worker stops them). `cancelled`: whether the task ended now.
 WITH queued AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
-    WHERE id = ANY($1::uuid[]) AND status = 'queued'
+    WHERE id = ANY($1::uuid[]) AND status || '' = 'queued'  -- by primary key, not the backlog's index
     RETURNING id, queue, attempts
 ), runs AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
-    WHERE task_id IN (SELECT id FROM queued) AND status = 'queued'
+    WHERE task_id = ANY(ARRAY(SELECT id FROM queued)) AND status = 'queued'  -- by (task_id, attempt)
 ), pending AS (
     INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at)
     SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now() FROM queued WHERE attempts = 0
     ON CONFLICT (task_id, attempt) DO NOTHING
 ), running AS (
     UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
-    WHERE id = ANY($1::uuid[]) AND status = 'running'
+    WHERE id = ANY($1::uuid[]) AND status || '' = 'running'
     RETURNING id, queue
 )
 SELECT id, queue, true AS cancelled FROM queued
