@@ -72,13 +72,28 @@ def go(driver: Any, element: Any) -> None:
     """Click ``element`` (a link or a form's button) and wait until the next page has replaced this one:
     a click returns before the browser has loaded what it leads to."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, 15).until(ec.staleness_of(old))
+    WebDriverWait(driver, 15).until(lambda _: _is_stale(old))
     WebDriverWait(driver, 15).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def _is_stale(element: Any) -> bool:
+    """Whether ``element`` left the document: Chromium sometimes says so with an inspector error
+    ("Node with given id does not belong to the document") instead of a stale element reference."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as exc:
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
+    return False
 
 
 async def in_browser(steps: Callable[[], T]) -> T:
