@@ -60,6 +60,7 @@ async def run_once(
         metrics.queue_depth.labels(queue, "ready").set(ready)
         metrics.queue_depth.labels(queue, "delayed").set(delayed)
     running = await stores.pg.tasks.sample_running_by_queue(queues)
+    await stores.pg.tasks.compact_dead_letter_counts()  # keeps the deltas each read adds up few
     failed = await stores.pg.tasks.sample_failed_by_queue(queues)
     ages = {queue: await stores.pg.tasks.sample_oldest_ready_age(queue) for queue in queues}
     workers = await stores.pg.workers.sample_by_state()

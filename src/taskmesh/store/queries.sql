@@ -382,7 +382,28 @@ SELECT t.queue, count(*) AS n
  GROUP BY t.queue;
 
 -- name: task_sample_failed_by_queue
-SELECT queue, count(*) AS n FROM tasks WHERE status = 'failed' AND queue = ANY($1::text[]) GROUP BY queue;
+-- Dead-lettered tasks per queue: the folded count plus the deltas not folded yet (migration 0018).
+SELECT queue, sum(n)::bigint AS n FROM (
+    SELECT queue, n FROM dead_letter_counts WHERE queue = ANY($1::text[])
+    UNION ALL
+    SELECT queue, delta FROM dead_letter_deltas WHERE queue = ANY($1::text[])
+) counted
+GROUP BY queue;
+
+-- name: dead_letter_count_compact
+-- Fold up to $1 of the oldest deltas into dead_letter_counts; returns how many it folded. Deltas
+-- another compaction holds are skipped; counts rows are locked in queue order (no deadlock).
+WITH moved AS (
+    DELETE FROM dead_letter_deltas WHERE id = ANY(ARRAY(
+        SELECT id FROM dead_letter_deltas ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING queue, delta
+), folded AS (
+    INSERT INTO dead_letter_counts AS c (queue, n)
+    SELECT queue, sum(delta) FROM moved GROUP BY queue ORDER BY queue
+    ON CONFLICT (queue) DO UPDATE SET n = c.n + EXCLUDED.n
+)
+SELECT count(*)::int FROM moved;
 
 -- name: task_sample_oldest_ready_age
 -- Seconds since the oldest queued task of a queue became runnable; 0 when none is due.
@@ -680,13 +701,16 @@ ORDER BY queue LIMIT 1000;
 
 -- name: queue_depths
 -- Per queue of $1: tasks waiting out a retry backoff (retrying, through tasks_retrying_idx), running
--- runs, dead-lettered tasks, and seconds since the oldest due queued task became runnable.
+-- runs, dead-lettered tasks (counted by migration 0018's triggers), and seconds since the oldest
+-- due queued task became runnable.
 SELECT q.queue,
        (SELECT count(*) FROM tasks t WHERE t.status = 'queued' AND t.retries > 0 AND t.queue = q.queue)::bigint
            AS retrying,
        (SELECT count(*) FROM task_runs r JOIN tasks t ON t.id = r.task_id
          WHERE r.status = 'running' AND t.queue = q.queue)::bigint AS running,
-       (SELECT count(*) FROM tasks t WHERE t.status = 'failed' AND t.queue = q.queue)::bigint AS dead_letter,
+       ((SELECT COALESCE(sum(c.n), 0) FROM dead_letter_counts c WHERE c.queue = q.queue)
+        + (SELECT COALESCE(sum(d.delta), 0) FROM dead_letter_deltas d WHERE d.queue = q.queue))::bigint
+           AS dead_letter,
        COALESCE(GREATEST(0, extract(epoch FROM now() - (
            SELECT CASE WHEN isfinite(t.run_at) THEN t.run_at WHEN t.run_at < now() THEN t.created_at ELSE now() END
              FROM tasks t WHERE t.status = 'queued' AND t.queue = q.queue ORDER BY t.run_at LIMIT 1))), 0)::float8

@@ -16,6 +16,9 @@ import asyncpg
 from taskmesh.states import FINISHED_TASK_STATUSES
 from taskmesh.store.sql import Queries
 
+DEAD_LETTER_DELTAS_FOLDED = 10_000
+"""Most dead-letter count deltas one compaction folds (the sampler runs one before each read)."""
+
 
 class TaskQueries(Queries):
     """Queries on ``tasks`` and ``task_runs``."""
@@ -220,8 +223,12 @@ class TaskQueries(Queries):
         return {r["queue"]: r["n"] for r in await self._fetch("task_sample_running_by_queue", list(queues))}
 
     async def sample_failed_by_queue(self, queues: Sequence[str]) -> dict[str, int]:
-        """``task_sample_failed_by_queue``."""
+        """``task_sample_failed_by_queue``: dead-lettered tasks per queue (absent: none), read from the counts."""
         return {r["queue"]: r["n"] for r in await self._fetch("task_sample_failed_by_queue", list(queues))}
+
+    async def compact_dead_letter_counts(self, most: int = DEAD_LETTER_DELTAS_FOLDED) -> int:
+        """``dead_letter_count_compact``: fold up to ``most`` deltas into the per-queue counts; returns how many."""
+        return int(await self._fetchval("dead_letter_count_compact", most))
 
     async def count_queued_unserved(self, served: Sequence[str], limit: int) -> list[asyncpg.Record]:
         """``task_count_queued_unserved``: ``queue, queued, ready`` of queues not in ``served`` (at most ``limit``)."""
