@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint clean deploy-tools bench fuzz chaos
+.PHONY: install run test lint clean deploy-tools bench growth fuzz chaos
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "taskmesh needs Python 3.11 or newer on PATH"; exit 1; }
@@ -88,6 +88,10 @@ lint: install
 # The benchmark is not part of the package: it runs from the repository root, where `benchmarks` imports.
 bench: install
 	$(BIN)/python -m benchmarks.bench $(ARGS)
+
+# What a long history costs the hot paths: `make growth ARGS="--rows 10000000"` (benchmarks/growth.py).
+growth: install
+	$(BIN)/python -m benchmarks.growth $(ARGS)
 
 # The long forms of the bounded runs `make test` holds short: the OpenAPI fuzzing with five
 # times the cases, and the chaos ledger with 3,000 tasks (about 10 minutes together).
