@@ -83,3 +83,14 @@ async def test_concurrent_dead_lettering_and_compactions_lose_no_count(pool: asy
         pass
     folded = await pool.fetch("SELECT queue, n FROM dead_letter_counts ORDER BY queue")
     assert [(r["queue"], r["n"]) for r in folded] == [("a", 600), ("b", 600)]
+
+
+async def test_a_compaction_folds_batches_until_none_is_left_or_its_rounds_are_spent(
+    pool: asyncpg.Pool, tasks: Tasks
+) -> None:
+    await insert(pool, "a", "failed", 250)
+    assert await tasks.pg.tasks.compact_dead_letter_counts(most=100, rounds=2) == 200
+    assert await pool.fetchval("SELECT count(*) FROM dead_letter_deltas") == 50
+    assert nonzero(await tasks.pg.tasks.sample_failed_by_queue(QUEUES)) == {"a": 250}
+    assert await tasks.pg.tasks.compact_dead_letter_counts(most=100, rounds=5) == 50
+    assert nonzero(await tasks.pg.tasks.sample_failed_by_queue(QUEUES)) == {"a": 250}

@@ -35,6 +35,7 @@ from taskmesh.services.base import Counts, run_periodic
 from taskmesh.services.run_tally import RunTally
 from taskmesh.states import WorkerState
 from taskmesh.store import Stores
+from taskmesh.store.task_queries import DEAD_LETTER_FOLD_ROUNDS
 
 QUEUES_READ = 10_000
 """Most served queues one sample reads, and most unserved queues whose tasks it counts (each an index probe)."""
@@ -60,7 +61,8 @@ async def run_once(
         metrics.queue_depth.labels(queue, "ready").set(ready)
         metrics.queue_depth.labels(queue, "delayed").set(delayed)
     running = await stores.pg.tasks.sample_running_by_queue(queues)
-    await stores.pg.tasks.compact_dead_letter_counts()  # keeps the deltas each read adds up few
+    # keeps the deltas each read adds up few, however many tasks failed since the last tick
+    await stores.pg.tasks.compact_dead_letter_counts(rounds=DEAD_LETTER_FOLD_ROUNDS)
     failed = await stores.pg.tasks.sample_failed_by_queue(queues)
     ages = {queue: await stores.pg.tasks.sample_oldest_ready_age(queue) for queue in queues}
     workers = await stores.pg.workers.sample_by_state()

@@ -17,7 +17,9 @@ from taskmesh.states import FINISHED_TASK_STATUSES
 from taskmesh.store.sql import Queries
 
 DEAD_LETTER_DELTAS_FOLDED = 10_000
-"""Most dead-letter count deltas one compaction folds (the sampler runs one before each read)."""
+"""Most dead-letter count deltas one compaction statement folds."""
+DEAD_LETTER_FOLD_ROUNDS = 10
+"""Most compaction statements the sampler runs before each read (100,000 deltas a tick)."""
 
 
 class TaskQueries(Queries):
@@ -226,9 +228,20 @@ class TaskQueries(Queries):
         """``task_sample_failed_by_queue``: dead-lettered tasks per queue (absent: none), read from the counts."""
         return {r["queue"]: r["n"] for r in await self._fetch("task_sample_failed_by_queue", list(queues))}
 
-    async def compact_dead_letter_counts(self, most: int = DEAD_LETTER_DELTAS_FOLDED) -> int:
-        """``dead_letter_count_compact``: fold up to ``most`` deltas into the per-queue counts; returns how many."""
-        return int(await self._fetchval("dead_letter_count_compact", most))
+    async def compact_dead_letter_counts(self, most: int = DEAD_LETTER_DELTAS_FOLDED, rounds: int = 1) -> int:
+        """``dead_letter_count_compact``: fold deltas into the per-queue counts, ``most`` per statement
+        (a transaction of its own), until fewer are left or ``rounds`` statements ran; returns how many.
+
+        A read adds every delta not folded yet, so after a mass failure (a million tasks
+        dead-lettered at once) the sampler folds several batches a tick.
+        """
+        folded = 0
+        for _ in range(rounds):
+            n = int(await self._fetchval("dead_letter_count_compact", most))
+            folded += n
+            if n < most:
+                break
+        return folded
 
     async def count_queued_unserved(self, served: Sequence[str], limit: int) -> list[asyncpg.Record]:
         """``task_count_queued_unserved``: ``queue, queued, ready`` of queues not in ``served`` (at most ``limit``)."""
