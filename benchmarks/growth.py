@@ -9,8 +9,9 @@ handler module ``benchmarks.bench_handler``, Redis of ``REDIS_URL``), it measure
 
 1. ``POST /api/v1/tasks`` at a steady 200 requests/s, 1,000 of them: p50 / p95 / p99 ms;
 2. the sampler's dead-letter count of the four queues (``task_sample_failed_by_queue``, once the
-   fill's deltas are folded, 10,000 a statement as the sampler does), and what counting the
-   failed rows themselves takes (the query it replaced), ms;
+   fill's deltas are folded, 10,000 a statement as the sampler does, and their table vacuumed;
+   also before that vacuum), and what counting the failed rows themselves takes (the query it
+   replaced), ms;
 3. one retention batch of 1,000 dead-lettered tasks (``task_delete_failed``, rolled back), ms;
 4. dead-lettering 1,000 ids into a queue's DLQ mirror that already holds 10,000, ms;
 5. the instance's RSS.
@@ -101,7 +102,10 @@ async def statements(url: str) -> dict[str, float]:
         while await conn.fetchval(sql["dead_letter_count_compact"], 10_000):  # as the sampler folds them
             pass
         folded = time.perf_counter() - t0
+        before_vacuum = await timed(conn, sql["task_sample_failed_by_queue"], QUEUES)
+        await conn.execute("VACUUM dead_letter_deltas")  # what autovacuum does soon after (migration 0018)
         return {
+            "dead_letter_count_unvacuumed_ms": before_vacuum,
             "dead_letter_count_ms": await timed(conn, sql["task_sample_failed_by_queue"], QUEUES),
             "counting_failed_rows_ms": await timed(conn, OLD_COUNT, QUEUES),
             "retention_batch_ms": await timed(conn, sql["task_delete_failed"], 90 * 86400.0, 1000),
@@ -178,7 +182,8 @@ async def run(args: argparse.Namespace) -> None:
     print(
         f"  dead-letter count       {figures['dead_letter_count_ms']:.2f} ms for 4 queues "
         f"(counting the failed rows: {figures['counting_failed_rows_ms']:.1f} ms; "
-        f"folding the fill's deltas took {figures['folding_seconds']:.1f} s)"
+        f"folding the fill's deltas took {figures['folding_seconds']:.1f} s, and a count before the "
+        f"folded deltas were vacuumed {figures['dead_letter_count_unvacuumed_ms']:.2f} ms)"
     )
     print(f"  retention batch         {figures['retention_batch_ms']:.1f} ms for 1,000 dead-lettered tasks")
     print(f"  DLQ mirror              {mirror / 1000:.3f} ms per dead-lettered id (mirror full: {DLQ_MIRROR_MAX:,})")

@@ -176,7 +176,7 @@ async def test_the_reconciler_rewrites_a_dlq_mirror_that_drifted_from_postgres(
     ]
     await redis_client.delete(keys.dlq("default"))
     await redis_client.zadd(keys.dlq("default"), {"not-a-failed-task": 1, expected[0]: 2})
-    await redis_client.rpush(keys.legacy_dlq("default"), *expected)  # the list of versions before 0.3
+    await redis_client.rpush(keys.legacy_dlq("default"), *expected)  # the list of earlier versions
     assert await reconciler.repair_dlq(tasks, "default") is True
     assert await redis_client.zrange(keys.dlq("default"), 0, -1) == expected
     assert await redis_client.exists(keys.legacy_dlq("default")) == 0

@@ -443,7 +443,7 @@ class RedisStore:
     # -- the DLQ mirror, health ----------------------------------------------
 
     async def rewrite_dlq(self, queue: str, failed: Sequence[tuple[str, int]]) -> bool:
-        """Make the DLQ mirror of ``queue`` hold exactly ``failed`` and delete the pre-0.3 list.
+        """Make the DLQ mirror of ``queue`` hold exactly ``failed`` and delete the list of earlier versions.
 
         :param failed: ``(task_id, failed_at_ms)``, oldest first (at most :data:`DLQ_MIRROR_MAX`).
         :returns: whether it had to change (the members differed, or the old list was there).

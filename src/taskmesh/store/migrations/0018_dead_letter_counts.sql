@@ -16,6 +16,9 @@ CREATE TABLE dead_letter_deltas (
     queue text NOT NULL,
     delta integer NOT NULL
 );
+-- Every delta is deleted once folded: vacuum it after every 10,000 dead rows, whatever its size,
+-- so a read after a mass failure does not scan the pages of millions of folded deltas for long.
+ALTER TABLE dead_letter_deltas SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000);
 
 CREATE FUNCTION taskmesh_dead_letter_delta() RETURNS trigger
 LANGUAGE plpgsql AS $$
