@@ -66,7 +66,7 @@ class Keys:
         return f"{self.prefix}:{{{queue}}}:dead"
 
     def legacy_dlq(self, queue: str) -> str:
-        """The list the DLQ mirror was in earlier versions (each removal scanned it whole); the reconciler deletes it."""
+        """The list the DLQ mirror was in earlier versions (each removal scanned it); the reconciler deletes it."""
         return f"{self.prefix}:{{{queue}}}:dlq"
 
     def foreign(self, queue: str) -> str:
