@@ -253,13 +253,7 @@ class Bench:
         base = f"http://127.0.0.1:{port}"
         try:
             async with httpx.AsyncClient(base_url=base, timeout=10) as http:
-                for _ in range(300):
-                    try:
-                        if (await http.get("/readyz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.1)
+                await wait_ready(http)
                 count = self.args.http
                 sent = 0
 
@@ -309,6 +303,19 @@ class Bench:
         pickup = [(starts[t] - at) * 1000 for t, at in sent.items() if t in starts]
         self.figures["pickup_ms_at_rate"] = (pct(pickup, 0.5), pct(pickup, 0.95), pct(pickup, 0.99))
         self.figures["pickup_missing"] = len(sent) - len(pickup)
+
+
+async def wait_ready(http: Any) -> None:
+    """Poll ``GET /readyz`` of an instance starting up (an ``httpx.AsyncClient`` on it), up to 30 s."""
+    import httpx
+
+    for _ in range(300):
+        try:
+            if (await http.get("/readyz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.1)
 
 
 def _free_port() -> int:

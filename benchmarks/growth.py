@@ -32,7 +32,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from benchmarks.bench import Bench, _free_port
+from benchmarks.bench import Bench, _free_port, wait_ready
 from benchmarks.measure import pct, rss_kib, with_db
 from taskmesh.store.keys import DLQ_MIRROR_MAX, Keys
 from taskmesh.store.postgres import migrate_url, queries
@@ -138,13 +138,7 @@ async def posts(bench: Bench) -> tuple[tuple[float, float, float], float]:
     proc = bench.start_instance(32, port)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-            for _ in range(300):
-                try:
-                    if (await http.get("/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.1)
+            await wait_ready(http)
             for _ in range(200):  # warm-up: connections, prepared statements
                 (await http.post("/api/v1/tasks", json={"name": "bench.noop"})).raise_for_status()
             latencies = []

@@ -144,8 +144,10 @@ async def test_fetchers_of_a_paused_queue_stop_popping_and_only_ask_twice_a_seco
         await anyio.sleep(3)
         spent = await _transactions(pool) - before
     # Two fetchers asking every 0.5 s, heartbeats, the samplers and the reconcilers every 5 s:
-    # about a hundred. A fetcher popping and being refused in a loop makes thousands (16,146 seen).
-    assert spent < 300, f"{spent} transactions in 3 s while the queue was paused"
+    # about a hundred straight to PostgreSQL, about 230 through PgBouncer (asyncpg keeps no
+    # statement cache there), and 450 was seen under CI's load (the window is then longer).
+    # A fetcher popping and being refused in a loop makes thousands (16,146 seen).
+    assert spent < 1_000, f"{spent} transactions in 3 s while the queue was paused"
     assert ran == []
 
 
