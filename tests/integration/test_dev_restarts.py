@@ -116,9 +116,10 @@ def test_dev_restarts_a_killed_valkey_and_postgres_and_sigterm_still_leaves_none
         proc, dev_dir / "valkey" / "valkey.pid", "embedded_valkey_restarted"
     )
     assert line["port"] == valkey_port, line  # same port: the instance's Redis URL still points at it
-    # The reconciler found its marker gone with the data, and pushed the delayed task again.
-    resync = wait_until(lambda: event(proc, "redis_resynced", reason="data lost"), timeout=15, proc=proc)
-    assert resync["pushed"] >= 1, resync
+    # The reconciler found its marker gone with the data and resynced the queue; the delayed task
+    # is pushed again by that resync or, when it comes first, by the one-second sweep (seen once in
+    # CI: the resync then had nothing left to push), and runs.
+    wait_until(lambda: event(proc, "redis_resynced", reason="data lost"), timeout=15, proc=proc)
     a_new_task_completes(proc)
     wait_until(lambda: status_of(proc, delayed) == "completed", timeout=30, proc=proc)
 
