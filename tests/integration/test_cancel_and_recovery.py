@@ -34,6 +34,8 @@ async def test_cancelling_a_queued_task_means_it_never_runs(
     async with start_instance() as inst, http(inst) as client:
         r = await client.post("/api/v1/tasks", json={"name": "never", "delay_seconds": 1})
         tid = r.json()["task_id"]
+        pending = (await status_of(client, tid))["latest_run"]
+        await anyio.sleep(0.05)  # a later instant: the run's record must keep the pending run's
         r = await client.post(f"/api/v1/tasks/{tid}/cancel")
         assert (r.status_code, r.json()) == (200, {"task_id": tid, "status": "cancelled"})
         assert await redis_client.zscore(keys.delayed("default"), tid) is None
@@ -41,6 +43,8 @@ async def test_cancelling_a_queued_task_means_it_never_runs(
         body = await status_of(client, tid)
         assert body["task"]["status"] == "cancelled"
         assert (body["latest_run"]["status"], body["latest_run"]["error"]) == ("failed", "cancelled")
+        # the pending run the task showed, now written: same id, same creation time
+        assert (body["latest_run"]["id"], body["latest_run"]["created_at"]) == (pending["id"], pending["created_at"])
         r = await client.post(f"/api/v1/tasks/{tid}/cancel")
         assert r.status_code == 409
         assert r.json()["detail"] == f"task {tid} is cancelled; there is nothing to cancel"

@@ -245,13 +245,14 @@ SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
 WITH t AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE id = $1 AND status = 'queued'
-    RETURNING id, attempts
+    RETURNING id, attempts, created_at
 ), queued AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM t)) AND status = 'queued'  -- by (task_id, attempt), not a scan
 )
-INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at)
-SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now() FROM t WHERE attempts = 0
+-- (created when the task was, as its pending run showed it)
+INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at, created_at)
+SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now(), created_at FROM t WHERE attempts = 0
 ON CONFLICT (task_id, attempt) DO NOTHING;
 
 -- name: task_request_cancel
@@ -729,13 +730,13 @@ FROM unnest($1::text[]) AS q(queue);
 WITH queued AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status || '' = 'queued'  -- by primary key, not the backlog's index
-    RETURNING id, queue, attempts
+    RETURNING id, queue, attempts, created_at
 ), runs AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM queued)) AND status = 'queued'  -- by (task_id, attempt)
 ), pending AS (
-    INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at)
-    SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now() FROM queued WHERE attempts = 0
+    INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at, created_at)
+    SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now(), created_at FROM queued WHERE attempts = 0
     ON CONFLICT (task_id, attempt) DO NOTHING
 ), running AS (
     UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
