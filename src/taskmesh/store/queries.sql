@@ -27,7 +27,7 @@ WITH input AS (
                 ELSE GREATEST(run_at, now()) END,  -- GREATEST skips nulls: hence the CASE
            tenant_id, trace_id
     FROM input
-    ON CONFLICT (idempotency_key, (COALESCE(tenant_id, ''))) DO NOTHING
+    ON CONFLICT (idempotency_key, (COALESCE(tenant_id, ''))) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at
 )
 SELECT id, run_at, run_at > now() AS delayed FROM t;
@@ -36,7 +36,8 @@ SELECT id, run_at, run_at > now() AS delayed FROM t;
 -- The tasks of (dedup key, tenant) pairs; '' is no tenant (dedup keys are unique per tenant).
 SELECT t.idempotency_key, COALESCE(t.tenant_id, '') AS tenant, t.id, t.status, t.trace_id
 FROM unnest($1::text[], $2::text[]) AS k(key, tenant)
-JOIN tasks t ON t.idempotency_key = k.key AND COALESCE(t.tenant_id, '') = k.tenant;
+JOIN tasks t ON t.idempotency_key = k.key AND COALESCE(t.tenant_id, '') = k.tenant
+WHERE t.idempotency_key IS NOT NULL;  -- the dedup index holds keyed tasks only (0019)
 
 -- name: task_get_with_latest_run
 -- A task and its latest run read in one statement, so both come from one snapshot. A task never
