@@ -23,7 +23,7 @@ from taskmesh.store import Stores
 from taskmesh.store.redis_clients import RedisMode
 from taskmesh.task_actions import Cancelled, Retried
 from taskmesh.tasks import Enqueued, Tasks
-from taskmesh.validation import parse_task_spec
+from taskmesh.validation import parse_task_spec, parse_task_specs
 
 
 class Client:
@@ -194,7 +194,7 @@ class Client:
     async def enqueue_many(
         self, tasks: Sequence[Mapping[str, Any]], *, connection: asyncpg.Connection | None = None
     ) -> list[Enqueued]:
-        """Enqueue many tasks with one statement and one Redis pipeline.
+        """Enqueue many tasks in one transaction (one INSERT, or COPY for 64 or more immediate tasks), then push them.
 
         With ``connection`` (the application's asyncpg connection, inside a transaction), the
         tasks are stored in that transaction and nothing is pushed: PostgreSQL tells the
@@ -208,12 +208,7 @@ class Client:
         :raises InvalidTaskError: the first invalid task, its field prefixed with
             ``tasks[i].``; nothing is written then (all or nothing).
         """
-        specs = []
-        for i, task in enumerate(tasks):
-            try:
-                specs.append(parse_task_spec(dict(task)))
-            except InvalidTaskError as exc:
-                raise InvalidTaskError(f"tasks[{i}].{exc.field}", exc.message) from None
+        specs = parse_task_specs([dict(task) for task in tasks])
         if connection is not None:
             return await self.tasks.enqueue_in_transaction(connection, specs)
         return await self.tasks.enqueue_many(specs)

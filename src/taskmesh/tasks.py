@@ -8,6 +8,7 @@ enqueue. Store failures come up as :class:`~taskmesh.errors.StoreError`.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import anyio
 import asyncpg
 import orjson
 from uuid_utils.compat import uuid7
@@ -30,7 +32,7 @@ from taskmesh.registry import Registry
 from taskmesh.states import TaskStatus, TaskType
 from taskmesh.store import PgStore, RedisStore
 from taskmesh.task_actions import TaskActions
-from taskmesh.tracing import new_trace_id
+from taskmesh.tracing import new_trace_ids
 from taskmesh.validation import BIG_INTEGER, TaskSpec, big_integer_path
 
 log = get_logger("taskmesh.tasks")
@@ -41,6 +43,15 @@ ENQUEUED_CHANNEL = "taskmesh_enqueued"
 """PostgreSQL channel of transactionally enqueued task ids (space-separated), sent at the caller's commit."""
 ENQUEUED_IDS_PER_NOTIFY = 200
 """Ids per notification (a payload must stay under PostgreSQL's 8,000 bytes)."""
+
+COPY_MIN_TASKS = 64
+"""A bulk enqueue of at least this many immediate tasks without a dedup key is copied (``COPY``):
+PostgreSQL writes a copied row for about a quarter less than an inserted one. Fewer go in one
+INSERT, one round trip."""
+COPY_CHUNK_TASKS = 250
+"""Tasks per ``COPY`` statement of a bulk enqueue: Python prepares the next chunk meanwhile."""
+PREPARE_SLICE_TASKS = 25
+"""Tasks prepared between two yields to the event loop, so the ``COPY`` in flight makes progress."""
 
 ORJSON_BIG_INTEGER = "Integer exceeds 64-bit range"
 """orjson's ``TypeError`` text for an integer it cannot write."""
@@ -127,7 +138,7 @@ class Tasks(TaskActions):
     async def enqueue_many(
         self, specs: Sequence[TaskSpec], *, field_prefix: str = "tasks[{i}].", task_type: str | None = None
     ) -> list[Enqueued]:
-        """Store many tasks with one statement and push them with one Redis pipeline.
+        """Store many tasks in one transaction (see :meth:`insert_many`) and push them to Redis at once.
 
         :param task_type: overrides the ``type`` column (``cron`` for schedule fires);
             by default ``delayed`` when the spec has a delay, else ``immediate``.
@@ -224,14 +235,19 @@ class Tasks(TaskActions):
 
         The caller pushes the returned targets with :meth:`push` once the
         transaction committed (design.md principle 1: PostgreSQL first).
+        :data:`COPY_MIN_TASKS` or more immediate tasks without a dedup key are copied
+        (:meth:`_copy_many`); others go in one ``task_insert_many`` statement.
         """
         if not specs:
             return [], []
+        if len(specs) >= COPY_MIN_TASKS and all(_copyable(s) for s in specs):
+            return await self._copy_many(pg, specs, field_prefix, task_type)
         if self.registry is not None:
             for i, spec in enumerate(specs):
                 self.check_payload(spec, field_prefix.format(i=i))
         ids = [uuid7() for _ in specs]  # time-ordered: each insert lands at the primary key's right edge
-        traces = [s.trace_id or new_trace_id() for s in specs]  # every task can be followed in the logs
+        fresh = new_trace_ids(len(specs))
+        traces = [s.trace_id or fresh[i] for i, s in enumerate(specs)]  # every task can be followed in the logs
         prepared = [self._prepare(s) for s in specs]
         payloads = [dump_json(s.payload, field_prefix.format(i=i) + "payload") for i, s in enumerate(specs)]
         rows = await pg.tasks.insert_many(
@@ -276,6 +292,59 @@ class Tasks(TaskActions):
                 out.append(Enqueued(found_id, status, created=False, trace_id=found_trace))
                 if self.metrics:
                     self.metrics.task_deduplicated(queue)
+        _note_created(out, specs)
+        return out, targets
+
+    async def _copy_many(
+        self, pg: PgStore, specs: Sequence[TaskSpec], field_prefix: str, task_type: str | None
+    ) -> tuple[list[Enqueued], list[PushTarget]]:
+        """:meth:`insert_many` of immediate tasks without a dedup key: ``COPY`` in chunks, in one transaction.
+
+        Python prepares the next chunk while PostgreSQL writes the one before (the two run on
+        two cores); a chunk that cannot be prepared (an invalid payload) rolls the whole
+        transaction back, so nothing is written, as with one INSERT.
+        """
+        out: list[Enqueued] = []
+        targets: list[PushTarget] = []
+        traces = new_trace_ids(len(specs))
+        defaults: dict[tuple[str, str | None, int | None], tuple[str, int, str]] = {}  # by handler, not by task
+        queued, queued_text = TaskStatus.QUEUED, TaskStatus.QUEUED.value
+        async with pg.atomic() as tx:
+            copying: asyncio.Future[None] | None = None
+            try:
+                for start in range(0, len(specs), COPY_CHUNK_TASKS):
+                    records = []
+                    for i in range(start, min(start + COPY_CHUNK_TASKS, len(specs))):
+                        if i % PREPARE_SLICE_TASKS == 0:
+                            await asyncio.sleep(0)  # the COPY in flight sends its rows or reads its answer
+                        spec = specs[i]
+                        prefix = field_prefix.format(i=i)
+                        self.check_payload(spec, prefix)
+                        override = spec.queue_name if "queue_name" in spec.model_fields_set else None
+                        key = (spec.name, override, spec.max_retries)
+                        prepared = defaults.get(key)
+                        if prepared is None:
+                            prepared = defaults[key] = self._prepare(spec)
+                        queue, max_retries, kind = prepared
+                        task_id, trace = uuid7(), spec.trace_id or traces[i]
+                        payload = dump_json(spec.payload, prefix + "payload")
+                        kind = task_type or kind
+                        row = (task_id, spec.name, kind, queue, spec.priority, payload, max_retries, spec.tenant_id)
+                        records.append((*row, trace, queued_text))
+                        out.append(Enqueued(task_id, queued, created=True, trace_id=trace, queue=queue))
+                        targets.append(PushTarget(task_id, queue, spec.priority, None))
+                    if copying is not None:
+                        await copying
+                    # asyncpg runs on asyncio only: its COPY goes on while this coroutine prepares
+                    copying = asyncio.ensure_future(tx.tasks.copy_in(records))
+                if copying is not None:
+                    await copying
+            except BaseException:
+                await _settle(copying)  # the rollback needs the connection free
+                raise
+        if self.metrics:
+            for o in out:
+                self.metrics.task_created(o.queue or DEFAULT_QUEUE)
         _note_created(out, specs)
         return out, targets
 
@@ -423,6 +492,23 @@ class Tasks(TaskActions):
             await self.redis.finished.announce(finished)
         except StoreError as exc:  # Postgres has it; the reconciler repairs Redis
             log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))
+
+
+def _copyable(spec: TaskSpec) -> bool:
+    """Whether a task can be copied (``COPY``): immediate, without a dedup key (nothing can conflict)."""
+    return spec.dedup_key is None and spec.run_at is None and not spec.delay_seconds
+
+
+async def _settle(future: asyncio.Future[None] | None) -> None:
+    """Cancel ``future`` if it still runs and wait for it, shielded; its own error is dropped (the caller's wins)."""
+    if future is None:
+        return
+    if not future.done():
+        future.cancel()
+    with anyio.CancelScope(shield=True):
+        await asyncio.wait([future])
+    if not future.cancelled():
+        future.exception()  # retrieved: asyncio would log it as never retrieved
 
 
 def _note_created(out: Sequence[Enqueued], specs: Sequence[TaskSpec]) -> None:

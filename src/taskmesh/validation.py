@@ -13,10 +13,20 @@ NUL character (PostgreSQL text and jsonb cannot store it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from taskmesh.errors import InvalidTaskError
 from taskmesh.store.keys import PRIORITY_MAX
@@ -200,6 +210,31 @@ def field_errors(exc: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
+def parse_task_specs(items: Sequence[Any]) -> list[TaskSpec]:
+    """Validate decoded JSON objects as :class:`TaskSpec` s, all at once (one pydantic call for the batch).
+
+    :raises InvalidTaskError: the first invalid item's first problem, its field prefixed with
+        ``tasks[i].`` (``tasks[3].priority``); ``errors`` lists that item's problems.
+    """
+    try:
+        for item in items:
+            if not isinstance(item, dict):
+                raise InvalidTaskError("body", "must be a JSON object")
+            for key in _JSON_CHECKED:
+                if key in item:
+                    check_json(item[key], key)
+        return _TASK_SPECS.validate_python(items)
+    except (InvalidTaskError, ValidationError):
+        pass
+    for i, item in enumerate(items):  # rare: find the first invalid item and say what parse_task_spec says
+        try:
+            parse_task_spec(item)
+        except InvalidTaskError as exc:
+            errors = [(f"tasks[{i}].{f}", m) for f, m in exc.errors]
+            raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
+    raise AssertionError("a batch pydantic refused has an item parse_task_spec refuses")  # pragma: no cover
+
+
 def parse_task_spec(data: Any) -> TaskSpec:
     """Validate a decoded JSON object as a :class:`TaskSpec`.
 
@@ -208,7 +243,7 @@ def parse_task_spec(data: Any) -> TaskSpec:
     """
     if not isinstance(data, dict):
         raise InvalidTaskError("body", "must be a JSON object")
-    for key in ("payload", "dedup_key", "tenant_id", "trace_id", "name", "queue_name"):
+    for key in _JSON_CHECKED:
         if key in data:
             check_json(data[key], key)
     try:
@@ -217,3 +252,8 @@ def parse_task_spec(data: Any) -> TaskSpec:
         errors = field_errors(exc)
         field, message = errors[0]
         raise InvalidTaskError(field, message, errors) from None
+
+
+_JSON_CHECKED = ("payload", "dedup_key", "tenant_id", "trace_id", "name", "queue_name")
+"""The fields :func:`check_json` checks before pydantic sees them."""
+_TASK_SPECS = TypeAdapter(list[TaskSpec])

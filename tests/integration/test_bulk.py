@@ -97,3 +97,48 @@ async def test_enqueue_many_writes_a_thousand_tasks_in_one_call(
     assert str(info.value) == "tasks[1].payload.x: contains a NUL character"
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 1001
     assert await redis_client.zcard(keys.ready("default")) == 1001
+
+
+async def test_a_copied_bulk_enqueue_stores_what_an_inserted_one_does(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    """300 immediate tasks without a dedup key go by COPY; with one dedup key the batch is INSERTed."""
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
+        copied = await client.enqueue_many(
+            [{"name": "c", "payload": {"i": i}, "priority": i % 3, "queue_name": "copied"} for i in range(300)]
+        )
+        inserted = await client.enqueue_many(
+            [{"name": "c", "payload": {"i": i}, "queue_name": "inserted"} for i in range(299)]
+            + [{"name": "c", "dedup_key": "one", "queue_name": "inserted"}]
+        )
+    rows = await pool.fetch(
+        "SELECT queue, count(*) AS n, count(DISTINCT trace_id) AS traces, bool_and(run_at = created_at) AS now_due,"
+        " bool_and(status = 'queued' AND type = 'immediate' AND attempts = 0 AND max_retries = 3) AS fresh,"
+        " count(DISTINCT created_at) AS instants FROM tasks GROUP BY queue ORDER BY queue"
+    )
+    assert [dict(r) for r in rows] == [
+        {"queue": q, "n": 300, "traces": 300, "now_due": True, "fresh": True, "instants": 1}
+        for q in ("copied", "inserted")
+    ]
+    assert all(o.created and o.queue == "copied" and len(o.trace_id or "") == 32 for o in copied)
+    assert await pool.fetchval("SELECT payload FROM tasks WHERE id = $1", copied[7].task_id) == '{"i": 7}'
+    assert await redis_client.zcard(keys.ready("copied")) == 300
+    assert await redis_client.zcard(keys.ready("inserted")) == 300
+    first = await redis_client.zrange(keys.ready("copied"), 0, 0)
+    assert first == [str(copied[2].task_id)]  # priority 2 pops first
+    assert len({o.task_id for o in copied + inserted}) == 600
+
+
+async def test_an_invalid_payload_late_in_a_copied_batch_writes_nothing(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    """Task 550 of 600 fails while the chunks before it were already copied: the transaction rolls back."""
+    batch: list[dict[str, Any]] = [{"name": "c"} for _ in range(600)]
+    batch[550]["payload"] = {1, 2}
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
+        with pytest.raises(taskmesh.InvalidTaskError) as info:
+            await client.enqueue_many(batch)
+        after = await client.enqueue_many([{"name": "c"} for _ in range(100)])  # the connection is usable again
+    assert str(info.value) == "tasks[550].payload: is not JSON-serialisable: Type is not JSON serializable: set"
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 100 == len(after)
+    assert await redis_client.zcard(keys.ready("default")) == 100

@@ -183,6 +183,18 @@ class PgStore:
         async with self.transaction() as tx:
             yield tx
 
+    @contextlib.asynccontextmanager
+    async def atomic(self) -> AsyncIterator[PgStore]:
+        """A transaction: this store when it is one already, else a new one (:meth:`transaction`).
+
+        :raises StoreError: as :meth:`transaction`.
+        """
+        if self._ex is not self.pool:
+            yield self
+            return
+        async with self.transaction() as tx:
+            yield tx
+
     async def ping(self, timeout: float | None = None) -> None:  # noqa: ASYNC109  # asyncpg's own, see below
         """``SELECT 1``.
 

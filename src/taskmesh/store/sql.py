@@ -9,6 +9,7 @@ classified as transient or not (``store/classify.py``). Nothing outside
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -72,6 +73,17 @@ class Queries:
 
     async def _fetchval(self, name: str, *args: Any) -> Any:
         return await self._call("fetchval", name, args)
+
+    async def _copy(self, name: str, table: str, columns: Sequence[str], records: Iterable[tuple[Any, ...]]) -> None:
+        """``COPY table (columns) FROM STDIN`` of ``records`` on a connection (binary, one statement).
+
+        :param name: what a :class:`~taskmesh.errors.StoreError` names.
+        """
+        assert not isinstance(self._ex, asyncpg.Pool), "a COPY runs in the caller's transaction"
+        try:
+            await self._ex.copy_records_to_table(table, records=records, columns=list(columns))
+        except POSTGRES_ERRORS as exc:
+            raise postgres_error(name, exc) from exc
 
     async def _execute(self, name: str, *args: Any) -> str:
         result: str = await self._call("execute", name, args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -20,6 +21,10 @@ DEAD_LETTER_DELTAS_FOLDED = 10_000
 """Most dead-letter count deltas one compaction statement folds."""
 DEAD_LETTER_FOLD_ROUNDS = 10
 """Most compaction statements the sampler runs before each read (100,000 deltas a tick)."""
+
+
+COPY_COLUMNS = ("id", "name", "type", "queue", "priority", "payload", "max_retries", "tenant_id", "trace_id", "status")
+"""The columns of :meth:`TaskQueries.copy_in`'s records, in order (``status`` is always ``queued``)."""
 
 
 class TaskQueries(Queries):
@@ -61,6 +66,18 @@ class TaskQueries(Queries):
             tenant_ids,
             trace_ids,
         )
+
+    async def copy_in(self, records: Sequence[tuple[Any, ...]]) -> None:
+        """Copy immediate tasks without a dedup key into ``tasks`` (``COPY``; cheaper per row than INSERT).
+
+        Their ``run_at``, ``created_at`` and ``updated_at`` are PostgreSQL's ``now()`` (the
+        columns' defaults, migration 0019), as an INSERT's are; no row can conflict.
+
+        :param records: ``(id, name, type, queue, priority, payload JSON text, max_retries,
+            tenant_id, trace_id, "queued")`` per task (:data:`COPY_COLUMNS`).
+        :raises StoreError: PostgreSQL failed; the statement wrote nothing.
+        """
+        await self._copy("task_copy_in", "tasks", COPY_COLUMNS, records)
 
     async def find_by_idempotency_keys(self, keys: Sequence[tuple[str, str]]) -> list[asyncpg.Record]:
         """``task_find_by_idempotency_keys``: ``idempotency_key, tenant, id, status, trace_id`` of the tasks of
