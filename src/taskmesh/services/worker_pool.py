@@ -56,6 +56,8 @@ log = get_logger("taskmesh.worker_pool")
 BATCH_MAX = 100
 """Most ids popped and claimed at once."""
 GATHER_SECONDS = 0.002
+GATHER_MAX_SECONDS = 0.1
+"""Longest the fetcher gathers free slots while the executors still have claimed tasks waiting."""
 POP_TIMEOUT_SECONDS = 1.0
 RESUME_POLL_SECONDS = 0.5
 """How often a fetcher of a paused queue asks whether it was resumed."""
@@ -197,11 +199,16 @@ class QueueWorkers:
         self._outage.recovered()
 
     async def _gather_slots(self, most: int, enough: int) -> int:
-        """Take up to ``most`` more free slots; wait up to 2 ms while fewer than ``enough``.
+        """Take up to ``most`` more free slots, waiting while fewer than ``enough``.
 
         Under load executors free up one by one; waiting a moment for a few more
         turns one claim per task into one claim per batch (design.md principle 6).
-        An idle queue's slots are all free at once, so no wait happens there.
+        An idle queue's slots are all free at once, so no wait happens there. The
+        wait is up to :data:`GATHER_SECONDS`, and longer (up to
+        :data:`GATHER_MAX_SECONDS`) while the channel still holds a claimed task for
+        every executor: no executor can run short, and a queue that finishes a few
+        hundred tasks a second then claims a batch every few tens of milliseconds,
+        not one task per claim (each claim is a commit).
         """
         taken = 0
         while taken < most:
@@ -210,12 +217,23 @@ class QueueWorkers:
             except anyio.WouldBlock:
                 break
             taken += 1
-        if taken < enough:
-            with anyio.move_on_after(GATHER_SECONDS):
-                while taken < enough:
+        if taken >= enough:
+            return taken
+        with anyio.move_on_after(GATHER_SECONDS):
+            while taken < enough:
+                await self.slots.acquire()
+                taken += 1
+        if taken < enough and self.waiting() >= self.concurrency:
+            with anyio.move_on_after(GATHER_MAX_SECONDS - GATHER_SECONDS):
+                # An executor frees a slot and takes the next task in one step: checked after each.
+                while taken < enough and self.waiting() >= self.concurrency:
                     await self.slots.acquire()
                     taken += 1
         return taken
+
+    def waiting(self) -> int:
+        """Claimed tasks in the channel that no executor took yet."""
+        return self._send.statistics().current_buffer_used
 
     def close_fetching(self) -> None:
         """The fetcher has stopped: executors finish what the channel holds, then return."""
