@@ -170,7 +170,9 @@ class Tasks(TaskActions):
                 "connection", "must be inside a transaction (async with connection.transaction(): ...)"
             )
         pg = PgStore(self.pg.pool, connection)
-        out, targets = await self.insert_many(pg, specs)
+        # Never COPY here: a COPY encodes with the connection's codecs, and an application's
+        # connection may have its own for jsonb; the INSERT sends payloads as text.
+        out, targets = await self.insert_many(pg, specs, copy=False)
         ids = [str(t.task_id) for t in targets]
         for start in range(0, len(ids), ENQUEUED_IDS_PER_NOTIFY):
             await pg.notify(ENQUEUED_CHANNEL, " ".join(ids[start : start + ENQUEUED_IDS_PER_NOTIFY]))
@@ -230,17 +232,19 @@ class Tasks(TaskActions):
         *,
         field_prefix: str = "tasks[{i}].",
         task_type: str | None = None,
+        copy: bool = True,
     ) -> tuple[list[Enqueued], list[PushTarget]]:
         """The PostgreSQL half of :meth:`enqueue_many`, on ``pg`` (a transaction's store, or the pool's).
 
         The caller pushes the returned targets with :meth:`push` once the
         transaction committed (design.md principle 1: PostgreSQL first).
         :data:`COPY_MIN_TASKS` or more immediate tasks without a dedup key are copied
-        (:meth:`_copy_many`); others go in one ``task_insert_many`` statement.
+        (:meth:`_copy_many`) unless ``copy`` is false; others go in one ``task_insert_many``
+        statement.
         """
         if not specs:
             return [], []
-        if len(specs) >= COPY_MIN_TASKS and all(_copyable(s) for s in specs):
+        if copy and len(specs) >= COPY_MIN_TASKS and all(_copyable(s) for s in specs):
             return await self._copy_many(pg, specs, field_prefix, task_type)
         if self.registry is not None:
             for i, spec in enumerate(specs):

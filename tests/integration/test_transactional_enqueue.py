@@ -9,6 +9,7 @@ one pushes it at once, with no further call. The instances here sweep only every
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -90,6 +91,24 @@ async def test_a_connection_outside_a_transaction_is_refused_and_nothing_is_writ
         "must be inside a transaction (async with connection.transaction(): ...)",
     )
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 0
+
+
+async def test_an_application_connection_with_its_own_jsonb_codec_stores_the_payloads_as_sent(
+    registry: Registry, database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool
+) -> None:
+    """Applications often give asyncpg a JSON codec; a bulk enqueue through their connection must not use it."""
+    async with Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=registry) as client:
+        app = await asyncpg.connect(database_url)
+        try:
+            await app.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+            async with app.transaction():
+                await client.enqueue_many(
+                    [{"name": "tx.ship", "payload": {"order": n}} for n in range(100)], connection=app
+                )
+        finally:
+            await app.close()
+    payloads = await pool.fetch("SELECT payload FROM tasks ORDER BY (payload->>'order')::int")
+    assert [json.loads(r["payload"]) for r in payloads] == [{"order": n} for n in range(100)]
 
 
 async def _completed(pool: asyncpg.Pool, n: int) -> bool:

@@ -118,7 +118,6 @@ class RedisStore:
         self.now_ms = now_ms
         self._move = client.register_script(lua("delayed_move"))
         self._release = client.register_script(lua("lock_release"))
-        self._push_ready = client.register_script(lua("push_ready"))
         self._rate = client.register_script(lua("rate_limit"))
         self.finished = FinishedChannel(client, keys)
         self._foreign_logged: dict[str, float] = {}
@@ -234,18 +233,17 @@ class RedisStore:
     # -- pushes ------------------------------------------------------------
 
     async def push(self, targets: Iterable[PushTarget]) -> int:
-        """Push queued tasks into their ready or delayed set.
+        """Push queued tasks into their ready or delayed set in one pipeline.
 
-        Ready tasks: one ``push_ready.lua`` call per queue and priority, the ids in one
-        argument; delayed ones: one ``ZADD NX`` per queue in one pipeline. Never one command
-        per task: a bulk enqueue of 1,000 tasks is one or a few commands.
+        One ``ZADD NX`` per queue and set with every member of the batch, not one
+        command per task: a bulk enqueue of 1,000 tasks is a handful of commands.
 
         :param targets: tasks with ``due_at=None`` (ready now) or a due time (delayed).
         :returns: how many ids were pushed (repeats are harmless: ``ZADD NX``).
         :raises StoreError: Redis did not answer; PostgreSQL still has the tasks and the
             reconciler pushes them again.
         """
-        ready: dict[tuple[str, float], list[str]] = {}
+        ready: dict[str, dict[str, float]] = {}
         delayed: dict[str, dict[str, float]] = {}
         n = 0
         now = self.now_ms()
@@ -253,22 +251,19 @@ class RedisStore:
             tid = str(t.task_id)
             due = None if t.due_at is None else due_ms(t.due_at)
             if due is None:
-                ready.setdefault((t.queue, ready_score(t.priority, now)), []).append(tid)
+                ready.setdefault(t.queue, {})[tid] = ready_score(t.priority, now)
             else:
                 delayed.setdefault(t.queue, {})[tid] = delayed_score(due, t.priority)
             n += 1
         if not n:
             return 0
         with redis_call("push"):
-            # One script call per queue and priority (a bulk enqueue has one or a few), not a
-            # ZADD with two arguments per task: encoding those cost more than Redis's work.
-            for (queue, score), ids in ready.items():
-                await self._push_ready(keys=[self.keys.ready(queue)], args=[score, " ".join(ids)])
-            if delayed:
-                async with self.client.pipeline(transaction=False) as pipe:
-                    for queue, members in delayed.items():
-                        pipe.zadd(self.keys.delayed(queue), members, nx=True)
-                    await pipe.execute()
+            async with self.client.pipeline(transaction=False) as pipe:
+                for queue, members in ready.items():
+                    pipe.zadd(self.keys.ready(queue), members, nx=True)
+                for queue, members in delayed.items():
+                    pipe.zadd(self.keys.delayed(queue), members, nx=True)
+                await pipe.execute()
         return n
 
     async def push_ready_or_delayed(self, targets: Iterable[PushTarget]) -> int:
