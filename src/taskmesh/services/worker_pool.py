@@ -131,6 +131,10 @@ class QueueWorkers:
                 self.slots.release()
                 break
             taken = 1 + await self._gather_slots(self.batch_max - 1, self.batch_min - 1)
+            if self.stop.is_set():  # shutdown began while gathering: claim nothing more
+                for _ in range(taken):
+                    self.slots.release()
+                break
             try:
                 claimed = await self.fetch_once(taken)
             except StoreError as exc:
