@@ -312,7 +312,6 @@ class Tasks(TaskActions):
         targets: list[PushTarget] = []
         traces = new_trace_ids(len(specs))
         defaults: dict[tuple[str, str | None, int | None], tuple[str, int, str]] = {}  # by handler, not by task
-        queued, queued_text = TaskStatus.QUEUED, TaskStatus.QUEUED.value
         async with pg.atomic() as tx:
             copying: asyncio.Future[None] | None = None
             try:
@@ -321,22 +320,11 @@ class Tasks(TaskActions):
                     for i in range(start, min(start + COPY_CHUNK_TASKS, len(specs))):
                         if i % PREPARE_SLICE_TASKS == 0:
                             await asyncio.sleep(0)  # the COPY in flight sends its rows or reads its answer
-                        spec = specs[i]
-                        prefix = field_prefix.format(i=i)
-                        self.check_payload(spec, prefix)
-                        override = spec.queue_name if "queue_name" in spec.model_fields_set else None
-                        key = (spec.name, override, spec.max_retries)
-                        prepared = defaults.get(key)
-                        if prepared is None:
-                            prepared = defaults[key] = self._prepare(spec)
-                        queue, max_retries, kind = prepared
-                        task_id, trace = uuid7(), spec.trace_id or traces[i]
-                        payload = dump_json(spec.payload, prefix + "payload")
-                        kind = task_type or kind
-                        row = (task_id, spec.name, kind, queue, spec.priority, payload, max_retries, spec.tenant_id)
-                        records.append((*row, trace, queued_text))
-                        out.append(Enqueued(task_id, queued, created=True, trace_id=trace, queue=queue))
-                        targets.append(PushTarget(task_id, queue, spec.priority, None))
+                        prefix, trace = field_prefix.format(i=i), specs[i].trace_id or traces[i]
+                        record, target = self._copy_record(specs[i], prefix, trace, task_type, defaults)
+                        records.append(record)
+                        targets.append(target)
+                        out.append(Enqueued(target.task_id, TaskStatus.QUEUED, True, trace, target.queue))
                     if copying is not None:
                         await copying
                     # asyncpg runs on asyncio only: its COPY goes on while this coroutine prepares
@@ -351,6 +339,30 @@ class Tasks(TaskActions):
                 self.metrics.task_created(o.queue or DEFAULT_QUEUE)
         _note_created(out, specs)
         return out, targets
+
+    def _copy_record(
+        self,
+        spec: TaskSpec,
+        prefix: str,
+        trace_id: str,
+        task_type: str | None,
+        defaults: dict[tuple[str, str | None, int | None], tuple[str, int, str]],
+    ) -> tuple[tuple[Any, ...], PushTarget]:
+        """One task's :meth:`~taskmesh.store.task_queries.TaskQueries.copy_in` record and its push target.
+
+        :param defaults: :meth:`_prepare`'s answers by (name, queue given, max_retries), filled here.
+        :raises InvalidTaskError: its payload does not fit its handler or is not JSON-serialisable.
+        """
+        self.check_payload(spec, prefix)
+        key = (spec.name, spec.queue_name if "queue_name" in spec.model_fields_set else None, spec.max_retries)
+        prepared = defaults.get(key)
+        if prepared is None:
+            prepared = defaults[key] = self._prepare(spec)
+        queue, max_retries, kind = prepared
+        task_id = uuid7()
+        payload = dump_json(spec.payload, prefix + "payload")
+        row = (task_id, spec.name, task_type or kind, queue, spec.priority, payload, max_retries, spec.tenant_id)
+        return (*row, trace_id, TaskStatus.QUEUED.value), PushTarget(task_id, queue, spec.priority, None)
 
     async def push(self, targets: Sequence[PushTarget]) -> None:
         """Push committed tasks' ids to Redis; a failure is logged and left to the reconciler."""

@@ -127,11 +127,8 @@ class QueueWorkers:
                 await self._wait_for_resume()
                 continue
             await self.slots.acquire()
-            if self.stop.is_set():  # waited for a free executor while shutdown began
-                self.slots.release()
-                break
             taken = 1 + await self._gather_slots(self.batch_max - 1, self.batch_min - 1)
-            if self.stop.is_set():  # shutdown began while gathering: claim nothing more
+            if self.stop.is_set():  # shutdown began while waiting for slots: claim nothing more
                 for _ in range(taken):
                     self.slots.release()
                 break
