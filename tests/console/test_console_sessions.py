@@ -15,7 +15,7 @@ import pytest
 
 from taskmesh import api_keys
 from taskmesh.api_keys import SCOPES
-from taskmesh.console.web import CSP
+from taskmesh.console.guard import CSP
 from taskmesh.services import retention
 from tests.conftest import wait_for
 

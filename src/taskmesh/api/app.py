@@ -20,7 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
-from taskmesh import __version__, console
+from taskmesh import __version__
 from taskmesh.api import errors
 from taskmesh.api.audit_trail import AuditTrail
 from taskmesh.api.auth import SCOPE_OF
@@ -29,6 +29,7 @@ from taskmesh.api.limits import BodyLimit
 from taskmesh.api.observe import ObserveRequests
 from taskmesh.api.routes import audit, health, keys, queues, schedules, tasks, workers
 from taskmesh.api.state import AppState
+from taskmesh.console.lazy import serve_console
 
 __all__ = ["AppState", "create_app"]
 
@@ -78,7 +79,7 @@ def create_app(
             _name_scopes(router)
             app.include_router(router)
         if console_enabled:
-            console.install(app)
+            serve_console(app)
     app.include_router(health.router)
     if serve_metrics:
         app.include_router(health.metrics_router)

@@ -1,4 +1,4 @@
-"""What every console page shares: the templates, the security headers, and who is looking.
+"""What every console page shares: the templates and who is looking (the headers: ``guard.py``).
 
 A page finds its :class:`Visitor` through :func:`visitor`: the session of the request's cookie,
 acting as its API key (:mod:`taskmesh.console.sessions`). On an open instance a first visit gets
@@ -19,26 +19,12 @@ import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taskmesh.api.principals import Principal
 from taskmesh.api.state import AppState
 from taskmesh.console import sessions
+from taskmesh.console.guard import SignInNeeded
 from taskmesh.errors import AuthenticationError, NotReadyError
-
-CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-)
-"""The console's Content-Security-Policy: no inline script or style, nothing from another origin."""
-
-_HEADERS = [
-    (b"content-security-policy", CSP.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-    (b"x-frame-options", b"DENY"),
-    (b"cache-control", b"no-store"),
-]
 
 templates = Environment(
     loader=PackageLoader("taskmesh.console", "templates"),
@@ -46,25 +32,6 @@ templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-
-
-class ConsoleHeaders:
-    """Adds :data:`CSP` and the other security headers to every answer under ``/console``."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/console"):
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *_HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
 
 
 @dataclass
@@ -85,14 +52,6 @@ class Visitor:
     def can(self, scope: str) -> bool:
         """Whether the visitor's key holds ``scope`` (actions it lacks are not offered)."""
         return self.principal.allows(scope)
-
-
-class SignInNeeded(Exception):
-    """The request has no working session: the page answers with a redirect to the sign-in page."""
-
-    def __init__(self, why: str | None = None) -> None:
-        super().__init__(why or "")
-        self.why = why
 
 
 def state_of(request: Request) -> AppState:
