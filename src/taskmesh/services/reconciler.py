@@ -11,7 +11,12 @@ mirror is rewritten in one MULTI):
   another node) or a missing marker (a flush, or a restart without
   persistence) triggers that queue's resync at once: every queued task whose
   id Redis lacks is pushed (ready when due, else delayed), and the DLQ mirror
-  is rewritten from the failed tasks; then the marker is written. One instance
+  is rewritten from the failed tasks; then the marker is written. At an
+  instance's first look at a queue without a marker (a deployment's first start,
+  or clients pushed before any instance marked it) nothing is known to be lost:
+  it compares the two counts first and walks only when Redis holds fewer ids
+  than PostgreSQL has queued tasks (reason ``no marker yet``; ``data lost`` is
+  for a queue seen before whose marker went). One instance
   resyncs a queue (lock ``{prefix}:lock:resync:{q}``); the others see the
   marker. Only the queues of a flushed or restarted cluster node are resynced.
 - **Sweep.** Every ``sweep_interval`` seconds (default 5), per queue, under that
@@ -54,6 +59,8 @@ MAX_PAGES = 50
 FULL_SWEEP_EVERY = 60.0
 """Seconds between sweeps that walk every queue, drift or not (counts can hide a swap)."""
 LOCK_MS = 30_000
+FIRST_LOOKS = 3
+"""Count comparisons at an instance's first look at an unmarked queue before it walks the queue."""
 
 
 @dataclass
@@ -148,6 +155,24 @@ async def resync(tasks: Tasks, queues: Sequence[str]) -> int:
     return pushed
 
 
+async def _nothing_missing(tasks: Tasks, queue: str) -> bool:
+    """Whether Redis holds as many ids of ``queue`` as PostgreSQL has queued tasks, at one of
+    :data:`FIRST_LOOKS` looks a moment apart.
+
+    Redis is counted first: an id a fetcher pops and claims between the two counts then counts
+    on neither side or on Redis's; only one popped and not yet claimed makes the counts differ,
+    hence a few looks. Counts can hide a swap; the sweep's full walk, once a minute, does not.
+    """
+    for look in range(FIRST_LOOKS):
+        if look:
+            await anyio.sleep(0.01)
+        ready, delayed, _ = await tasks.redis.depths(queue)
+        queued = (await tasks.pg.tasks.count_queued([queue])).get(queue, 0)
+        if ready + delayed >= queued:
+            return True
+    return False
+
+
 async def check(tasks: Tasks, queues: Sequence[str], state: State, *, instance: str) -> int | None:
     """Detect queues whose keys Redis lost (flush, restart, failover) and resync them.
 
@@ -190,12 +215,14 @@ async def _resync_queue(tasks: Tasks, queue: str, state: State, *, instance: str
         if marker and known in (None, run_id):
             state.run_ids[queue] = run_id
             return None
-        pushed = await resync(tasks, [queue])
+        # A queue never seen here and without a marker: the deployment's first start, or clients
+        # pushed to a Redis no instance had marked yet. Walk it only when ids are missing.
+        first_look = known is None and not marker
+        pushed = 0 if first_look and await _nothing_missing(tasks, queue) else await resync(tasks, [queue])
         await tasks.redis.set_marker(queue, instance)
         state.run_ids[queue] = run_id
-        # A queue seen before whose marker is gone lost its keys, even when nothing was queued to push.
-        lost = "data lost" if known is not None or pushed else "no marker yet"
-        return ("restart" if marker else lost), pushed
+        # Only a queue seen before whose marker is gone is known to have lost its keys.
+        return ("restart" if marker else "data lost" if known is not None else "no marker yet"), pushed
     finally:
         await tasks.redis.release_lock(lock, token)
 

@@ -1,0 +1,82 @@
+"""An instance's first look at a queue that clients filled before any instance marked it (issue 15).
+
+Clients push what they enqueue; only the reconciler writes a queue's marker. Before, the first
+instance to look at such a queue walked its whole backlog (a read of every queued row at every
+deployment's first start) and, having pushed back the ids its fetcher held at that moment,
+warned ``data lost``. Now the first look compares the two counts, walks only when Redis lacks
+ids, and never claims a loss it cannot know of. The reconciler runs alone here, on real stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+import structlog
+
+from taskmesh.services import reconciler
+from taskmesh.store.keys import Keys
+from taskmesh.tasks import Tasks
+from taskmesh.validation import TaskSpec
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The queues the reconciler walks (the real walk still runs)."""
+    seen: list[str] = []
+    real = reconciler.walk
+
+    async def counted(tasks: Tasks, queue: str, cursor: reconciler.Cursor, **options: Any) -> int:
+        seen.append(queue)
+        return await real(tasks, queue, cursor, **options)
+
+    monkeypatch.setattr(reconciler, "walk", counted)
+    return seen
+
+
+def resynced(logs: list[MutableMapping[str, Any]]) -> list[tuple[str, int, str]]:
+    return [(e["log_level"], e["pushed"], e["reason"]) for e in logs if e["event"] == "redis_resynced"]
+
+
+async def test_a_first_look_at_a_queue_clients_filled_marks_it_without_walking_or_warning(
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, walks: list[str]
+) -> None:
+    await tasks.enqueue_many([TaskSpec(name="filled") for _ in range(300)])
+    assert not await redis_client.exists(keys.marker("default"))
+    with structlog.testing.capture_logs() as logs:
+        pushed = await reconciler.check(tasks, ["default"], reconciler.State(), instance="first")
+    assert (pushed, walks) == (0, [])
+    assert [level for level, _, _ in resynced(logs)] in ([], ["info"])  # never a warning (info may be filtered)
+    assert await redis_client.exists(keys.marker("default"))
+    assert await redis_client.zcard(keys.ready("default")) == 300
+
+
+async def test_a_first_look_walks_the_queue_when_redis_lacks_queued_tasks_and_says_no_more_than_it_knows(
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, walks: list[str]
+) -> None:
+    made = await tasks.enqueue_many([TaskSpec(name="filled") for _ in range(300)])
+    lost = [str(e.task_id) for e in made[100:120]]  # a client's push that never arrived
+    assert await redis_client.zrem(keys.ready("default"), *lost) == 20
+    with structlog.testing.capture_logs() as logs:
+        pushed = await reconciler.check(tasks, ["default"], reconciler.State(), instance="first")
+    assert (pushed, walks) == (20, ["default"])
+    assert resynced(logs) == [("warning", 20, "no marker yet")]
+    assert await redis_client.zcard(keys.ready("default")) == 300
+
+
+async def test_a_queue_seen_before_whose_marker_went_is_walked_and_called_lost(
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, walks: list[str]
+) -> None:
+    await tasks.enqueue_many([TaskSpec(name="filled") for _ in range(300)])
+    state = reconciler.State()
+    await reconciler.check(tasks, ["default"], state, instance="first")
+    walks.clear()
+    await redis_client.delete(keys.marker("default"), keys.ready("default"))  # a flush of the queue's keys
+    with structlog.testing.capture_logs() as logs:
+        pushed = await reconciler.check(tasks, ["default"], state, instance="first")
+    assert (pushed, walks) == (300, ["default"])
+    assert resynced(logs) == [("warning", 300, "data lost")]
