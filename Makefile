@@ -40,7 +40,7 @@ POOLER_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueu
 # suite is the part that connects, pops, waits, fires schedules, loses keys and crashes.
 REDIS_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py task_actions.py \
 	bulk_operations.py wait.py schedules.py cancel_and_recovery.py recovery.py queue_pause.py crash.py \
-	rate_limits.py dlq_listing.py bulk.py client.py due_times.py)
+	rate_limits.py dlq_listing.py bulk.py client.py due_times.py reconciler_first_look.py)
 SENTINEL_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py wait.py schedules.py \
 	cancel_and_recovery.py recovery.py crash.py client.py)
 test: install
