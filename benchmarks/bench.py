@@ -14,7 +14,8 @@ allowed to create databases) and uses the Redis of ``REDIS_URL`` (default
 2. **drain**: starts one instance (``python -m taskmesh`` with the handler
    module ``benchmarks.bench_handler``, found through ``PYTHONPATH``;
    ``--concurrency`` executors, durable: ``synchronous_commit`` as the server has it) and times
-   it from launch until every task ran, with the CPU seconds of the instance,
+   it from launch until every task ran (and until the first task's handler
+   started: the start-up), with the CPU seconds of the instance,
    of PostgreSQL and of Redis, and the instance's peak RSS; then checks that
    every task ran exactly once (the recorder) and is ``completed`` with one run;
 3. **single HTTP creates**: ``--http`` ``POST /api/v1/tasks`` from 8
@@ -166,6 +167,7 @@ class Bench:
         backends = BackendCpu(admin, BENCH_DB)
         await backends.start()
         rd0 = cpu_by_name(REDIS_NAMES)
+        launched = time.time()  # the handler records its start on this clock
         t0 = time.perf_counter()
         proc = self.start_instance(concurrency)
         rss_at_10pct = 0
@@ -186,9 +188,12 @@ class Bench:
             elapsed = time.perf_counter() - t0
             cpu = cpu_of(proc.pid)
             await backends.poll()
+            async with self.recorder() as recorder:
+                first_start = min(float(v) for v in await recorder.hvals(START))
             self.figures.update(
                 drain_per_s=n / elapsed,
                 drain_seconds=elapsed,
+                startup_seconds=first_start - launched,
                 instance_cpu_us_per_task=cpu / n * 1e6,
                 postgres_cpu_us_per_task=backends.total() / n * 1e6,
                 redis_cpu_us_per_task=(cpu_by_name(REDIS_NAMES) - rd0) / n * 1e6,

@@ -97,6 +97,7 @@ def _read_results(path: Path) -> dict[str, dict[str, Any]]:
                     drain_per_s=run["drain_rate"],
                     config=run["config"],
                     exactly_once=run["exactly_once"]["ok"],
+                    startup_s=run.get("startup_s"),
                     cpu_us_per_task=cores / run["drain_rate"] * 1e6 if cores and run["drain_rate"] else None,
                 )
         elif run["kind"] == "latency" and "p99" in run:

@@ -29,7 +29,10 @@ def print_report(figures: dict[str, Any], peers: dict[str, dict[str, Any]] | Non
         f"{os.cpu_count()} cores"
     )
     print(f"  bulk enqueue            {f['bulk_enqueue_per_s']:>10.0f} tasks/s")
-    print(f"  drain (from launch)     {f['drain_per_s']:>10.0f} tasks/s  ({f['drain_seconds']:.1f} s)")
+    print(
+        f"  drain (from launch)     {f['drain_per_s']:>10.0f} tasks/s  ({f['drain_seconds']:.1f} s; "
+        f"the first task started {f['startup_seconds']:.2f} s after launch)"
+    )
     print(
         f"  CPU per task            instance {f['instance_cpu_us_per_task']:.0f} us, "
         f"postgres (its backends) {f['postgres_cpu_us_per_task']:.0f} us, redis {f['redis_cpu_us_per_task']:.0f} us; "
@@ -70,6 +73,7 @@ def _print_table(f: dict[str, Any], peers: dict[str, dict[str, Any]]) -> None:
     pickup = f.get("pickup_ms_at_rate")
     rows: list[tuple[str, float | None, dict[str, float | None], int]] = [
         ("drain, tasks/s", f["drain_per_s"], {s: peers[s].get("drain_per_s") for s in systems}, 0),
+        ("start-up, s", f["startup_seconds"], {s: peers[s].get("startup_s") for s in systems}, 2),
         ("bulk enqueue, tasks/s", f["bulk_enqueue_per_s"], {s: peers[s].get("enqueue_per_s") for s in systems}, 0),
         (
             "pickup p50, ms",
