@@ -7,5 +7,6 @@ the one small script in ``static/`` (no CDN, no build step, no inline script: a 
 
 The package imports nothing itself: the API's sign-in needs only :mod:`taskmesh.console.sessions`,
 and the pages (Jinja2, the API client, their routes) are imported by
-:func:`taskmesh.console.install.install`, when an instance serves the console.
+:func:`taskmesh.console.routes.console_routes` at the console's first request
+(:mod:`taskmesh.console.lazy`).
 """

@@ -72,7 +72,7 @@ class LazyConsole(BaseRoute):
             (on the first request only; later ones never match it here).
         """
         route = scope.get("route")
-        if self.routes is None or route is self or route is None:
+        if route is None or route is self:  # matched before the routes were loaded
             async with self._loading:
                 if self.routes is None:
                     await anyio.to_thread.run_sync(self._load)
