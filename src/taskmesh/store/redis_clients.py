@@ -11,6 +11,8 @@ interface (:data:`RedisClient`):
 - Sentinel (a ``redis+sentinel://`` URL): a standalone client whose connections ask the
   Sentinels for the master's address, and reconnect to the new master after a failover.
 
+Every mode packs commands with hiredis (``store/redis_packing.py``).
+
 Timeouts are the same in every mode: connect 2 s; reads may take 10 s (a blocking pop asks the
 server to wait up to its own timeout, which stays below that).
 """
@@ -23,6 +25,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
+from taskmesh.store.redis_packing import use_hiredis_packing
 from taskmesh.store.redis_urls import SENTINEL_SCHEMES, parse_sentinel_url
 
 RedisClient: TypeAlias = aioredis.Redis | RedisCluster
@@ -54,10 +57,10 @@ def open_client(url: str, mode: RedisMode = "standalone", *, decode: bool = Fals
     if is_sentinel_url(url):
         if mode == "cluster":
             raise ValueError('a redis+sentinel:// URL names one master: use redis_mode = "standalone"')
-        return _sentinel_client(url, common)
+        return use_hiredis_packing(_sentinel_client(url, common))
     if mode == "cluster":
-        return RedisCluster.from_url(url, **common)
-    return aioredis.Redis.from_url(url, health_check_interval=15, **common)
+        return use_hiredis_packing(RedisCluster.from_url(url, **common))
+    return use_hiredis_packing(aioredis.Redis.from_url(url, health_check_interval=15, **common))
 
 
 def _sentinel_client(url: str, common: dict[str, Any]) -> aioredis.Redis:
