@@ -17,12 +17,13 @@ import anyio
 import asyncpg
 
 from taskmesh.errors import InvalidTaskError, StoreError, TaskCancelledError, TaskFailedError, WaitTimeoutError
+from taskmesh.models import Enqueued
 from taskmesh.registry import Registry, default_registry
 from taskmesh.states import TaskStatus
 from taskmesh.store import Stores
 from taskmesh.store.redis_clients import RedisMode
 from taskmesh.task_actions import Cancelled, Retried
-from taskmesh.tasks import Enqueued, Tasks
+from taskmesh.tasks import Tasks
 from taskmesh.validation import parse_task_spec, parse_task_specs
 
 
@@ -204,14 +205,14 @@ class Client:
         :param tasks: mappings in the API's field names (``name``, ``payload``,
             ``queue_name``, ``priority``, ``dedup_key``, ``max_retries``,
             ``delay_seconds``, ``run_at``, ``tenant_id``, ``trace_id``).
-        :returns: one :class:`~taskmesh.tasks.Enqueued` per task, in order.
+        :returns: one :class:`~taskmesh.models.Enqueued` per task, in order.
         :raises InvalidTaskError: the first invalid task, its field prefixed with
             ``tasks[i].``; nothing is written then (all or nothing).
         """
-        specs = parse_task_specs([dict(task) for task in tasks])
+        items = [dict(task) for task in tasks]
         if connection is not None:
-            return await self.tasks.enqueue_in_transaction(connection, specs)
-        return await self.tasks.enqueue_many(specs)
+            return await self.tasks.enqueue_in_transaction(connection, parse_task_specs(items))
+        return await self.tasks.enqueue_mappings(items)
 
     async def get(self, task_id: TaskRef) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The task and its latest run, in the API's shape.

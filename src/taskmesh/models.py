@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -9,7 +10,7 @@ from uuid import UUID
 
 from taskmesh.states import Outcome
 
-__all__ = ["ClaimedTask", "Outcome", "PushTarget", "RunResult", "TaskContext"]
+__all__ = ["ClaimedTask", "Enqueued", "Outcome", "PushTarget", "RunResult", "TaskContext"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +108,19 @@ class PushTarget:
     queue: str
     priority: int
     due_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """Answer of :meth:`Tasks.enqueue`.
+
+    ``created`` is ``False`` when the idempotency key named an existing task,
+    whose id and current status are returned. ``queue`` is the queue a created
+    task went to (the request's, or its handler's default); ``None`` when deduplicated.
+    """
+
+    task_id: uuid.UUID
+    status: str
+    created: bool
+    trace_id: str | None = None
+    queue: str | None = None

@@ -45,9 +45,9 @@ from taskmesh.models import PushTarget
 from taskmesh.records import json_value
 from taskmesh.states import TaskStatus, TaskType
 from taskmesh.store import PgStore
-from taskmesh.tasks import Tasks, dump_json
+from taskmesh.tasks import Tasks
 from taskmesh.tenancy import EVERYTHING, Reach
-from taskmesh.validation import TaskSpec
+from taskmesh.validation import TaskSpec, dump_json
 
 log = get_logger("taskmesh.scheduler")
 

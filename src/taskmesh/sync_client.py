@@ -19,8 +19,8 @@ from typing import Any, ParamSpec, TypeVar
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from taskmesh.client import Client, TaskRef
+from taskmesh.models import Enqueued
 from taskmesh.task_actions import Cancelled, Retried
-from taskmesh.tasks import Enqueued
 
 P = ParamSpec("P")
 T = TypeVar("T")

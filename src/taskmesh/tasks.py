@@ -8,24 +8,22 @@ enqueue. Store failures come up as :class:`~taskmesh.errors.StoreError`.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import anyio
 import asyncpg
 import orjson
 from uuid_utils.compat import uuid7
 
 from taskmesh import audit
+from taskmesh.copy_enqueue import COPY_MIN_TASKS, copy_many, copyable, copyable_mapping
 from taskmesh.errors import InvalidTaskError, StoreError, TaskNotFoundError
 from taskmesh.logs import get_logger
 from taskmesh.metrics import Metrics
-from taskmesh.models import ClaimedTask, PushTarget, RunResult
+from taskmesh.models import ClaimedTask, Enqueued, PushTarget, RunResult
 from taskmesh.records import run_to_dict as _run_to_dict
 from taskmesh.records import task_and_latest_run, task_summary_to_dict
 from taskmesh.registry import Registry
@@ -33,7 +31,7 @@ from taskmesh.states import TaskStatus, TaskType
 from taskmesh.store import PgStore, RedisStore
 from taskmesh.task_actions import TaskActions
 from taskmesh.tracing import new_trace_ids
-from taskmesh.validation import BIG_INTEGER, TaskSpec, big_integer_path
+from taskmesh.validation import TaskSpec, dump_json, parse_task_specs
 
 log = get_logger("taskmesh.tasks")
 
@@ -43,49 +41,6 @@ ENQUEUED_CHANNEL = "taskmesh_enqueued"
 """PostgreSQL channel of transactionally enqueued task ids (space-separated), sent at the caller's commit."""
 ENQUEUED_IDS_PER_NOTIFY = 200
 """Ids per notification (a payload must stay under PostgreSQL's 8,000 bytes)."""
-
-COPY_MIN_TASKS = 64
-"""A bulk enqueue of at least this many immediate tasks without a dedup key is copied (``COPY``):
-PostgreSQL writes a copied row for about a quarter less than an inserted one. Fewer go in one
-INSERT, one round trip."""
-COPY_CHUNK_TASKS = 250
-"""Tasks per ``COPY`` statement of a bulk enqueue: Python prepares the next chunk meanwhile."""
-PREPARE_SLICE_TASKS = 25
-"""Tasks prepared between two yields to the event loop, so the ``COPY`` in flight makes progress."""
-
-ORJSON_BIG_INTEGER = "Integer exceeds 64-bit range"
-"""orjson's ``TypeError`` text for an integer it cannot write."""
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueued:
-    """Answer of :meth:`Tasks.enqueue`.
-
-    ``created`` is ``False`` when the idempotency key named an existing task,
-    whose id and current status are returned. ``queue`` is the queue a created
-    task went to (the request's, or its handler's default); ``None`` when deduplicated.
-    """
-
-    task_id: uuid.UUID
-    status: str
-    created: bool
-    trace_id: str | None = None
-    queue: str | None = None
-
-
-def dump_json(value: Any, field: str) -> str:
-    """Serialise ``value`` for a jsonb column.
-
-    :raises InvalidTaskError: it is not JSON-serialisable (naming ``field``), or it holds an
-        integer beyond 64 bits, which orjson cannot write (naming its path, ``payload.customer.id``,
-        when it sits in dicts, lists and tuples; else ``field``).
-    """
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError as exc:
-        if str(exc) == ORJSON_BIG_INTEGER:
-            raise InvalidTaskError(big_integer_path(value, field) or field, BIG_INTEGER) from None
-        raise InvalidTaskError(field, f"is not JSON-serialisable: {exc}") from None
 
 
 def _epoch(value: datetime) -> float | None:
@@ -153,6 +108,27 @@ class Tasks(TaskActions):
         await self.push(targets)
         return out
 
+    async def enqueue_mappings(self, items: Sequence[dict[str, Any]]) -> list[Enqueued]:
+        """Validate tasks in the API's field names and enqueue them, as :meth:`enqueue_many` of
+        :func:`~taskmesh.validation.parse_task_specs`.
+
+        A bulk that will be copied is validated a slice at a time while PostgreSQL copies the
+        slices before (``copy_enqueue.py``), not all before the first row is sent.
+
+        :raises InvalidTaskError: the first invalid task, its field prefixed with ``tasks[i].``;
+            nothing is written then.
+        :raises StoreError: PostgreSQL failed; nothing was written.
+        """
+        if len(items) < COPY_MIN_TASKS or not all(copyable_mapping(item) for item in items):
+            return await self.enqueue_many(parse_task_specs(items))
+        async with self.pg.changing() as pg:
+            out, targets, specs = await copy_many(
+                self, pg, len(items), lambda a, b: parse_task_specs(items[a:b], first=a), "tasks[{i}].", None
+            )
+            _note_created(out, specs)
+        await self.push(targets)
+        return out
+
     async def enqueue_in_transaction(self, connection: asyncpg.Connection, specs: Sequence[TaskSpec]) -> list[Enqueued]:
         """Store tasks inside the caller's own transaction on ``connection`` (transactional enqueue).
 
@@ -213,8 +189,12 @@ class Tasks(TaskActions):
         handler = self.registry.get(name) if self.registry else None
         return handler.queue if handler is not None and handler.queue else DEFAULT_QUEUE
 
-    def _prepare(self, spec: TaskSpec) -> tuple[str, int, str]:
-        """Resolve a spec's defaults: ``(queue, max_retries, type)``."""
+    def resolve_defaults(self, spec: TaskSpec) -> tuple[str, int, str]:
+        """A spec's defaults resolved: ``(queue, max_retries, type)``.
+
+        The queue and max_retries are the request's, else its handler's, else the defaults;
+        the type is ``delayed`` when it has a delay or a ``run_at``, else ``immediate``.
+        """
         handler = self.registry.get(spec.name) if self.registry else None
         max_retries = spec.max_retries
         if max_retries is None and handler is not None:
@@ -239,20 +219,22 @@ class Tasks(TaskActions):
         The caller pushes the returned targets with :meth:`push` once the
         transaction committed (design.md principle 1: PostgreSQL first).
         :data:`COPY_MIN_TASKS` or more immediate tasks without a dedup key are copied
-        (:meth:`_copy_many`) unless ``copy`` is false; others go in one ``task_insert_many``
+        (:func:`~taskmesh.copy_enqueue.copy_many`) unless ``copy`` is false; others go in one ``task_insert_many``
         statement.
         """
         if not specs:
             return [], []
-        if copy and len(specs) >= COPY_MIN_TASKS and all(_copyable(s) for s in specs):
-            return await self._copy_many(pg, specs, field_prefix, task_type)
+        if copy and len(specs) >= COPY_MIN_TASKS and all(copyable(s) for s in specs):
+            copied, pushes, _ = await copy_many(self, pg, len(specs), lambda a, b: specs[a:b], field_prefix, task_type)
+            _note_created(copied, specs)
+            return copied, pushes
         if self.registry is not None:
             for i, spec in enumerate(specs):
                 self.check_payload(spec, field_prefix.format(i=i))
         ids = [uuid7() for _ in specs]  # time-ordered: each insert lands at the primary key's right edge
         fresh = new_trace_ids(len(specs))
         traces = [s.trace_id or fresh[i] for i, s in enumerate(specs)]  # every task can be followed in the logs
-        prepared = [self._prepare(s) for s in specs]
+        prepared = [self.resolve_defaults(s) for s in specs]
         payloads = [dump_json(s.payload, field_prefix.format(i=i) + "payload") for i, s in enumerate(specs)]
         rows = await pg.tasks.insert_many(
             ids,
@@ -298,71 +280,6 @@ class Tasks(TaskActions):
                     self.metrics.task_deduplicated(queue)
         _note_created(out, specs)
         return out, targets
-
-    async def _copy_many(
-        self, pg: PgStore, specs: Sequence[TaskSpec], field_prefix: str, task_type: str | None
-    ) -> tuple[list[Enqueued], list[PushTarget]]:
-        """:meth:`insert_many` of immediate tasks without a dedup key: ``COPY`` in chunks, in one transaction.
-
-        Python prepares the next chunk while PostgreSQL writes the one before (the two run on
-        two cores); a chunk that cannot be prepared (an invalid payload) rolls the whole
-        transaction back, so nothing is written, as with one INSERT.
-        """
-        out: list[Enqueued] = []
-        targets: list[PushTarget] = []
-        traces = new_trace_ids(len(specs))
-        defaults: dict[tuple[str, str | None, int | None], tuple[str, int, str]] = {}  # by handler, not by task
-        async with pg.atomic() as tx:
-            copying: asyncio.Future[None] | None = None
-            try:
-                for start in range(0, len(specs), COPY_CHUNK_TASKS):
-                    records = []
-                    for i in range(start, min(start + COPY_CHUNK_TASKS, len(specs))):
-                        if i % PREPARE_SLICE_TASKS == 0:
-                            await asyncio.sleep(0)  # the COPY in flight sends its rows or reads its answer
-                        prefix, trace = field_prefix.format(i=i), specs[i].trace_id or traces[i]
-                        record, target = self._copy_record(specs[i], prefix, trace, task_type, defaults)
-                        records.append(record)
-                        targets.append(target)
-                        out.append(Enqueued(target.task_id, TaskStatus.QUEUED, True, trace, target.queue))
-                    if copying is not None:
-                        await copying
-                    # asyncpg runs on asyncio only: its COPY goes on while this coroutine prepares
-                    copying = asyncio.ensure_future(tx.tasks.copy_in(records))
-                if copying is not None:
-                    await copying
-            except BaseException:
-                await _settle(copying)  # the rollback needs the connection free
-                raise
-        if self.metrics:
-            for o in out:
-                self.metrics.task_created(o.queue or DEFAULT_QUEUE)
-        _note_created(out, specs)
-        return out, targets
-
-    def _copy_record(
-        self,
-        spec: TaskSpec,
-        prefix: str,
-        trace_id: str,
-        task_type: str | None,
-        defaults: dict[tuple[str, str | None, int | None], tuple[str, int, str]],
-    ) -> tuple[tuple[Any, ...], PushTarget]:
-        """One task's :meth:`~taskmesh.store.task_queries.TaskQueries.copy_in` record and its push target.
-
-        :param defaults: :meth:`_prepare`'s answers by (name, queue given, max_retries), filled here.
-        :raises InvalidTaskError: its payload does not fit its handler or is not JSON-serialisable.
-        """
-        self.check_payload(spec, prefix)
-        key = (spec.name, spec.queue_name if "queue_name" in spec.model_fields_set else None, spec.max_retries)
-        prepared = defaults.get(key)
-        if prepared is None:
-            prepared = defaults[key] = self._prepare(spec)
-        queue, max_retries, kind = prepared
-        task_id = uuid7()
-        payload = dump_json(spec.payload, prefix + "payload")
-        row = (task_id, spec.name, task_type or kind, queue, spec.priority, payload, max_retries, spec.tenant_id)
-        return (*row, trace_id, TaskStatus.QUEUED.value), PushTarget(task_id, queue, spec.priority, None)
 
     async def push(self, targets: Sequence[PushTarget]) -> None:
         """Push committed tasks' ids to Redis; a failure is logged and left to the reconciler."""
@@ -508,23 +425,6 @@ class Tasks(TaskActions):
             await self.redis.finished.announce(finished)
         except StoreError as exc:  # Postgres has it; the reconciler repairs Redis
             log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))
-
-
-def _copyable(spec: TaskSpec) -> bool:
-    """Whether a task can be copied (``COPY``): immediate, without a dedup key (nothing can conflict)."""
-    return spec.dedup_key is None and spec.run_at is None and not spec.delay_seconds
-
-
-async def _settle(future: asyncio.Future[None] | None) -> None:
-    """Cancel ``future`` if it still runs and wait for it, shielded; its own error is dropped (the caller's wins)."""
-    if future is None:
-        return
-    if not future.done():
-        future.cancel()
-    with anyio.CancelScope(shield=True):
-        await asyncio.wait([future])
-    if not future.cancelled():
-        future.exception()  # retrieved: asyncio would log it as never retrieved
 
 
 def _note_created(out: Sequence[Enqueued], specs: Sequence[TaskSpec]) -> None:

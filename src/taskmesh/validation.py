@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -48,6 +49,8 @@ EXACT_FLOAT_LIMIT = 2**53
 """Integral floats at least this large may be integer literals orjson rounded (see :func:`may_hold_big_integers`)."""
 
 StrictInt = Annotated[int, Strict()]
+ORJSON_BIG_INTEGER = "Integer exceeds 64-bit range"
+"""orjson's ``TypeError`` text for an integer it cannot write."""
 
 
 def check_json(value: Any, path: str, max_depth: int = MAX_PAYLOAD_DEPTH) -> None:
@@ -210,9 +213,10 @@ def field_errors(exc: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
-def parse_task_specs(items: Sequence[Any]) -> list[TaskSpec]:
+def parse_task_specs(items: Sequence[Any], *, first: int = 0) -> list[TaskSpec]:
     """Validate decoded JSON objects as :class:`TaskSpec` s, all at once (one pydantic call for the batch).
 
+    :param first: the index of ``items[0]`` in the whole batch, when ``items`` is a slice of it.
     :raises InvalidTaskError: the first invalid item's first problem, its field prefixed with
         ``tasks[i].`` (``tasks[3].priority``); ``errors`` lists that item's problems.
     """
@@ -226,7 +230,7 @@ def parse_task_specs(items: Sequence[Any]) -> list[TaskSpec]:
         return _TASK_SPECS.validate_python(items)
     except (InvalidTaskError, ValidationError):
         pass
-    for i, item in enumerate(items):  # rare: find the first invalid item and say what parse_task_spec says
+    for i, item in enumerate(items, first):  # rare: find the first invalid item and say what parse_task_spec says
         try:
             parse_task_spec(item)
         except InvalidTaskError as exc:
@@ -257,3 +261,18 @@ def parse_task_spec(data: Any) -> TaskSpec:
 _JSON_CHECKED = ("payload", "dedup_key", "tenant_id", "trace_id", "name", "queue_name")
 """The fields :func:`check_json` checks before pydantic sees them."""
 _TASK_SPECS = TypeAdapter(list[TaskSpec])
+
+
+def dump_json(value: Any, field: str) -> str:
+    """Serialise ``value`` for a jsonb column.
+
+    :raises InvalidTaskError: it is not JSON-serialisable (naming ``field``), or it holds an
+        integer beyond 64 bits, which orjson cannot write (naming its path, ``payload.customer.id``,
+        when it sits in dicts, lists and tuples; else ``field``).
+    """
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError as exc:
+        if str(exc) == ORJSON_BIG_INTEGER:
+            raise InvalidTaskError(big_integer_path(value, field) or field, BIG_INTEGER) from None
+        raise InvalidTaskError(field, f"is not JSON-serialisable: {exc}") from None

@@ -142,3 +142,28 @@ async def test_an_invalid_payload_late_in_a_copied_batch_writes_nothing(
     assert str(info.value) == "tasks[550].payload: is not JSON-serialisable: Type is not JSON serializable: set"
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 100 == len(after)
     assert await redis_client.zcard(keys.ready("default")) == 100
+
+
+@pytest.mark.parametrize(
+    ("index", "bad", "message"),
+    [
+        (612, {"priority": 2000}, "tasks[612].priority: Input should be less than or equal to 1000"),
+        (30, {"name": "bad name"}, "tasks[30].name: String should match pattern '^[A-Za-z0-9_.:-]{1,128}$'"),
+        (999, {"extra": 1}, "tasks[999].extra: unknown field"),
+        (400, {"delay_seconds": "soon"}, "tasks[400].delay_seconds: must be a number of seconds"),
+        (70, {"delay_seconds": False}, "tasks[70].delay_seconds: must be a number of seconds"),
+    ],
+)
+async def test_a_task_the_client_refuses_late_in_a_copied_batch_writes_nothing(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, index: int, bad: dict[str, Any], message: str
+) -> None:
+    """The client validates a copied batch slice by slice while PostgreSQL copies the slices before it:
+    an invalid task in a later slice names its index in the batch and rolls the copied ones back."""
+    batch: list[dict[str, Any]] = [{"name": "c", "payload": {"i": i}} for i in range(1000)]
+    batch[index].update(bad)
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
+        with pytest.raises(taskmesh.InvalidTaskError) as info:
+            await client.enqueue_many(batch)
+    assert str(info.value) == message
+    assert [field for field, _ in info.value.errors] == [message.split(":")[0]]
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 0

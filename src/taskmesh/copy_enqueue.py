@@ -1,0 +1,145 @@
+"""A bulk enqueue by ``COPY``: Python validates and prepares the next chunk while PostgreSQL copies the one before.
+
+A bulk of immediate tasks without a dedup key cannot conflict with anything, so it is copied
+(``COPY``), which PostgreSQL writes for about a quarter less per row than an ``INSERT``. The
+batch is one transaction: a task found invalid in a later chunk rolls the earlier chunks
+back, so nothing is written, as with one statement. The client validates here too
+(:func:`copyable_mapping` says which raw batches may), so pydantic's time per task runs beside
+PostgreSQL's rather than before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from uuid_utils.compat import uuid7
+
+from taskmesh.models import Enqueued, PushTarget
+from taskmesh.states import TaskStatus
+from taskmesh.store import PgStore
+from taskmesh.tracing import new_trace_ids
+from taskmesh.validation import TaskSpec, dump_json
+
+if TYPE_CHECKING:
+    from taskmesh.tasks import Tasks
+
+COPY_MIN_TASKS = 64
+"""A bulk enqueue of at least this many immediate tasks without a dedup key is copied (``COPY``):
+PostgreSQL writes a copied row for about a quarter less than an inserted one. Fewer go in one
+INSERT, one round trip."""
+COPY_CHUNK_TASKS = 250
+"""Tasks per ``COPY`` statement of a bulk enqueue: Python prepares the next chunk meanwhile."""
+PREPARE_SLICE_TASKS = 25
+"""Tasks validated and prepared between two yields to the event loop, so the ``COPY`` in flight
+makes progress."""
+
+SpecSlice = Callable[[int, int], Sequence[TaskSpec]]
+"""``(start, stop) -> specs[start:stop]``: the validated tasks of one slice of the batch.
+
+It raises :class:`~taskmesh.errors.InvalidTaskError` for a slice holding an invalid task,
+naming it by its index in the whole batch (``tasks[612].priority``)."""
+
+Defaults = dict[tuple[str, str | None, int | None], tuple[str, int, str]]
+""":meth:`~taskmesh.tasks.Tasks.resolve_defaults`'s answers by (name, queue given, max_retries)."""
+
+
+def copyable(spec: TaskSpec) -> bool:
+    """Whether a task can be copied (``COPY``): immediate, without a dedup key (nothing can conflict)."""
+    return spec.dedup_key is None and spec.run_at is None and not spec.delay_seconds
+
+
+def copyable_mapping(item: Mapping[str, Any]) -> bool:
+    """Whether a task not validated yet would be :func:`copyable` once it is (it may still be invalid)."""
+    return (
+        item.get("dedup_key") is None
+        and item.get("run_at") is None
+        and item.get("delay_seconds") in (None, 0)
+        and item.get("type", "immediate") == "immediate"
+    )
+
+
+async def copy_many(
+    tasks: Tasks, pg: PgStore, count: int, specs: SpecSlice, field_prefix: str, task_type: str | None
+) -> tuple[list[Enqueued], list[PushTarget], list[TaskSpec]]:
+    """Copy ``count`` copyable tasks into ``tasks`` in chunks, in one transaction on ``pg``.
+
+    :param tasks: the facade whose registry and defaults apply (:meth:`~taskmesh.tasks.Tasks.check_payload`,
+        :meth:`~taskmesh.tasks.Tasks.resolve_defaults`) and whose metrics count the creates.
+    :param specs: the batch's validated tasks, a slice at a time (:data:`SpecSlice`); every one
+        :func:`copyable`.
+    :param field_prefix: how an error names task ``i`` (``tasks[{i}].``).
+    :param task_type: overrides the ``type`` column.
+    :returns: one :class:`Enqueued` per task, in order; the push targets for after the commit;
+        the validated specs.
+    :raises InvalidTaskError: a task is invalid, its payload does not fit its handler or is not
+        JSON-serialisable; the transaction is rolled back.
+    :raises StoreError: PostgreSQL failed; nothing was written.
+    """
+    out: list[Enqueued] = []
+    targets: list[PushTarget] = []
+    seen: list[TaskSpec] = []
+    traces = new_trace_ids(count)
+    defaults: Defaults = {}  # by handler, not by task
+    async with pg.atomic() as tx:
+        copying: asyncio.Future[None] | None = None
+        try:
+            for start in range(0, count, COPY_CHUNK_TASKS):
+                stop, records = min(start + COPY_CHUNK_TASKS, count), []
+                for first in range(start, stop, PREPARE_SLICE_TASKS):
+                    await asyncio.sleep(0)  # the COPY in flight sends its rows or reads its answer
+                    chunk = specs(first, min(first + PREPARE_SLICE_TASKS, stop))
+                    seen.extend(chunk)
+                    for i, spec in enumerate(chunk, first):
+                        trace = spec.trace_id or traces[i]
+                        record, target = _record(tasks, spec, field_prefix.format(i=i), trace, task_type, defaults)
+                        records.append(record)
+                        targets.append(target)
+                        out.append(Enqueued(target.task_id, TaskStatus.QUEUED, True, trace, target.queue))
+                if copying is not None:
+                    await copying
+                # asyncpg runs on asyncio only: its COPY goes on while this coroutine prepares
+                copying = asyncio.ensure_future(tx.tasks.copy_in(records))
+            if copying is not None:
+                await copying
+        except BaseException:
+            await _settle(copying)  # the rollback needs the connection free
+            raise
+    if tasks.metrics:
+        for t in targets:
+            tasks.metrics.task_created(t.queue)
+    return out, targets, seen
+
+
+def _record(
+    tasks: Tasks, spec: TaskSpec, prefix: str, trace_id: str, task_type: str | None, defaults: Defaults
+) -> tuple[tuple[Any, ...], PushTarget]:
+    """One task's :meth:`~taskmesh.store.task_queries.TaskQueries.copy_in` record and its push target.
+
+    :param defaults: filled here.
+    :raises InvalidTaskError: its payload does not fit its handler or is not JSON-serialisable.
+    """
+    tasks.check_payload(spec, prefix)
+    key = (spec.name, spec.queue_name if "queue_name" in spec.model_fields_set else None, spec.max_retries)
+    prepared = defaults.get(key)
+    if prepared is None:
+        prepared = defaults[key] = tasks.resolve_defaults(spec)
+    queue, max_retries, kind = prepared
+    task_id = uuid7()
+    payload = dump_json(spec.payload, prefix + "payload")
+    row = (task_id, spec.name, task_type or kind, queue, spec.priority, payload, max_retries, spec.tenant_id)
+    return (*row, trace_id, TaskStatus.QUEUED.value), PushTarget(task_id, queue, spec.priority, None)
+
+
+async def _settle(future: asyncio.Future[None] | None) -> None:
+    """Cancel ``future`` if it still runs and wait for it, shielded; its own error is dropped (the caller's wins)."""
+    if future is None:
+        return
+    if not future.done():
+        future.cancel()
+    with anyio.CancelScope(shield=True):
+        await asyncio.wait([future])
+    if not future.cancelled():
+        future.exception()  # retrieved: asyncio would log it as never retrieved
