@@ -26,6 +26,7 @@ grace + 15 s. After a critical service's failure the instance raises
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import secrets
 import socket
@@ -109,6 +110,8 @@ class Instance:
     budget: RestartBudget = field(default_factory=RestartBudget)
     stop_requested_at: float | None = None
     """``time.monotonic()`` of the signal that asked for the stop: the grace period counts from it."""
+    freeze_heap: bool = False
+    """Whether the ready instance freezes its heap (:func:`run`'s ``freeze_heap``)."""
 
 
 def handled_names(registry: Registry) -> list[str] | None:
@@ -117,11 +120,21 @@ def handled_names(registry: Registry) -> list[str] | None:
 
 
 async def run(
-    settings: Settings, registry: Registry, instance: Instance | None = None, *, signals: bool = True
+    settings: Settings,
+    registry: Registry,
+    instance: Instance | None = None,
+    *,
+    signals: bool = True,
+    freeze_heap: bool | None = None,
 ) -> None:
     """Run an instance until it is stopped (see module docs).
 
     :param signals: install SIGTERM/SIGINT handlers (off for in-process tests).
+    :param freeze_heap: once ready, move every object alive to the collector's permanent generation
+        (``gc.freeze()``): the modules, the app and the services live as long as the process, and
+        a full collection no longer walks them again and again while tasks run. By default as
+        ``signals`` (an instance that owns its process); never in a test's process, whose objects
+        it would keep.
     :raises ConfigError: ``DATABASE_URL``/``REDIS_URL`` missing, a schedule names a task
         no handler runs, or the HTTP port cannot be bound.
     :raises MigrationError: a migration failed with an error retrying cannot fix.
@@ -131,6 +144,7 @@ async def run(
     database_url, redis_url = require_stores(settings)
     check_schedule_tasks(settings, set(registry.names()), registry.fallback is not None)
     inst = instance or Instance()
+    inst.freeze_heap = signals if freeze_heap is None else freeze_heap
     inst.budget = RestartBudget(settings.service_restarts, settings.service_restart_window_seconds)
     metrics = Metrics(task_names=registry, queues=settings.queue_names)  # bounded labels (issue 10, break 10)
     current_metrics.set(metrics)  # this task and the services it starts count their store errors here
@@ -666,6 +680,8 @@ async def _run_services(p: _Parts) -> None:
                     work.start_soon(pool.execute)
                     fetcher = ServiceSpec(f"fetcher:{pool.queue}", pool.fetch, critical=True)
                     work.start_soon(_fetch, pool, supervised(fetcher))
+                if inst.freeze_heap:
+                    gc.freeze()
                 inst.ready.set()
                 n = sum(pool.concurrency for pool in p.pools)
                 serving = f"{n} executors on {', '.join(pool.queue for pool in p.pools)}" if p.pools else "no workers"
