@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -112,14 +111,14 @@ class PushTarget:
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
-    """Answer of :meth:`Tasks.enqueue`.
+    """Answer of :meth:`~taskmesh.tasks.Tasks.enqueue` (and one per task of the bulk enqueues).
 
     ``created`` is ``False`` when the idempotency key named an existing task,
     whose id and current status are returned. ``queue`` is the queue a created
     task went to (the request's, or its handler's default); ``None`` when deduplicated.
     """
 
-    task_id: uuid.UUID
+    task_id: UUID
     status: str
     created: bool
     trace_id: str | None = None
