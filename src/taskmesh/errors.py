@@ -36,6 +36,11 @@ class InvalidTaskError(TaskmeshError, ValueError):
         self.message = message
         self.errors = errors or [(field, message)]
 
+    def under(self, prefix: str) -> InvalidTaskError:
+        """The same refusal with every field under ``prefix`` (``tasks[3].`` + ``payload.id``)."""
+        errors = [(prefix + f, m) for f, m in self.errors]
+        return InvalidTaskError(errors[0][0], errors[0][1], errors)
+
 
 class TaskNotFoundError(TaskmeshError, LookupError):
     """No task has the given id.

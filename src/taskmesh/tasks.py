@@ -16,11 +16,11 @@ from typing import Any
 
 import asyncpg
 import orjson
-from uuid_utils.compat import uuid7
 
 from taskmesh import audit
 from taskmesh.copy_enqueue import COPY_MIN_TASKS, copy_many, copyable, copyable_mapping
 from taskmesh.errors import InvalidTaskError, StoreError, TaskNotFoundError
+from taskmesh.ids import uuid7
 from taskmesh.logs import get_logger
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, Enqueued, PushTarget, RunResult
@@ -179,8 +179,7 @@ class Tasks(TaskActions):
         try:
             self.registry.check_payload(spec.name, spec.payload)
         except InvalidTaskError as exc:
-            errors = [(field_prefix + f, m) for f, m in exc.errors]
-            raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
+            raise exc.under(field_prefix) from None
 
     def queue_for(self, name: str, queue: str | None = None) -> str:
         """The queue a task named ``name`` goes to: ``queue`` when given, else its handler's, else ``default``."""

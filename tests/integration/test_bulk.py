@@ -7,6 +7,7 @@ from typing import Any
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+from pydantic import BaseModel
 
 import taskmesh
 from taskmesh.registry import Registry
@@ -166,4 +167,46 @@ async def test_a_task_the_client_refuses_late_in_a_copied_batch_writes_nothing(
             await client.enqueue_many(batch)
     assert str(info.value) == message
     assert [field for field, _ in info.value.errors] == [message.split(":")[0]]
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 0
+
+
+class Report(BaseModel):
+    report_id: str
+
+
+@pytest.mark.parametrize(
+    ("index", "bad", "message"),
+    [
+        (777, {"name": "copy.model", "payload": {}}, "tasks[777].payload.report_id: Field required"),
+        (
+            88,
+            {"payload": {"n": [1, 2**64]}},
+            "tasks[88].payload.n[1]: integer beyond 64 bits (-2^63 .. 2^64-1); send it as a string",
+        ),
+        (
+            301,
+            {"name": "plain", "payload": b"raw"},
+            "tasks[301].payload: is not JSON-serialisable: Type is not JSON serializable: bytes",
+        ),
+    ],
+)
+async def test_a_payload_refused_late_in_a_copied_batch_names_its_task_and_writes_nothing(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, index: int, bad: dict[str, Any], message: str
+) -> None:
+    """A copied task's payload is checked against its handler and serialised as it is prepared; the
+    field names its task's index only when it is refused (formatting it for every task cost time)."""
+    registry = Registry()
+
+    @registry.task("copy.model")
+    async def model(payload: Report) -> None:
+        return None
+
+    batch: list[dict[str, Any]] = [{"name": "copy.model", "payload": {"report_id": str(i)}} for i in range(1000)]
+    batch[index].update(bad)
+    async with taskmesh.Client(
+        database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=registry
+    ) as client:
+        with pytest.raises(taskmesh.InvalidTaskError) as info:
+            await client.enqueue_many(batch)
+    assert str(info.value) == message
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 0

@@ -243,18 +243,24 @@ class RedisStore:
         :raises StoreError: Redis did not answer; PostgreSQL still has the tasks and the
             reconciler pushes them again.
         """
-        ready: dict[str, dict[str, float]] = {}
-        delayed: dict[str, dict[str, float]] = {}
+        ready: dict[str, dict[str, int]] = {}
+        delayed: dict[str, dict[str, int]] = {}
+        scores: dict[int, int] = {}  # a ready task's score depends on its priority only: one per batch
         n = 0
         now = self.now_ms()
         for t in targets:
-            tid = str(t.task_id)
-            due = None if t.due_at is None else due_ms(t.due_at)
-            if due is None:
-                ready.setdefault(t.queue, {})[tid] = ready_score(t.priority, now)
-            else:
-                delayed.setdefault(t.queue, {})[tid] = delayed_score(due, t.priority)
             n += 1
+            due = None if t.due_at is None else due_ms(t.due_at)
+            if due is not None:
+                delayed.setdefault(t.queue, {})[str(t.task_id)] = delayed_score(due, t.priority)
+                continue
+            score = scores.get(t.priority)
+            if score is None:
+                score = scores[t.priority] = ready_score(t.priority, now)
+            members = ready.get(t.queue)
+            if members is None:
+                members = ready[t.queue] = {}
+            members[str(t.task_id)] = score
         if not n:
             return 0
         sets = [(self.keys.ready(q), m) for q, m in ready.items()]

@@ -1,0 +1,30 @@
+"""Task ids (``ids.py``): UUIDv7 made without uuid_utils' slow standard-library wrapper."""
+
+from __future__ import annotations
+
+import uuid
+
+from taskmesh.ids import uuid7, uuid7_pair
+
+
+def test_an_id_is_a_standard_library_uuid_of_version_7() -> None:
+    made = uuid7()
+    assert type(made) is uuid.UUID
+    assert made.version == 7
+    assert made == uuid.UUID(str(made))
+    assert made.is_safe is uuid.SafeUUID.unknown
+
+
+def test_the_pair_holds_one_value_the_first_as_the_standard_librarys_class() -> None:
+    given, stored = uuid7_pair()
+    assert type(given) is uuid.UUID
+    assert isinstance(stored, uuid.UUID)
+    assert given == stored and hash(given) == hash(stored)
+    assert str(given) == str(stored) and given.bytes == stored.bytes
+    assert given.version == 7
+
+
+def test_ids_made_one_after_another_sort_in_the_order_made() -> None:
+    made = [uuid7() if i % 2 else uuid7_pair()[0] for i in range(2000)]
+    assert made == sorted(made)
+    assert len(set(made)) == 2000
