@@ -11,7 +11,7 @@ PostgreSQL's rather than before it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -47,6 +47,44 @@ SpecSlice = Callable[[int, int], Sequence[TaskSpec]]
 It raises :class:`~taskmesh.errors.InvalidTaskError` for a slice holding an invalid task,
 naming it by its index in the whole batch (``tasks[612].priority``)."""
 
+
+class ReadyTargets(Collection[PushTarget]):
+    """Copied tasks' push targets (all ready now), held as ids and priorities by queue until the push.
+
+    Not a :class:`~taskmesh.models.PushTarget` per task: a thousand objects that live until the
+    push are what makes the garbage collector run, and each of its runs walks them and,
+    every few batches, the whole heap. Iterating yields the targets one at a time.
+    """
+
+    __slots__ = ("_by_queue",)
+
+    def __init__(self) -> None:
+        self._by_queue: dict[str, tuple[list[UUID], list[int]]] = {}
+
+    def add(self, queue: str, task_id: UUID, priority: int) -> None:
+        """Note task ``task_id`` of ``queue`` at ``priority``, ready now."""
+        held = self._by_queue.get(queue)
+        if held is None:
+            held = self._by_queue[queue] = ([], [])
+        held[0].append(task_id)
+        held[1].append(priority)
+
+    def counts(self) -> dict[str, int]:
+        """How many tasks each queue holds."""
+        return {queue: len(ids) for queue, (ids, _) in self._by_queue.items()}
+
+    def __len__(self) -> int:
+        return sum(len(ids) for ids, _ in self._by_queue.values())
+
+    def __contains__(self, target: object) -> bool:
+        return isinstance(target, PushTarget) and target in list(self)
+
+    def __iter__(self) -> Iterator[PushTarget]:
+        for queue, (ids, priorities) in self._by_queue.items():
+            for task_id, priority in zip(ids, priorities, strict=True):
+                yield PushTarget(task_id, queue, priority, None)
+
+
 Defaults = dict[tuple[str, str | None, int | None], tuple[str, int, str]]
 """:meth:`~taskmesh.tasks.Tasks.resolve_defaults`'s answers by (name, queue given, max_retries)."""
 
@@ -68,7 +106,7 @@ def copyable_mapping(item: Mapping[str, Any]) -> bool:
 
 async def copy_many(
     tasks: Tasks, pg: PgStore, count: int, specs: SpecSlice, field_prefix: str, task_type: str | None
-) -> tuple[list[Enqueued], list[PushTarget], list[TaskSpec]]:
+) -> tuple[list[Enqueued], ReadyTargets, set[str]]:
     """Copy ``count`` copyable tasks into ``tasks`` in chunks, in one transaction on ``pg``.
 
     :param tasks: the facade whose registry and defaults apply (:meth:`~taskmesh.tasks.Tasks.check_payload`,
@@ -78,14 +116,14 @@ async def copy_many(
     :param field_prefix: how an error names task ``i`` (``tasks[{i}].``).
     :param task_type: overrides the ``type`` column.
     :returns: one :class:`Enqueued` per task, in order; the push targets for after the commit;
-        the validated specs.
+        the tenants the tasks belong to (each slice's specs are let go once prepared).
     :raises InvalidTaskError: a task is invalid, its payload does not fit its handler or is not
         JSON-serialisable; the transaction is rolled back.
     :raises StoreError: PostgreSQL failed; nothing was written.
     """
     out: list[Enqueued] = []
-    targets: list[PushTarget] = []
-    seen: list[TaskSpec] = []
+    targets = ReadyTargets()
+    tenants: set[str] = set()
     traces = new_trace_ids(count)
     defaults: Defaults = {}  # by handler, not by task
     queued = TaskStatus.QUEUED
@@ -96,14 +134,15 @@ async def copy_many(
                 stop, records = min(start + COPY_CHUNK_TASKS, count), []
                 for first in range(start, stop, PREPARE_SLICE_TASKS):
                     await asyncio.sleep(0)  # the COPY in flight sends its rows or reads its answer
-                    chunk = specs(first, min(first + PREPARE_SLICE_TASKS, stop))
-                    seen.extend(chunk)
-                    for i, spec in enumerate(chunk, first):
+                    for i, spec in enumerate(specs(first, min(first + PREPARE_SLICE_TASKS, stop)), first):
                         trace = spec.trace_id or traces[i]
-                        task_id, record, target = _record(tasks, spec, field_prefix, i, trace, task_type, defaults)
+                        task_id, record = _record(tasks, spec, field_prefix, i, trace, task_type, defaults)
                         records.append(record)
-                        targets.append(target)
-                        out.append(Enqueued(task_id, queued, True, trace, target.queue))
+                        queue = record[3]
+                        targets.add(queue, record[0], spec.priority)
+                        out.append(Enqueued(task_id, queued, True, trace, queue))
+                        if spec.tenant_id is not None:
+                            tenants.add(spec.tenant_id)
                 if copying is not None:
                     await copying
                 # asyncpg runs on asyncio only: its COPY goes on while this coroutine prepares
@@ -114,15 +153,16 @@ async def copy_many(
             await _settle(copying)  # the rollback needs the connection free
             raise
     if tasks.metrics:
-        for t in targets:
-            tasks.metrics.task_created(t.queue)
-    return out, targets, seen
+        for queue, n in targets.counts().items():
+            tasks.metrics.task_created(queue, n)
+    return out, targets, tenants
 
 
 def _record(
     tasks: Tasks, spec: TaskSpec, field_prefix: str, i: int, trace_id: str, task_type: str | None, defaults: Defaults
-) -> tuple[UUID, tuple[Any, ...], PushTarget]:
-    """Task ``i``'s new id, its :meth:`~taskmesh.store.task_queries.TaskQueries.copy_in` record and its push target.
+) -> tuple[UUID, tuple[Any, ...]]:
+    """Task ``i``'s new id and its :meth:`~taskmesh.store.task_queries.TaskQueries.copy_in` record
+    (whose first field is the same id as asyncpg's UUID, its fourth the queue).
 
     :param defaults: filled here.
     :raises InvalidTaskError: its payload does not fit its handler or is not JSON-serialisable
@@ -142,7 +182,7 @@ def _record(
     queue, max_retries, kind = prepared
     task_id, stored_id = uuid7_pair()
     row = (stored_id, spec.name, task_type or kind, queue, spec.priority, payload, max_retries, spec.tenant_id)
-    return task_id, (*row, trace_id, _QUEUED), PushTarget(stored_id, queue, spec.priority, None)
+    return task_id, (*row, trace_id, _QUEUED)
 
 
 async def _settle(future: asyncio.Future[None] | None) -> None:

@@ -354,9 +354,9 @@ class Metrics:
                 hist = self._durations[labels] = self.run_duration.labels(*labels)
             hist.observe(duration_seconds)
 
-    def task_created(self, queue: str) -> None:
-        """Count a created task."""
-        self.tasks_created.labels(self.queue_label(queue)).inc()
+    def task_created(self, queue: str, count: int = 1) -> None:
+        """Count ``count`` created tasks of ``queue``."""
+        self.tasks_created.labels(self.queue_label(queue)).inc(count)
 
     def task_deduplicated(self, queue: str) -> None:
         """Count an enqueue answered by an existing task."""

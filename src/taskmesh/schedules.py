@@ -337,9 +337,10 @@ class Schedules:
             plan = keep
         last_task: uuid.UUID | None = None
         if plan:
-            made, targets = await self.tasks.insert_many(
+            made, made_targets = await self.tasks.insert_many(
                 tx, [self._spec_for(row, fire_key(name, f)) for f, _ in plan], field_prefix="", task_type=TaskType.CRON
             )
+            targets.extend(made_targets)
             for (fire_at, late), result in zip(plan, made, strict=True):
                 outcome = "duplicate" if not result.created else ("misfire_fired" if late else "fired")
                 fires.append(Fire(name, fire_at, outcome, result.task_id))

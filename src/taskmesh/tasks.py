@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -122,10 +122,10 @@ class Tasks(TaskActions):
         if len(items) < COPY_MIN_TASKS or not all(copyable_mapping(item) for item in items):
             return await self.enqueue_many(parse_task_specs(items))
         async with self.pg.changing() as pg:
-            out, targets, specs = await copy_many(
+            out, targets, tenants = await copy_many(
                 self, pg, len(items), lambda a, b: parse_task_specs(items[a:b], first=a), "tasks[{i}].", None
             )
-            _note_created(out, specs)
+            _note_created(out, tenants)
         await self.push(targets)
         return out
 
@@ -212,7 +212,7 @@ class Tasks(TaskActions):
         field_prefix: str = "tasks[{i}].",
         task_type: str | None = None,
         copy: bool = True,
-    ) -> tuple[list[Enqueued], list[PushTarget]]:
+    ) -> tuple[list[Enqueued], Collection[PushTarget]]:
         """The PostgreSQL half of :meth:`enqueue_many`, on ``pg`` (a transaction's store, or the pool's).
 
         The caller pushes the returned targets with :meth:`push` once the
@@ -224,8 +224,10 @@ class Tasks(TaskActions):
         if not specs:
             return [], []
         if copy and len(specs) >= COPY_MIN_TASKS and all(copyable(s) for s in specs):
-            copied, pushes, _ = await copy_many(self, pg, len(specs), lambda a, b: specs[a:b], field_prefix, task_type)
-            _note_created(copied, specs)
+            copied, pushes, tenants = await copy_many(
+                self, pg, len(specs), lambda a, b: specs[a:b], field_prefix, task_type
+            )
+            _note_created(copied, tenants)
             return copied, pushes
         if self.registry is not None:
             for i, spec in enumerate(specs):
@@ -277,10 +279,10 @@ class Tasks(TaskActions):
                 out.append(Enqueued(found_id, status, created=False, trace_id=found_trace))
                 if self.metrics:
                     self.metrics.task_deduplicated(queue)
-        _note_created(out, specs)
+        _note_created(out, {s.tenant_id for s in specs if s.tenant_id is not None})
         return out, targets
 
-    async def push(self, targets: Sequence[PushTarget]) -> None:
+    async def push(self, targets: Collection[PushTarget]) -> None:
         """Push committed tasks' ids to Redis; a failure is logged and left to the reconciler."""
         if not targets:
             return
@@ -426,8 +428,10 @@ class Tasks(TaskActions):
             log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))
 
 
-def _note_created(out: Sequence[Enqueued], specs: Sequence[TaskSpec]) -> None:
+def _note_created(out: Sequence[Enqueued], tenants: set[str]) -> None:
     """What a create tells the audit log (before its transaction commits; nothing outside a request).
+
+    :param tenants: the tenants the created tasks belong to.
 
     The task is the event's resource, unless the event already has one (a schedule's trigger):
     then its id goes into the details.
@@ -435,8 +439,7 @@ def _note_created(out: Sequence[Enqueued], specs: Sequence[TaskSpec]) -> None:
     event = audit.CURRENT.get()
     if event is None:
         return
-    tenants = sorted({s.tenant_id for s in specs if s.tenant_id is not None})
-    event.tenant_id = event.tenant_id or (tenants[0] if len(tenants) == 1 else None)
+    event.tenant_id = event.tenant_id or (next(iter(tenants)) if len(tenants) == 1 else None)
     if len(out) == 1:
         event.trace_id = out[0].trace_id or event.trace_id  # the task's own, which its log lines carry
     if len(out) == 1 and event.resource_type is None:

@@ -210,3 +210,24 @@ async def test_a_payload_refused_late_in_a_copied_batch_names_its_task_and_write
             await client.enqueue_many(batch)
     assert str(info.value) == message
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 0
+
+
+async def test_a_copied_batch_over_several_queues_pushes_each_task_to_its_own_queue_at_its_priority(
+    database_url: str, redis_url: str, prefix: str, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    """The copied tasks' push targets are held by queue until the push (``ReadyTargets``): each task
+    still reaches its own queue's ready set, scored by its priority."""
+    queues = ("q0", "q1", "q2")
+    priority = [i % 7 for i in range(300)]
+    batch: list[dict[str, Any]] = [
+        {"name": "c", "queue_name": queues[i % 3], "priority": priority[i]} for i in range(300)
+    ]
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
+        made = await client.enqueue_many(batch)
+    for q in queues:
+        members = [str(m) for m in await redis_client.zrange(keys.ready(q), 0, -1)]
+        expected = {str(m.task_id) for m in made if m.queue == q}
+        assert set(members) == expected and len(expected) == 100
+        by_id = {str(m.task_id): priority[i] for i, m in enumerate(made)}
+        priorities = [by_id[m] for m in members]
+        assert priorities == sorted(priorities, reverse=True)  # the highest priority pops first
