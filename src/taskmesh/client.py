@@ -209,7 +209,8 @@ class Client:
         :raises InvalidTaskError: the first invalid task, its field prefixed with
             ``tasks[i].``; nothing is written then (all or nothing).
         """
-        items = [dict(task) for task in tasks]
+        # Only read, never changed: a dict goes as it is (a copy per task fed the garbage collector).
+        items = [task if type(task) is dict else dict(task) for task in tasks]
         if connection is not None:
             return await self.tasks.enqueue_in_transaction(connection, parse_task_specs(items))
         return await self.tasks.enqueue_mappings(items)

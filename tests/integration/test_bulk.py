@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from types import MappingProxyType
 from typing import Any
 
 import asyncpg
@@ -231,3 +233,19 @@ async def test_a_copied_batch_over_several_queues_pushes_each_task_to_its_own_qu
         by_id = {str(m.task_id): priority[i] for i, m in enumerate(made)}
         priorities = [by_id[m] for m in members]
         assert priorities == sorted(priorities, reverse=True)  # the highest priority pops first
+
+
+@pytest.mark.parametrize("count", [3, 100])
+async def test_enqueue_many_takes_any_mapping_and_leaves_the_callers_dicts_as_they_were(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, count: int
+) -> None:
+    """Read-only mappings are copied into dicts; dicts are read as they are (3 go by INSERT, 100 by COPY)."""
+    dicts: list[dict[str, Any]] = [{"name": "c", "payload": {"i": i}} for i in range(count)]
+    before = copy.deepcopy(dicts)
+    frozen = [MappingProxyType({"name": "m", "priority": 5}) for _ in range(count)]
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
+        made = await client.enqueue_many(dicts) + await client.enqueue_many(frozen)
+    assert dicts == before
+    assert len({m.task_id for m in made}) == 2 * count
+    rows = await pool.fetch("SELECT name, priority, count(*) AS n FROM tasks GROUP BY 1, 2 ORDER BY 1")
+    assert [tuple(r) for r in rows] == [("c", 0, count), ("m", 5, count)]
