@@ -49,40 +49,45 @@ naming it by its index in the whole batch (``tasks[612].priority``)."""
 
 
 class ReadyTargets(Collection[PushTarget]):
-    """Copied tasks' push targets (all ready now), held as ids and priorities by queue until the push.
+    """Copied tasks' push targets (all ready now), held as ``{queue: {task id: priority}}`` until the push.
 
     Not a :class:`~taskmesh.models.PushTarget` per task: a thousand objects that live until the
     push are what makes the garbage collector run, and each of its runs walks them and,
-    every few batches, the whole heap. Iterating yields the targets one at a time.
+    every few batches, the whole heap. The ids' text is made here, while PostgreSQL copies
+    the rows, so the push after the commit (:meth:`~taskmesh.store.redis.RedisStore.push_ready`)
+    only scores and sends. Iterating yields the targets one at a time.
     """
 
-    __slots__ = ("_by_queue",)
+    __slots__ = ("by_queue",)
 
     def __init__(self) -> None:
-        self._by_queue: dict[str, tuple[list[UUID], list[int]]] = {}
+        self.by_queue: dict[str, dict[str, int]] = {}
 
     def add(self, queue: str, task_id: UUID, priority: int) -> None:
         """Note task ``task_id`` of ``queue`` at ``priority``, ready now."""
-        held = self._by_queue.get(queue)
-        if held is None:
-            held = self._by_queue[queue] = ([], [])
-        held[0].append(task_id)
-        held[1].append(priority)
+        members = self.by_queue.get(queue)
+        if members is None:
+            members = self.by_queue[queue] = {}
+        members[str(task_id)] = priority
 
     def counts(self) -> dict[str, int]:
         """How many tasks each queue holds."""
-        return {queue: len(ids) for queue, (ids, _) in self._by_queue.items()}
+        return {queue: len(members) for queue, members in self.by_queue.items()}
 
     def __len__(self) -> int:
-        return sum(len(ids) for ids, _ in self._by_queue.values())
+        return sum(len(members) for members in self.by_queue.values())
 
     def __contains__(self, target: object) -> bool:
-        return isinstance(target, PushTarget) and target in list(self)
+        return (
+            isinstance(target, PushTarget)
+            and target.due_at is None
+            and self.by_queue.get(target.queue, {}).get(str(target.task_id)) == target.priority
+        )
 
     def __iter__(self) -> Iterator[PushTarget]:
-        for queue, (ids, priorities) in self._by_queue.items():
-            for task_id, priority in zip(ids, priorities, strict=True):
-                yield PushTarget(task_id, queue, priority, None)
+        for queue, members in self.by_queue.items():
+            for task_id, priority in members.items():
+                yield PushTarget(UUID(task_id), queue, priority, None)
 
 
 Defaults = dict[tuple[str, str | None, int | None], tuple[str, int, str]]

@@ -18,7 +18,7 @@ import asyncpg
 import orjson
 
 from taskmesh import audit
-from taskmesh.copy_enqueue import COPY_MIN_TASKS, copy_many, copyable, copyable_mapping
+from taskmesh.copy_enqueue import COPY_MIN_TASKS, ReadyTargets, copy_many, copyable, copyable_mapping
 from taskmesh.errors import InvalidTaskError, StoreError, TaskNotFoundError
 from taskmesh.ids import uuid7
 from taskmesh.logs import get_logger
@@ -287,7 +287,10 @@ class Tasks(TaskActions):
         if not targets:
             return
         try:
-            await self.redis.push(targets)
+            if isinstance(targets, ReadyTargets):
+                await self.redis.push_ready(targets.by_queue)
+            else:
+                await self.redis.push(targets)
         except StoreError as exc:
             if self.metrics:
                 self.metrics.redis_push_failures.inc()

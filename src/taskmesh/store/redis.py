@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -245,26 +245,43 @@ class RedisStore:
         """
         ready: dict[str, dict[str, int]] = {}
         delayed: dict[str, dict[str, int]] = {}
-        scores: dict[int, int] = {}  # a ready task's score depends on its priority only: one per batch
-        n = 0
-        now = self.now_ms()
         for t in targets:
-            n += 1
             due = None if t.due_at is None else due_ms(t.due_at)
-            if due is not None:
+            if due is None:
+                ready.setdefault(t.queue, {})[str(t.task_id)] = t.priority
+            else:
                 delayed.setdefault(t.queue, {})[str(t.task_id)] = delayed_score(due, t.priority)
-                continue
-            score = scores.get(t.priority)
-            if score is None:
-                score = scores[t.priority] = ready_score(t.priority, now)
-            members = ready.get(t.queue)
-            if members is None:
-                members = ready[t.queue] = {}
-            members[str(t.task_id)] = score
+        return await self._add(ready, delayed)
+
+    async def push_ready(self, ready: Mapping[str, Mapping[str, int]]) -> int:
+        """Push tasks runnable now, given as ``{queue: {task id: priority}}``, as :meth:`push` does.
+
+        A bulk enqueue prepares this while PostgreSQL copies its rows, so the push after the
+        commit only scores and sends.
+
+        :returns: how many ids were pushed.
+        :raises StoreError: Redis did not answer.
+        """
+        return await self._add(ready, {})
+
+    async def _add(self, ready: Mapping[str, Mapping[str, int]], delayed: Mapping[str, Mapping[str, int]]) -> int:
+        """``ZADD NX`` ready members (``{queue: {id: priority}}``) and delayed ones (``{queue: {id: score}}``).
+
+        :returns: how many members were given.
+        :raises StoreError: Redis did not answer.
+        """
+        now = self.now_ms()
+        scores: dict[int, int] = {}  # a ready task's score depends on its priority only: one per batch
+        sets: list[tuple[str, Mapping[str, int]]] = []
+        for queue, members in ready.items():
+            for priority in set(members.values()) - scores.keys():
+                scores[priority] = ready_score(priority, now)
+            sets.append((self.keys.ready(queue), {m: scores[p] for m, p in members.items()}))
+        sets += [(self.keys.delayed(q), m) for q, m in delayed.items()]
+        sets = [(key, members) for key, members in sets if members]
+        n = sum(len(m) for _, m in sets)
         if not n:
             return 0
-        sets = [(self.keys.ready(q), m) for q, m in ready.items()]
-        sets += [(self.keys.delayed(q), m) for q, m in delayed.items()]
         with redis_call("push"):
             if len(sets) == 1:  # one command: no pipeline (a single enqueue starts sooner)
                 await self.client.zadd(sets[0][0], sets[0][1], nx=True)
