@@ -237,7 +237,7 @@ async def test_a_copied_batch_over_several_queues_pushes_each_task_to_its_own_qu
 
 @pytest.mark.parametrize("count", [3, 100])
 async def test_enqueue_many_takes_any_mapping_and_leaves_the_callers_dicts_as_they_were(
-    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, count: int
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, count: int
 ) -> None:
     """Read-only mappings are copied into dicts; dicts are read as they are (3 go by INSERT, 100 by COPY)."""
     dicts: list[dict[str, Any]] = [{"name": "c", "payload": {"i": i}} for i in range(count)]
@@ -249,3 +249,4 @@ async def test_enqueue_many_takes_any_mapping_and_leaves_the_callers_dicts_as_th
     assert len({m.task_id for m in made}) == 2 * count
     rows = await pool.fetch("SELECT name, priority, count(*) AS n FROM tasks GROUP BY 1, 2 ORDER BY 1")
     assert [tuple(r) for r in rows] == [("c", 0, count), ("m", 5, count)]
+    assert await redis_client.zcard(Keys(prefix).ready("default")) == 2 * count  # and the fixture deletes them
