@@ -11,8 +11,11 @@ import logging
 import sys
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import structlog
+
+_SECRET_PARAMS = frozenset({"password", "sslpassword", "passfile"})
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -22,6 +25,24 @@ current_run: ContextVar[tuple[Any, str] | None] = ContextVar("taskmesh_run", def
 
 Set by the executor around a handler, one ``set``/``reset`` per run; the keys
 are built only when a line is logged, so a run that logs nothing pays nothing."""
+
+
+def store_address(url: str) -> str:
+    """A store's URL as it may be logged: without its user and password, nor a password in its query.
+
+    ``postgresql://app:s3cret@db:5432/jobs?sslmode=require`` gives
+    ``postgresql://db:5432/jobs?sslmode=require``; a URL that does not parse gives its scheme only.
+
+    :param url: a ``DATABASE_URL`` or ``REDIS_URL`` (several hosts, as a cluster's or Sentinel's, kept).
+    :returns: the URL without credentials.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.partition(":")[0] + "://?"
+    hosts = parts.netloc.rpartition("@")[2]
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k.lower() not in _SECRET_PARAMS], safe="/")
+    return f"{parts.scheme}://{hosts}{parts.path}" + (f"?{query}" if query else "")
 
 
 def run_keys(task: Any, worker_id: str) -> dict[str, Any]:

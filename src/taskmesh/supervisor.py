@@ -47,7 +47,7 @@ from taskmesh.api.state import AppState, ServedQueues
 from taskmesh.clock import StoreClock
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
 from taskmesh.errors import ConfigError, MigrationError, ServiceFailedError, StoreError
-from taskmesh.logs import get_logger, run_keys
+from taskmesh.logs import get_logger, run_keys, store_address
 from taskmesh.loop_monitor import LoopMonitor
 from taskmesh.metrics import Metrics, current_metrics
 from taskmesh.models import Outcome, RunResult
@@ -176,6 +176,9 @@ async def run(
         fallback=registry.fallback.name if registry.fallback else None,
         redis_mode="sentinel" if is_sentinel_url(settings.redis_url or "") else settings.redis_mode,
         pg_pooler=settings.pg_pooler,
+        database=store_address(database_url),
+        redis=store_address(redis_url),
+        redis_prefix=settings.redis_prefix,
     )
     fatal: list[BaseException] = []
     monitor = LoopMonitor(settings.loop_block_threshold_seconds, worker_id=inst.worker_id, metrics=metrics)

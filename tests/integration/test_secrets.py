@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from taskmesh.logs import store_address
 from tests.proc import call, spawn, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
@@ -46,6 +47,8 @@ async def test_store_passwords_are_never_logged_or_answered(
     proc.popen.wait(30)
     log = proc.output()
     assert "instance_ready" in log
+    # which stores it uses is logged (instance_starting), without their passwords
+    assert store_address(database_url) in log and f"redis://{redis_with_password}/0" in log
     for text in [log, *answers]:
         assert PG_SECRET not in text and f":{RD_SECRET}@" not in text
 
