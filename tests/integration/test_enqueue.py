@@ -36,6 +36,16 @@ async def test_a_repeated_idempotency_key_returns_the_existing_task_and_writes_n
     assert await pool.fetchval("SELECT count(*) FROM task_runs") == 0  # written at the first claim
 
 
+async def test_a_repeated_key_of_a_finished_task_answers_its_status_and_does_not_queue_it_again(
+    tasks: Tasks, pool: asyncpg.Pool
+) -> None:
+    first = await tasks.enqueue(spec(dedup_key="done-1"))
+    await pool.execute("UPDATE tasks SET status = 'completed' WHERE id = $1", first.task_id)
+    again = await tasks.enqueue(spec(dedup_key="done-1"))
+    assert (again.created, again.task_id, again.status) == (False, first.task_id, "completed")
+    assert await pool.fetchval("SELECT status FROM tasks WHERE id = $1", first.task_id) == "completed"
+
+
 async def test_fifty_concurrent_creates_with_one_key_make_exactly_one_task(tasks: Tasks, pool: asyncpg.Pool) -> None:
     ids: list[Any] = []
 
