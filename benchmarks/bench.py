@@ -11,7 +11,7 @@ allowed to create databases) and uses the Redis of ``REDIS_URL`` (default
 
 1. **bulk enqueue**: ``--tasks`` no-op tasks through ``Client.enqueue_many``
    (1,000 per call: one statement and one pipeline each);
-2. **drain**: starts one instance (``python -m taskmesh`` with the handler
+2. **drain**: starts one instance, or ``--instances`` side by side (``python -m taskmesh`` with the handler
    module ``benchmarks.bench_handler``, found through ``PYTHONPATH``;
    ``--concurrency`` executors, durable: ``synchronous_commit`` as the server has it) and times
    it from launch until every task ran (and until the first task's handler
@@ -155,7 +155,10 @@ class Bench:
         )
 
     async def enqueue_and_drain(self) -> None:
-        """Bulk enqueue ``--tasks`` no-ops, drain them with one instance, check exactly once."""
+        """Bulk enqueue ``--tasks`` no-ops, drain them with ``--instances`` instances (1), check exactly once.
+
+        The instances' CPU is summed; the RSS figures are the first instance's.
+        """
         n, concurrency = self.args.tasks, self.args.concurrency
         await self.reset()
         async with self.client() as client:
@@ -169,16 +172,18 @@ class Bench:
         rd0 = cpu_by_name(REDIS_NAMES)
         launched = time.time()  # the handler records its start on this clock
         t0 = time.perf_counter()
-        proc = self.start_instance(concurrency)
+        procs = [self.start_instance(concurrency) for _ in range(self.args.instances)]
+        first = procs[0]
         rss_at_10pct = 0
         try:
             async with self.recorder() as recorder:
                 polled = 0.0
                 while (done := await recorder.hlen(RAN)) < n:
                     if not rss_at_10pct and done >= n // 10:
-                        rss_at_10pct = rss_kib(proc.pid)
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"the instance exited with {proc.returncode} after {done} of {n} tasks")
+                        rss_at_10pct = rss_kib(first.pid)
+                    for proc in procs:
+                        if proc.poll() is not None:
+                            raise RuntimeError(f"an instance exited with {proc.returncode} after {done} of {n} tasks")
                     if time.perf_counter() - t0 > 600:
                         raise RuntimeError(f"drain did not finish in 600 s ({done} of {n})")
                     if time.perf_counter() - polled > 0.25:
@@ -186,7 +191,7 @@ class Bench:
                         polled = time.perf_counter()
                     await asyncio.sleep(0.01)
             elapsed = time.perf_counter() - t0
-            cpu = cpu_of(proc.pid)
+            cpu = sum(cpu_of(proc.pid) for proc in procs)
             await backends.poll()
             async with self.recorder() as recorder:
                 first_start = min(float(v) for v in await recorder.hvals(START))
@@ -197,13 +202,14 @@ class Bench:
                 instance_cpu_us_per_task=cpu / n * 1e6,
                 postgres_cpu_us_per_task=backends.total() / n * 1e6,
                 redis_cpu_us_per_task=(cpu_by_name(REDIS_NAMES) - rd0) / n * 1e6,
-                peak_rss_mib=rss_kib(proc.pid, "VmHWM") / 1024,
+                peak_rss_mib=rss_kib(first.pid, "VmHWM") / 1024,
                 rss_after_10pct_mib=rss_at_10pct / 1024,
-                rss_after_100pct_mib=rss_kib(proc.pid) / 1024,
+                rss_after_100pct_mib=rss_kib(first.pid) / 1024,
             )
             await asyncio.sleep(1.5)  # late duplicates would show up now
         finally:
-            self.stop_instance(proc)
+            for proc in procs:
+                self.stop_instance(proc)
             await admin.close()
         await self._check_exactly_once(n)
 
@@ -350,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--instances", type=int, default=1, help="instances draining side by side (1; their CPU is summed)"
+    )
     parser.add_argument(
         "--prefetch", type=int, default=128, help="tasks claimed ahead (the prefetch setting; default 128)"
     )

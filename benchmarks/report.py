@@ -21,11 +21,16 @@ def _num(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _instances(args: argparse.Namespace) -> str:
+    n = getattr(args, "instances", 1)
+    return "one instance" if n == 1 else f"{n} instances (CPU summed, RSS of the first)"
+
+
 def print_report(figures: dict[str, Any], peers: dict[str, dict[str, Any]] | None, args: argparse.Namespace) -> None:
     """Print ``figures`` (:class:`benchmarks.bench.Bench`'s) and, with ``peers``, the comparison table."""
     f = figures
     print(
-        f"\ntaskmesh bench: {args.tasks} no-op tasks, one instance, concurrency {args.concurrency}, "
+        f"\ntaskmesh bench: {args.tasks} no-op tasks, {_instances(args)}, concurrency {args.concurrency}, "
         f"{os.cpu_count()} cores"
     )
     print(f"  bulk enqueue            {f['bulk_enqueue_per_s']:>10.0f} tasks/s")
