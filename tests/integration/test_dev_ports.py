@@ -67,3 +67,16 @@ def test_a_stopped_valkey_collected_after_its_successor_started_leaves_the_succe
         assert valkey.Valkey(port=second.port, socket_connect_timeout=1).ping()
     finally:
         second.stop()
+    assert second.exit_reason() is not None  # stopped: the first did not take its pidfile away either
+
+
+def test_starting_a_running_embedded_valkey_again_keeps_the_server_it_runs(tmp_path: Path) -> None:
+    server = EmbeddedValkey(tmp_path, persist=False)
+    try:
+        pid = server.process.pid
+        server.start()
+        assert server.process.pid == pid and server.exit_reason() is None
+        assert valkey.Valkey(port=server.port, socket_connect_timeout=1).ping()
+    finally:
+        server.stop()
+    assert not Path(f"/proc/{pid}").exists() or "valkey" not in Path(f"/proc/{pid}/cmdline").read_text()
