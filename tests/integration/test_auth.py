@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -186,7 +187,7 @@ async def test_a_rotated_key_overlaps_the_old_one_and_an_expired_key_is_refused(
     old = await make_key(stores.pg, "deployer", "tasks:read")
     rotated = await anyio.to_thread.run_sync(
         lambda: run_cli(
-            "keys", "rotate", old[4:20], "--overlap", "2s", "--json", environ=env(DATABASE_URL=database_url)
+            "keys", "rotate", old[4:20], "--overlap", "6s", "--json", environ=env(DATABASE_URL=database_url)
         )
     )
     assert rotated.code == 0, rotated.err
@@ -202,7 +203,9 @@ async def test_a_rotated_key_overlaps_the_old_one_and_an_expired_key_is_refused(
         inst.state.keys.ttl = 0.1
         assert (await client.get("/api/v1/tasks", headers=bearer(old))).status_code == 200
         assert (await client.get("/api/v1/tasks", headers=bearer(new))).status_code == 200
-        await anyio.sleep(2.2)
+        # until the overlap ends (6 s from the rotation: time enough for a loaded machine to start the instance)
+        ends = datetime.fromisoformat(rotated.json()["replaced_key_expires_at"])
+        await anyio.sleep(max(0.0, (ends - datetime.now(UTC)).total_seconds()) + 0.2)
         expired = await client.get("/api/v1/tasks", headers=bearer(old))
         assert (expired.status_code, expired.json()["detail"]) == (401, f"the key {old[4:20]} expired")
         assert (await client.get("/api/v1/tasks", headers=bearer(new))).status_code == 200

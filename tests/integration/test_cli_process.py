@@ -17,6 +17,7 @@ from taskmesh.registry import Registry
 from tests.cli_support import env, register, run_cli
 from tests.conftest import http
 from tests.integration.test_cli_tasks import create
+from tests.pgbouncer import with_user
 from tests.proc import free_port
 
 
@@ -135,7 +136,7 @@ async def test_stores_that_refuse_a_password_or_a_role_end_with_one_line_and_exi
         environ=env(DATABASE_URL=database_url, REDIS_URL=f"redis://:s3cret@{redis_with_password}/0"),
     )
     assert right.code == 0, right.err
-    no_role = run_cli("migrate", environ=env(DATABASE_URL=database_url.replace("://postgres@", "://nobody:pw@")))
+    no_role = run_cli("migrate", environ=env(DATABASE_URL=with_user(database_url, "nobody:pw")))
     assert (no_role.code, no_role.err) == (
         1,
         'taskmesh: error: postgres error in connect: InvalidAuthorizationSpecificationError: role "nobody" does '

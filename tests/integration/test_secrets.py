@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from taskmesh.logs import store_address
+from tests.pgbouncer import with_user
 from tests.proc import call, spawn, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
@@ -20,7 +21,9 @@ RD_SECRET = "s3cret"  # the fixture's server requires it
 
 def with_password(database_url: str) -> str:
     """The database URL with a password (this machine's PostgreSQL trusts loopback, so any is accepted)."""
-    return database_url.replace("://postgres@", f"://postgres:{PG_SECRET}@")
+    url = with_user(database_url, f"postgres:{PG_SECRET}")
+    assert PG_SECRET in url
+    return url
 
 
 @pytest.mark.anyio
