@@ -432,6 +432,10 @@ class _Parts:
     def in_flight_by_queue(self) -> dict[str, int]:
         return {pool.queue: pool.in_flight() for pool in self.pools}
 
+    def popped(self, queue: str) -> int:
+        """Ids of ``queue`` popped from Redis and not claimed yet (``reconciler.Popped``)."""
+        return sum(pool.popped for pool in self.pools if pool.queue == queue)
+
 
 def service_table(p: _Parts) -> list[ServiceSpec]:
     """The instance's maintenance services, in start order (stopped in the reverse order).
@@ -489,6 +493,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
                 queues,
                 instance=p.inst.worker_id,
                 sweep_interval=s.reconcile_interval_seconds,
+                popped=p.popped,
             ),
             critical=True,
         ),

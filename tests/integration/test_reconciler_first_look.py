@@ -80,3 +80,44 @@ async def test_a_queue_seen_before_whose_marker_went_is_walked_and_called_lost(
         pushed = await reconciler.check(tasks, ["default"], state, instance="first")
     assert (pushed, walks) == (300, ["default"])
     assert resynced(logs) == [("warning", 300, "data lost")]
+
+
+async def test_ids_a_fetcher_holds_between_its_pop_and_its_claim_are_not_taken_for_lost_ones(
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, walks: list[str]
+) -> None:
+    # A drain at the first look: the fetcher popped 40 ids and its claim has not answered yet.
+    await tasks.enqueue_many([TaskSpec(name="filled") for _ in range(300)])
+    held = await redis_client.zpopmin(keys.ready("default"), 40)
+    assert len(held) == 40
+
+    def popped(queue: str) -> int:
+        return 40 if queue == "default" else 0
+
+    with structlog.testing.capture_logs() as logs:
+        pushed = await reconciler.check(tasks, ["default"], reconciler.State(), instance="first", popped=popped)
+    assert (pushed, walks) == (0, [])
+    assert [level for level, _, _ in resynced(logs)] in ([], ["info"])
+    assert await redis_client.zcard(keys.ready("default")) == 260  # nothing pushed back as a ghost
+
+    # The sweep's count is the same: no walk while the ids are in a claim.
+    counts = await reconciler.sweep(tasks, ["default"], reconciler.State(), min_age=0, full=False, popped=popped)
+    assert (counts["repushed"], walks) == (0, [])
+
+    # Not counting them, the same sweep takes them for lost and pushes them back.
+    counts = await reconciler.sweep(tasks, ["default"], reconciler.State(), min_age=0, full=False)
+    assert (counts["repushed"], walks) == (40, ["default"])
+
+
+async def test_a_lost_id_is_still_found_while_a_fetcher_holds_popped_ids(
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, walks: list[str]
+) -> None:
+    made = await tasks.enqueue_many([TaskSpec(name="filled") for _ in range(300)])
+    await redis_client.zpopmin(keys.ready("default"), 40)  # held by a fetcher
+    lost = str(made[299].task_id)  # and one push that never arrived
+    assert await redis_client.zrem(keys.ready("default"), lost) == 1
+    counts = await reconciler.sweep(
+        tasks, ["default"], reconciler.State(), min_age=0, full=False, popped=lambda queue: 40
+    )
+    assert walks == ["default"]
+    assert counts["repushed"] == 41  # the walk pushes the lost id, and the held ones it cannot tell apart
+    assert await redis_client.zscore(keys.ready("default"), lost) is not None

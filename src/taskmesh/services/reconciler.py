@@ -15,14 +15,17 @@ mirror is rewritten in one MULTI):
   instance's first look at a queue without a marker (a deployment's first start,
   or clients pushed before any instance marked it) nothing is known to be lost:
   it compares the two counts first and walks only when Redis holds fewer ids
-  than PostgreSQL has queued tasks (reason ``no marker yet``; ``data lost`` is
+  than PostgreSQL has queued tasks (ids this instance popped and has not
+  claimed yet count on Redis's side: see :data:`Popped`; reason ``no marker
+  yet``; ``data lost`` is
   for a queue seen before whose marker went). One instance
   resyncs a queue (lock ``{prefix}:lock:resync:{q}``); the others see the
   marker. Only the queues of a flushed or restarted cluster node are resynced.
 - **Sweep.** Every ``sweep_interval`` seconds (default 5), per queue, under that
   queue's lock ``{prefix}:lock:reconciler:{q}`` (released when the queue is
   done, so every instance repairs the queues it serves): when PostgreSQL holds
-  more queued tasks than Redis holds ids, or once a minute whatever the
+  more queued tasks than Redis holds ids (counted the same way as at a first
+  look, Redis first), or once a minute whatever the
   counts say, it walks the queue's queued tasks unchanged for the interval, in
   (run_at, id) order, ``page`` ids at a time, and pushes the missing ones; a
   walk longer than ``max_pages`` pages goes on from its cursor at the next
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -61,6 +64,17 @@ FULL_SWEEP_EVERY = 60.0
 LOCK_MS = 30_000
 FIRST_LOOKS = 3
 """Count comparisons at an instance's first look at an unmarked queue before it walks the queue."""
+
+Popped = Callable[[str], int]
+"""How many ids of a queue this instance's fetcher has popped and not yet claimed
+(``QueueWorkers.popped``). Such ids are in neither Redis nor, as claimed, PostgreSQL:
+without them every count taken during a drain looks like ids went missing, and the
+reconciler walked the whole backlog and pushed the ids in a claim back as ghosts."""
+
+
+def none_popped(queue: str) -> int:
+    """The :data:`Popped` of an instance without workers (and of tests): none."""
+    return 0
 
 
 @dataclass
@@ -119,15 +133,31 @@ async def repair_dlq(tasks: Tasks, queue: str) -> bool:
     return await tasks.redis.rewrite_dlq(queue, [(str(i), at) for i, at in failed])
 
 
-async def drifted(tasks: Tasks, queue: str, queued: int) -> bool:
-    """Whether Redis holds fewer ids of ``queue`` than PostgreSQL has queued tasks (two counts)."""
+async def drifted(tasks: Tasks, queue: str, popped: Popped) -> bool:
+    """Whether Redis holds fewer ids of ``queue`` than PostgreSQL has queued tasks.
+
+    Redis is counted first, and this instance's popped ids with it: an id popped and
+    claimed between the two counts then counts on neither side or on Redis's, and an
+    id popped here and not claimed yet counts on both. Another instance's popped ids,
+    or a task committed between the counts and not pushed yet, can still make the
+    counts differ (a walk that finds nothing); a lost id cannot hide.
+    """
     ready, delayed, _ = await tasks.redis.depths(queue)
-    return ready + delayed < queued
+    held = popped(queue)
+    queued = (await tasks.pg.tasks.count_queued([queue])).get(queue, 0)
+    return ready + delayed + held < queued
 
 
-async def sweep(tasks: Tasks, queues: Sequence[str], state: State, *, min_age: float, full: bool) -> Counts:
+async def sweep(
+    tasks: Tasks,
+    queues: Sequence[str],
+    state: State,
+    *,
+    min_age: float,
+    full: bool,
+    popped: Popped = none_popped,
+) -> Counts:
     """One sweep of every queue whose lock this instance gets (see module docs)."""
-    counts = await tasks.pg.tasks.count_queued(queues)
     pushed = repaired = 0
     for queue in queues:
         key = tasks.redis.keys.lock("reconciler", queue)
@@ -136,7 +166,7 @@ async def sweep(tasks: Tasks, queues: Sequence[str], state: State, *, min_age: f
             continue
         try:
             cursor = state.cursors.setdefault(queue, Cursor())
-            if full or not cursor.at_start or await drifted(tasks, queue, counts.get(queue, 0)):
+            if full or not cursor.at_start or await drifted(tasks, queue, popped):
                 pushed += await walk(tasks, queue, cursor, min_age=min_age, max_pages=MAX_PAGES)
             repaired += await repair_dlq(tasks, queue)
         finally:
@@ -155,25 +185,24 @@ async def resync(tasks: Tasks, queues: Sequence[str]) -> int:
     return pushed
 
 
-async def _nothing_missing(tasks: Tasks, queue: str) -> bool:
+async def _nothing_missing(tasks: Tasks, queue: str, popped: Popped) -> bool:
     """Whether Redis holds as many ids of ``queue`` as PostgreSQL has queued tasks, at one of
-    :data:`FIRST_LOOKS` looks a moment apart.
+    :data:`FIRST_LOOKS` looks a moment apart (each look as :func:`drifted` counts).
 
-    Redis is counted first: an id a fetcher pops and claims between the two counts then counts
-    on neither side or on Redis's; only one popped and not yet claimed makes the counts differ,
-    hence a few looks. Counts can hide a swap; the sweep's full walk, once a minute, does not.
+    Another instance's popped ids can make one look differ, hence a few looks. Counts can
+    hide a swap; the sweep's full walk, once a minute, does not.
     """
     for look in range(FIRST_LOOKS):
         if look:
             await anyio.sleep(0.01)
-        ready, delayed, _ = await tasks.redis.depths(queue)
-        queued = (await tasks.pg.tasks.count_queued([queue])).get(queue, 0)
-        if ready + delayed >= queued:
+        if not await drifted(tasks, queue, popped):
             return True
     return False
 
 
-async def check(tasks: Tasks, queues: Sequence[str], state: State, *, instance: str) -> int | None:
+async def check(
+    tasks: Tasks, queues: Sequence[str], state: State, *, instance: str, popped: Popped = none_popped
+) -> int | None:
     """Detect queues whose keys Redis lost (flush, restart, failover) and resync them.
 
     :returns: ids pushed, or ``None`` when no queue was resynced.
@@ -188,7 +217,7 @@ async def check(tasks: Tasks, queues: Sequence[str], state: State, *, instance: 
     pushed = 0
     reasons: dict[str, str] = {}
     for queue in stale:
-        done = await _resync_queue(tasks, queue, state, instance=instance)
+        done = await _resync_queue(tasks, queue, state, instance=instance, popped=popped)
         if done is not None:
             reasons[queue] = done[0]
             pushed += done[1]
@@ -202,7 +231,9 @@ async def check(tasks: Tasks, queues: Sequence[str], state: State, *, instance: 
     return pushed
 
 
-async def _resync_queue(tasks: Tasks, queue: str, state: State, *, instance: str) -> tuple[str, int] | None:
+async def _resync_queue(
+    tasks: Tasks, queue: str, state: State, *, instance: str, popped: Popped
+) -> tuple[str, int] | None:
     """Resync one queue under its lock; ``(reason, pushed)``, or ``None`` when it was not needed here."""
     lock = tasks.redis.keys.lock("resync", queue)
     token = await tasks.redis.try_lock(lock, 60_000)
@@ -218,7 +249,7 @@ async def _resync_queue(tasks: Tasks, queue: str, state: State, *, instance: str
         # A queue never seen here and without a marker: the deployment's first start, or clients
         # pushed to a Redis no instance had marked yet. Walk it only when ids are missing.
         first_look = known is None and not marker
-        pushed = 0 if first_look and await _nothing_missing(tasks, queue) else await resync(tasks, [queue])
+        pushed = 0 if first_look and await _nothing_missing(tasks, queue, popped) else await resync(tasks, [queue])
         await tasks.redis.set_marker(queue, instance)
         state.run_ids[queue] = run_id
         # Only a queue seen before whose marker is gone is known to have lost its keys.
@@ -228,20 +259,28 @@ async def _resync_queue(tasks: Tasks, queue: str, state: State, *, instance: str
 
 
 async def run_once(
-    tasks: Tasks, queues: Sequence[str], state: State, *, instance: str, sweep_interval: float
+    tasks: Tasks,
+    queues: Sequence[str],
+    state: State,
+    *,
+    instance: str,
+    sweep_interval: float,
+    popped: Popped = none_popped,
 ) -> Counts:
     """One check, and a sweep when one is due (what :func:`run`'s two loops do, in one call, for tests)."""
-    await check(tasks, queues, state, instance=instance)
-    return await sweep_if_due(tasks, queues, state, sweep_interval=sweep_interval)
+    await check(tasks, queues, state, instance=instance, popped=popped)
+    return await sweep_if_due(tasks, queues, state, sweep_interval=sweep_interval, popped=popped)
 
 
-async def sweep_if_due(tasks: Tasks, queues: Sequence[str], state: State, *, sweep_interval: float) -> Counts:
+async def sweep_if_due(
+    tasks: Tasks, queues: Sequence[str], state: State, *, sweep_interval: float, popped: Popped = none_popped
+) -> Counts:
     """A sweep, full once a minute."""
     now = anyio.current_time()
     full = now >= state.next_full
     if full:
         state.next_full = now + FULL_SWEEP_EVERY
-    return await sweep(tasks, queues, state, min_age=sweep_interval, full=full)
+    return await sweep(tasks, queues, state, min_age=sweep_interval, full=full, popped=popped)
 
 
 async def run(
@@ -251,17 +290,20 @@ async def run(
     instance: str,
     sweep_interval: float = 5.0,
     check_interval: float = 1.0,
+    popped: Popped = none_popped,
 ) -> None:
     """Watch and sweep for ever (cancelled by the supervisor).
 
     Two loops, each with its own view of an outage: the check reads Redis every
     second, the sweep reads PostgreSQL every ``sweep_interval``; one outage is
     logged once by the loop that meets it.
+
+    :param popped: this instance's popped and unclaimed ids of a queue (see :data:`Popped`).
     """
     state = State(next_full=anyio.current_time() + FULL_SWEEP_EVERY)
 
     async def watch() -> Counts:
-        await check(tasks, queues, state, instance=instance)
+        await check(tasks, queues, state, instance=instance, popped=popped)
         return {}
 
     async with anyio.create_task_group() as tg:
@@ -270,7 +312,7 @@ async def run(
             partial(
                 run_periodic,
                 "reconciler_sweep",
-                lambda: sweep_if_due(tasks, queues, state, sweep_interval=sweep_interval),
+                lambda: sweep_if_due(tasks, queues, state, sweep_interval=sweep_interval, popped=popped),
                 interval=sweep_interval,
                 first_delay=sweep_interval,
             )

@@ -1,0 +1,68 @@
+"""A fetcher counts the ids it popped until their claim answers (the reconciler reads the count).
+
+Without it, every count the reconciler took during a drain looked like lost ids (issue 15).
+The fetcher runs alone on real stores; the claim is the real one, wrapped to look at the count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import pytest
+
+from taskmesh.errors import StoreError
+from taskmesh.registry import Registry
+from taskmesh.services.committer import Committer
+from taskmesh.services.worker_pool import QueueWorkers
+from taskmesh.tasks import Tasks
+from taskmesh.validation import TaskSpec
+
+pytestmark = pytest.mark.anyio
+
+
+def workers(tasks: Tasks, registry: Registry) -> QueueWorkers:
+    return QueueWorkers(
+        "default",
+        tasks=tasks,
+        registry=registry,
+        committer=Committer(tasks, "w1"),
+        worker_id="w1",
+        concurrency=4,
+        prefetch=4,
+        lease_seconds=30,
+        stop=anyio.Event(),
+    )
+
+
+async def test_popped_ids_are_counted_until_their_claim_answers(
+    tasks: Tasks, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await tasks.enqueue_many([TaskSpec(name="t") for _ in range(5)])
+    pool = workers(tasks, registry)
+    seen: list[int] = []
+    real = tasks.claim
+
+    async def claim(queue: str, ids: Sequence[str], *args: Any) -> Any:
+        seen.append(pool.popped)
+        return await real(queue, ids, *args)
+
+    monkeypatch.setattr(tasks, "claim", claim)
+    claimed = await pool.fetch_once(3)
+    assert (len(claimed), seen, pool.popped) == (3, [3], 0)
+
+
+async def test_the_count_goes_back_when_the_claim_fails(
+    tasks: Tasks, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await tasks.enqueue_many([TaskSpec(name="t") for _ in range(2)])
+    pool = workers(tasks, registry)
+
+    async def claim(queue: str, ids: Sequence[str], *args: Any) -> Any:
+        raise StoreError("postgres", "claim", transient=True, detail="connection lost")
+
+    monkeypatch.setattr(tasks, "claim", claim)
+    with pytest.raises(StoreError):
+        await pool.fetch_once(2)
+    assert pool.popped == 0
