@@ -140,7 +140,9 @@ async def drifted(tasks: Tasks, queue: str, popped: Popped) -> bool:
     claimed between the two counts then counts on neither side or on Redis's, and an
     id popped here and not claimed yet counts on both. Another instance's popped ids,
     or a task committed between the counts and not pushed yet, can still make the
-    counts differ (a walk that finds nothing); a lost id cannot hide.
+    counts differ (a walk that finds nothing). An id popped here just after Redis's
+    count counts twice and can hide as many lost ids for one look; the next sweep, or
+    the full walk once a minute, finds them.
     """
     ready, delayed, _ = await tasks.redis.depths(queue)
     held = popped(queue)
