@@ -42,12 +42,6 @@ def through(url: str, address: str) -> str:
     return urlunsplit((parts.scheme, user + address, parts.path, query, parts.fragment))
 
 
-def with_user(url: str, userinfo: str) -> str:
-    """``url`` with its ``user[:password]`` replaced by ``userinfo`` (a host, or a socket directory, kept)."""
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, f"{userinfo}@{parts.netloc.rpartition('@')[2]}", parts.path, parts.query, ""))
-
-
 def server_host(url: str) -> str:
     """Where PgBouncer finds the server of ``url``: its host, or the socket directory of a
     ``?host=/dir`` URL (the embedded PostgreSQL's, when no test server is named)."""

@@ -17,8 +17,8 @@ from taskmesh.registry import Registry
 from tests.cli_support import env, register, run_cli
 from tests.conftest import http
 from tests.integration.test_cli_tasks import create
-from tests.pgbouncer import with_user
 from tests.proc import free_port
+from tests.urls import with_user
 
 
 def commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:

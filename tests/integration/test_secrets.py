@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from taskmesh.logs import store_address
-from tests.pgbouncer import with_user
 from tests.proc import call, spawn, wait_until
+from tests.urls import with_user
 
 __all__ = ["spawn"]  # a fixture, used by name
 
