@@ -353,19 +353,25 @@ def _free_port() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks.bench``; returns the exit status (1: a task did not run exactly once)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=20000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument(
-        "--instances", type=int, default=1, help="instances draining side by side (1; their CPU is summed)"
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    parser.add_argument("--tasks", type=int, default=20000, help="no-op tasks bulk-enqueued, then drained")
+    parser.add_argument("--concurrency", type=int, default=32, help="the instance's executors")
     parser.add_argument(
-        "--prefetch", type=int, default=128, help="tasks claimed ahead (the prefetch setting; default 128)"
+        "--instances", type=int, default=1, help="instances draining side by side (their CPU is summed)"
     )
+    parser.add_argument("--prefetch", type=int, default=128, help="tasks claimed ahead (the prefetch setting)")
     parser.add_argument("--http", type=int, default=2000, help="single HTTP creates to time")
     parser.add_argument("--rate", type=int, default=50, help="tasks/s of the pickup-latency run")
-    parser.add_argument("--latency-count", type=int, default=300)
-    parser.add_argument("--skip-http", action="store_true", help="only enqueue and drain")
+    parser.add_argument("--latency-count", type=int, default=300, help="tasks of the pickup-latency run")
+    parser.add_argument(
+        "--skip-http",
+        action="store_true",
+        help="skip the single HTTP creates and the pickup latency (the every-core figure still runs)",
+    )
     parser.add_argument(
         "--spin-tasks", type=int, default=1000, help="5 ms CPU-bound tasks of the every-core figure (0: skip it)"
     )
