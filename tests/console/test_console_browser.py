@@ -69,15 +69,33 @@ def sign_in(driver: Any, base: str, key: str) -> None:
     go(driver, driver.find_element(By.CSS_SELECTOR, "form button[type=submit]"))
 
 
+STALE_READS = 5
+"""Reads of a live page before a replaced element counts as a failure."""
+
+
 def text(driver: Any, css: str) -> str:
+    """The text of the first element matching ``css``, read again if a live refresh replaced it."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
+    for _ in range(STALE_READS - 1):
+        try:
+            return str(driver.find_element(By.CSS_SELECTOR, css).text)
+        except StaleElementReferenceException:
+            continue  # the page's refresh swapped the element between the find and the read
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
 
 
 def texts(driver: Any, css: str) -> list[str]:
+    """The texts of every element matching ``css``, read again if a live refresh replaced one."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
+    for _ in range(STALE_READS - 1):
+        try:
+            return [str(e.text) for e in driver.find_elements(By.CSS_SELECTOR, css)]
+        except StaleElementReferenceException:
+            continue
     return [str(e.text) for e in driver.find_elements(By.CSS_SELECTOR, css)]
 
 
