@@ -8,7 +8,8 @@ person would, checks what the API then holds, and saves a screenshot of each pag
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import asyncpg
 import httpx
@@ -21,6 +22,8 @@ from taskmesh.errors import NonRetryableError
 from taskmesh.registry import Registry
 from tests.conftest import http
 from tests.console.conftest import go, in_browser, screenshot
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.anyio
 
@@ -73,30 +76,30 @@ STALE_READS = 5
 """Reads of a live page before a replaced element counts as a failure."""
 
 
-def text(driver: Any, css: str) -> str:
-    """The text of the first element matching ``css``, read again if a live refresh replaced it."""
+def _fresh(read: Callable[[], T]) -> T:
+    """``read()``, again when a live refresh replaced an element between its find and its read."""
     from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.common.by import By
 
     for _ in range(STALE_READS - 1):
         try:
-            return str(driver.find_element(By.CSS_SELECTOR, css).text)
+            return read()
         except StaleElementReferenceException:
-            continue  # the page's refresh swapped the element between the find and the read
-    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+            continue
+    return read()
+
+
+def text(driver: Any, css: str) -> str:
+    """The text of the first element matching ``css`` (see :func:`_fresh`)."""
+    from selenium.webdriver.common.by import By
+
+    return _fresh(lambda: str(driver.find_element(By.CSS_SELECTOR, css).text))
 
 
 def texts(driver: Any, css: str) -> list[str]:
-    """The texts of every element matching ``css``, read again if a live refresh replaced one."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """The texts of every element matching ``css`` (see :func:`_fresh`)."""
     from selenium.webdriver.common.by import By
 
-    for _ in range(STALE_READS - 1):
-        try:
-            return [str(e.text) for e in driver.find_elements(By.CSS_SELECTOR, css)]
-        except StaleElementReferenceException:
-            continue
-    return [str(e.text) for e in driver.find_elements(By.CSS_SELECTOR, css)]
+    return _fresh(lambda: [str(e.text) for e in driver.find_elements(By.CSS_SELECTOR, css)])
 
 
 def no_alert(driver: Any) -> None:
