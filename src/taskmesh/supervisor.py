@@ -432,9 +432,9 @@ class _Parts:
     def in_flight_by_queue(self) -> dict[str, int]:
         return {pool.queue: pool.in_flight() for pool in self.pools}
 
-    def popped(self, queue: str) -> int:
+    def popped(self, queue: str) -> set[str]:
         """Ids of ``queue`` popped from Redis and not claimed yet (``reconciler.Popped``)."""
-        return sum(pool.popped for pool in self.pools if pool.queue == queue)
+        return set().union(*(pool.popped for pool in self.pools if pool.queue == queue))
 
 
 def service_table(p: _Parts) -> list[ServiceSpec]:

@@ -1,4 +1,4 @@
-"""A fetcher counts the ids it popped until their claim answers (the reconciler reads the count).
+"""A fetcher holds the ids it popped until their claim answers (the reconciler reads them).
 
 Without it, every count the reconciler took during a drain looked like lost ids (issue 15).
 The fetcher runs alone on real stores; the claim is the real one, wrapped to look at the count.
@@ -36,24 +36,24 @@ def workers(tasks: Tasks, registry: Registry) -> QueueWorkers:
     )
 
 
-async def test_popped_ids_are_counted_until_their_claim_answers(
+async def test_popped_ids_are_held_until_their_claim_answers(
     tasks: Tasks, registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await tasks.enqueue_many([TaskSpec(name="t") for _ in range(5)])
     pool = workers(tasks, registry)
-    seen: list[int] = []
+    seen: list[set[str]] = []
     real = tasks.claim
 
     async def claim(queue: str, ids: Sequence[str], *args: Any) -> Any:
-        seen.append(pool.popped)
+        seen.append(set(pool.popped))
         return await real(queue, ids, *args)
 
     monkeypatch.setattr(tasks, "claim", claim)
     claimed = await pool.fetch_once(3)
-    assert (len(claimed), seen, pool.popped) == (3, [3], 0)
+    assert (len(claimed), seen, pool.popped) == (3, [{str(c.task_id) for c in claimed}], set())
 
 
-async def test_the_count_goes_back_when_the_claim_fails(
+async def test_the_ids_are_let_go_when_the_claim_fails(
     tasks: Tasks, registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await tasks.enqueue_many([TaskSpec(name="t") for _ in range(2)])
@@ -65,4 +65,4 @@ async def test_the_count_goes_back_when_the_claim_fails(
     monkeypatch.setattr(tasks, "claim", claim)
     with pytest.raises(StoreError):
         await pool.fetch_once(2)
-    assert pool.popped == 0
+    assert pool.popped == set()

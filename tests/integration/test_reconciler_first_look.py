@@ -38,6 +38,13 @@ def walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+async def pop(redis_client: aioredis.Redis, keys: Keys, n: int) -> set[str]:
+    """Pop ``n`` ids of the default queue's ready set, as a fetcher does; returns them."""
+    popped = await redis_client.zpopmin(keys.ready("default"), n)  # the client decodes responses
+    assert len(popped) == n
+    return {str(pair[0]) for pair in popped}
+
+
 def resynced(logs: list[MutableMapping[str, Any]]) -> list[tuple[str, int, str]]:
     return [(e["log_level"], e["pushed"], e["reason"]) for e in logs if e["event"] == "redis_resynced"]
 
@@ -87,11 +94,10 @@ async def test_ids_a_fetcher_holds_between_its_pop_and_its_claim_are_not_taken_f
 ) -> None:
     # A drain at the first look: the fetcher popped 40 ids and its claim has not answered yet.
     await tasks.enqueue_many([TaskSpec(name="filled") for _ in range(300)])
-    held = await redis_client.zpopmin(keys.ready("default"), 40)
-    assert len(held) == 40
+    held = await pop(redis_client, keys, 40)
 
-    def popped(queue: str) -> int:
-        return 40 if queue == "default" else 0
+    def popped(queue: str) -> set[str]:
+        return held if queue == "default" else set()
 
     with structlog.testing.capture_logs() as logs:
         pushed = await reconciler.check(tasks, ["default"], reconciler.State(), instance="first", popped=popped)
@@ -112,12 +118,47 @@ async def test_a_lost_id_is_still_found_while_a_fetcher_holds_popped_ids(
     tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, walks: list[str]
 ) -> None:
     made = await tasks.enqueue_many([TaskSpec(name="filled") for _ in range(300)])
-    await redis_client.zpopmin(keys.ready("default"), 40)  # held by a fetcher
+    held = await pop(redis_client, keys, 40)  # held by a fetcher
     lost = str(made[299].task_id)  # and one push that never arrived
     assert await redis_client.zrem(keys.ready("default"), lost) == 1
     counts = await reconciler.sweep(
-        tasks, ["default"], reconciler.State(), min_age=0, full=False, popped=lambda queue: 40
+        tasks, ["default"], reconciler.State(), min_age=0, full=False, popped=lambda queue: held
     )
     assert walks == ["default"]
-    assert counts["repushed"] == 41  # the walk pushes the lost id, and the held ones it cannot tell apart
+    assert counts["repushed"] == 1  # the lost id; the held ones are left to their claim
     assert await redis_client.zscore(keys.ready("default"), lost) is not None
+    assert await redis_client.zmscore(keys.ready("default"), sorted(held)) == [None] * 40
+
+
+async def test_the_full_walk_pushes_back_no_id_held_in_a_claim(
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, walks: list[str]
+) -> None:
+    # Once a minute the sweep walks every queue whatever the counts say, in the middle of a drain.
+    await tasks.enqueue_many([TaskSpec(name="filled") for _ in range(300)])
+    held = await pop(redis_client, keys, 40)
+    counts = await reconciler.sweep(
+        tasks, ["default"], reconciler.State(), min_age=0, full=True, popped=lambda queue: held
+    )
+    assert (counts["repushed"], walks) == (0, ["default"])
+    assert await redis_client.zcard(keys.ready("default")) == 260
+
+
+async def test_an_id_claimed_between_the_walks_read_and_redis_answer_is_not_pushed_back(
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another instance pops and claims ids after the walk read them as queued and before Redis
+    # is asked: absent from Redis, running in PostgreSQL. Pushed back, each would be a ghost.
+    await tasks.enqueue_many([TaskSpec(name="filled") for _ in range(300)])
+    real = tasks.redis.absent
+    claimed: list[str] = []
+
+    async def absent_after_a_claim(targets: Any) -> Any:
+        if not claimed:
+            ids = sorted(await pop(redis_client, keys, 30))
+            claimed.extend(str(c.task_id) for c in await tasks.claim("default", ids, "other", 30))
+        return await real(targets)
+
+    monkeypatch.setattr(tasks.redis, "absent", absent_after_a_claim)
+    counts = await reconciler.sweep(tasks, ["default"], reconciler.State(), min_age=0, full=True)
+    assert (len(claimed), counts["repushed"]) == (30, 0)
+    assert await redis_client.zmscore(keys.ready("default"), claimed) == [None] * 30

@@ -29,7 +29,10 @@ mirror is rewritten in one MULTI):
   counts say, it walks the queue's queued tasks unchanged for the interval, in
   (run_at, id) order, ``page`` ids at a time, and pushes the missing ones; a
   walk longer than ``max_pages`` pages goes on from its cursor at the next
-  sweep, so any backlog is covered, a little each tick.
+  sweep, so any backlog is covered, a little each tick. An id missing from
+  Redis is pushed only if PostgreSQL still has it queued when asked again and
+  no fetcher of this instance holds it in a claim (see :func:`_push`), so a
+  walk in the middle of a drain pushes back no ghosts.
 - **DLQ mirror repair**, with each queue's sweep.
 
 Emits ``redis_resynced`` and ``tasks_repushed`` logs and the
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -65,16 +68,16 @@ LOCK_MS = 30_000
 FIRST_LOOKS = 3
 """Count comparisons at an instance's first look at an unmarked queue before it walks the queue."""
 
-Popped = Callable[[str], int]
-"""How many ids of a queue this instance's fetcher has popped and not yet claimed
-(``QueueWorkers.popped``). Such ids are in neither Redis nor, as claimed, PostgreSQL:
-without them every count taken during a drain looks like ids went missing, and the
-reconciler walked the whole backlog and pushed the ids in a claim back as ghosts."""
+Popped = Callable[[str], Collection[str]]
+"""The ids of a queue this instance's fetchers have popped and whose claim has not
+answered yet (``QueueWorkers.popped``). Such ids are in neither Redis nor, as claimed,
+PostgreSQL: without them every count taken during a drain looks like ids went missing,
+and a walk pushes the ids in a claim back as ghosts."""
 
 
-def none_popped(queue: str) -> int:
+def none_popped(queue: str) -> Collection[str]:
     """The :data:`Popped` of an instance without workers (and of tests): none."""
-    return 0
+    return ()
 
 
 @dataclass
@@ -99,15 +102,38 @@ class State:
     next_full: float = 0.0
 
 
-async def _push(tasks: Tasks, targets: Sequence[PushTarget]) -> int:
-    pushed = await tasks.redis.push_missing(targets)
+async def _push(tasks: Tasks, targets: Sequence[PushTarget], popped: Popped) -> int:
+    """Push the targets that are missing from Redis and still queued; returns how many.
+
+    An id a walk read as queued can be popped before Redis is asked: absent from Redis,
+    it is a ghost, not a lost id, while its claim runs. So the absent ids are looked up
+    again in PostgreSQL, skipping the ones this instance's fetchers hold in a claim at
+    that moment: a claim that answered before the look-up committed first, so the
+    look-up sees its task running, and one still in flight is in ``popped``. Only
+    another instance's claim in flight during the look-up (about a millisecond) can
+    still let a ghost through; that claim's refusal drops it.
+    """
+    absent = await tasks.redis.absent(targets)
+    if not absent:
+        return 0
+    held: set[str] = set()
+    for queue in {t.queue for t in absent}:
+        held.update(popped(queue))  # before the look-up starts: see above
+    candidates = [t for t in absent if str(t.task_id) not in held]
+    if not candidates:
+        return 0
+    queued = {r["id"] for r in await tasks.pg.tasks.list_unclaimed_queued([t.task_id for t in candidates])}
+    pushed = [t for t in candidates if t.task_id in queued]
+    await tasks.redis.push_ready_or_delayed(pushed)
     if tasks.metrics is not None:
         for queue, n in Counter(t.queue for t in pushed).items():
             tasks.metrics.tasks_repushed_to(queue, n)
     return len(pushed)
 
 
-async def walk(tasks: Tasks, queue: str, cursor: Cursor, *, min_age: float, max_pages: int | None) -> int:
+async def walk(
+    tasks: Tasks, queue: str, cursor: Cursor, *, min_age: float, max_pages: int | None, popped: Popped = none_popped
+) -> int:
     """Push the missing ids of ``queue`` from ``cursor`` on; returns ids pushed.
 
     ``cursor`` moves as pages are read and goes back to the start when the walk
@@ -119,7 +145,8 @@ async def walk(tasks: Tasks, queue: str, cursor: Cursor, *, min_age: float, max_
         rows = await tasks.pg.tasks.list_queued_after(queue, cursor.run_at, cursor.task_id, min_age, PAGE)
         pages += 1
         if rows:
-            pushed += await _push(tasks, [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows])
+            targets = [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows]
+            pushed += await _push(tasks, targets, popped)
             cursor.run_at, cursor.task_id = rows[-1]["run_at"], rows[-1]["id"]
         if len(rows) < PAGE:
             cursor.run_at = cursor.task_id = None
@@ -145,7 +172,7 @@ async def drifted(tasks: Tasks, queue: str, popped: Popped) -> bool:
     the full walk once a minute, finds them.
     """
     ready, delayed, _ = await tasks.redis.depths(queue)
-    held = popped(queue)
+    held = len(popped(queue))
     queued = (await tasks.pg.tasks.count_queued([queue])).get(queue, 0)
     return ready + delayed + held < queued
 
@@ -169,7 +196,7 @@ async def sweep(
         try:
             cursor = state.cursors.setdefault(queue, Cursor())
             if full or not cursor.at_start or await drifted(tasks, queue, popped):
-                pushed += await walk(tasks, queue, cursor, min_age=min_age, max_pages=MAX_PAGES)
+                pushed += await walk(tasks, queue, cursor, min_age=min_age, max_pages=MAX_PAGES, popped=popped)
             repaired += await repair_dlq(tasks, queue)
         finally:
             await tasks.redis.release_lock(key, token)
@@ -178,11 +205,11 @@ async def sweep(
     return {"repushed": pushed, "dlq_repaired": repaired}
 
 
-async def resync(tasks: Tasks, queues: Sequence[str]) -> int:
+async def resync(tasks: Tasks, queues: Sequence[str], popped: Popped = none_popped) -> int:
     """Push every queued task Redis lacks and rewrite the DLQ mirrors; returns ids pushed."""
     pushed = 0
     for queue in queues:
-        pushed += await walk(tasks, queue, Cursor(), min_age=0, max_pages=None)
+        pushed += await walk(tasks, queue, Cursor(), min_age=0, max_pages=None, popped=popped)
         await repair_dlq(tasks, queue)
     return pushed
 
@@ -251,7 +278,9 @@ async def _resync_queue(
         # A queue never seen here and without a marker: the deployment's first start, or clients
         # pushed to a Redis no instance had marked yet. Walk it only when ids are missing.
         first_look = known is None and not marker
-        pushed = 0 if first_look and await _nothing_missing(tasks, queue, popped) else await resync(tasks, [queue])
+        pushed = (
+            0 if first_look and await _nothing_missing(tasks, queue, popped) else await resync(tasks, [queue], popped)
+        )
         await tasks.redis.set_marker(queue, instance)
         state.run_ids[queue] = run_id
         # Only a queue seen before whose marker is gone is known to have lost its keys.

@@ -116,8 +116,8 @@ class QueueWorkers:
         self.cancels: dict[uuid.UUID, anyio.CancelScope] = {}
         self.paused = False
         """Whether the queue was paused when the fetcher last asked (it then pops nothing)."""
-        self.popped = 0
-        """Ids popped from Redis whose claim has not answered yet (the reconciler counts them)."""
+        self.popped: set[str] = set()
+        """Ids popped from Redis whose claim has not answered yet (``reconciler.Popped``)."""
         self._outage = Outage(f"fetcher:{queue}")
 
     # -- the fetcher -------------------------------------------------------------
@@ -171,11 +171,11 @@ class QueueWorkers:
             return []
         # Between the pop and the claim's answer these ids are in neither Redis nor (as
         # claimed) PostgreSQL; the reconciler adds them to Redis's count (reconciler.Popped).
-        self.popped += len(ids)
+        self.popped.update(ids)
         try:
             claimed = await self.tasks.claim(self.queue, ids, self.worker_id, self.lease_seconds)
         finally:
-            self.popped -= len(ids)
+            self.popped.difference_update(ids)
         if not claimed:  # every id refused: claimed elsewhere, or the queue was paused
             await self._read_pause()
         return claimed

@@ -121,6 +121,7 @@ SELECT c.*, taskmesh_run_id(c.id, c.attempts) AS run_id FROM claimed c;
 -- name: task_list_unclaimed_queued
 -- Of ids whose claim failed, the ones still queued: not due yet (a stray or early id; `delayed`)
 -- or due in a paused queue. Claimed elsewhere, cancelled or finished ones are not returned.
+-- The reconciler asks it too, of ids missing from Redis, before it pushes them back.
 SELECT id, queue, priority, run_at, run_at > now() AS delayed FROM tasks
 WHERE id = ANY($1::uuid[]) AND status || '' = 'queued';  -- by primary key, not the queued backlog's index
 

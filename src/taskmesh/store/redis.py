@@ -301,21 +301,22 @@ class RedisStore:
             fixed.append(t if due is not None and due > cutoff else PushTarget(t.task_id, t.queue, t.priority, None))
         return await self.push(fixed)
 
-    async def push_missing(self, targets: Sequence[PushTarget]) -> list[PushTarget]:
-        """Push only the targets whose id is in neither the ready nor the delayed set.
+    async def absent(self, targets: Sequence[PushTarget]) -> list[PushTarget]:
+        """The targets whose id is in neither the ready nor the delayed set of its queue.
 
-        Two pipelined round trips: membership first (one ``ZMSCORE`` per queue and
-        set, not one command per id: a resync checks whole backlogs), then the
-        pushes (still ``ZADD NX``, so a race with a concurrent push is harmless).
+        One pipelined round trip: one ``ZMSCORE`` per queue and set, not one command
+        per id (a resync checks whole backlogs). The caller pushes what it still wants
+        pushed (:meth:`push_ready_or_delayed`, ``ZADD NX``: a race with a concurrent push
+        is harmless).
 
-        :returns: the targets pushed, i.e. repaired.
+        :returns: the absent targets, in their given order within each queue.
         """
         if not targets:
             return []
         by_queue: dict[str, list[PushTarget]] = {}
         for t in targets:
             by_queue.setdefault(t.queue, []).append(t)
-        with redis_call("push_missing"):
+        with redis_call("absent"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for queue, group in by_queue.items():
                     ids = [str(t.task_id) for t in group]
@@ -326,7 +327,6 @@ class RedisStore:
         for i, group in enumerate(by_queue.values()):
             in_ready, in_delayed = scores[2 * i], scores[2 * i + 1]
             missing.extend(t for t, r, d in zip(group, in_ready, in_delayed, strict=True) if r is None and d is None)
-        await self.push_ready_or_delayed(missing)
         return missing
 
     async def dead_letter(self, queue: str, task_ids: Sequence[str]) -> None:
