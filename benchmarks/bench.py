@@ -21,7 +21,8 @@ allowed to create databases) and uses the Redis of ``REDIS_URL`` (default
 3. **single HTTP creates**: ``--http`` ``POST /api/v1/tasks`` from 8
    connections (tasks/s), then 1,000 at a steady 200 requests/s (latency);
 4. **pickup latency**: ``--latency-count`` tasks enqueued one by one at
-   ``--rate`` per second, from the enqueue call to the handler's start;
+   ``--rate`` per second, from the enqueue call to the handler's start, after one
+   untimed task that opens the client's connections (as the peers' harness does);
 5. ``--memory``: RSS of the instance after 10% and after 100% of the drain;
 6. ``--pgbouncer HOST:PORT``: the instance and the client reach PostgreSQL through a
    PgBouncer in transaction mode (``pg_pooler = "transaction"``); set-up goes direct;
@@ -300,8 +301,15 @@ class Bench:
         await asyncio.sleep(1.0)
         sent: dict[str, float] = {}
         async with self.recorder() as recorder:
-            await recorder.delete(RAN, START)
             async with self.client() as client:
+                # One task first, not timed, as the peers' harness does (common.WARMUP_IDX): the
+                # client's first call opens its connections and prepares its statements.
+                await recorder.delete(RAN, START)
+                await client.enqueue("bench.noop")
+                deadline = time.monotonic() + 30
+                while await recorder.hlen(RAN) < 1 and time.monotonic() < deadline:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+                await recorder.delete(RAN, START)
                 t0 = time.perf_counter()
                 for i in range(self.args.latency_count):
                     await asyncio.sleep(max(0.0, t0 + i / self.args.rate - time.perf_counter()))
