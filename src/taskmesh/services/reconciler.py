@@ -108,10 +108,11 @@ async def _push(tasks: Tasks, targets: Sequence[PushTarget], popped: Popped) -> 
     An id a walk read as queued can be popped before Redis is asked: absent from Redis,
     it is a ghost, not a lost id, while its claim runs. So the absent ids are looked up
     again in PostgreSQL, skipping the ones this instance's fetchers hold in a claim at
-    that moment: a claim that answered before the look-up committed first, so the
-    look-up sees its task running, and one still in flight is in ``popped``. Only
-    another instance's claim in flight during the look-up (about a millisecond) can
-    still let a ghost through; that claim's refusal drops it.
+    that moment: a claim answered before the look-up had committed, so the look-up sees
+    its task running, and one still in flight is in ``popped``. A claim in flight during
+    the look-up that ``popped`` does not show (another instance's, or one whose pop's
+    answer is still on its way here) can still let a ghost through, about a millisecond
+    of each walk's page; that claim's refusal then drops the ghost.
     """
     absent = await tasks.redis.absent(targets)
     if not absent:
