@@ -306,9 +306,7 @@ class Bench:
                 # client's first call opens its connections and prepares its statements.
                 await recorder.delete(RAN, START)
                 await client.enqueue("bench.noop")
-                deadline = time.monotonic() + 30
-                while await recorder.hlen(RAN) < 1 and time.monotonic() < deadline:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+                await recorded(recorder, START, 1)
                 await recorder.delete(RAN, START)
                 t0 = time.perf_counter()
                 for i in range(self.args.latency_count):
@@ -316,14 +314,22 @@ class Bench:
                     at = time.time()
                     task_id = await client.enqueue("bench.noop")
                     sent[str(task_id)] = at
-            deadline = time.monotonic() + 30
-            while await recorder.hlen(START) < len(sent) and time.monotonic() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
+            await recorded(recorder, START, len(sent))
             raw = await recorder.hgetall(START)
         starts = {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
         pickup = [(starts[t] - at) * 1000 for t, at in sent.items() if t in starts]
         self.figures["pickup_ms_at_rate"] = (pct(pickup, 0.5), pct(pickup, 0.95), pct(pickup, 0.99))
         self.figures["pickup_missing"] = len(sent) - len(pickup)
+
+
+async def recorded(recorder: aioredis.Redis, key: str, count: int, within: float = 30.0) -> None:
+    """Poll the recorder until hash ``key`` holds ``count`` task ids, or ``within`` seconds passed.
+
+    Past the time it returns anyway: the caller counts what is missing.
+    """
+    deadline = time.monotonic() + within
+    while await recorder.hlen(key) < count and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
 
 
 async def wait_ready(http: Any) -> None:
