@@ -78,14 +78,14 @@ class FinishedChannel:
                 await pubsub.subscribe(self.channel)
         except StoreError:
             with contextlib.suppress(*REDIS_ERRORS):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated before redis-py 8.2
             raise
         try:
             yield Subscription(pubsub)
         finally:
             # The connection may be gone already, or closed under us by the cluster client.
             with contextlib.suppress(*REDIS_ERRORS, RuntimeError, AttributeError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
 
 
 class Subscription:

@@ -68,7 +68,7 @@ def _sentinel_client(url: str, common: dict[str, Any]) -> aioredis.Redis:
     sentinel_kwargs: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT, "socket_timeout": CONNECT_TIMEOUT}
     if target.sentinel_password is not None:
         sentinel_kwargs.update(username=target.sentinel_username, password=target.sentinel_password)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]  # unannotated before redis-py 8.2
         target.sentinels, sentinel_kwargs=sentinel_kwargs, health_check_interval=15, **common
     )
     client: aioredis.Redis = sentinel.master_for(
