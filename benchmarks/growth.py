@@ -73,6 +73,7 @@ async def fill(url: str, rows: int) -> float:
             )
             print(f"  filled {start + n:,} of {rows:,} ({time.perf_counter() - t0:.0f} s)", flush=True)
         await conn.execute("VACUUM ANALYZE tasks")
+        await conn.execute("VACUUM ANALYZE task_search")
         await conn.execute("VACUUM ANALYZE task_runs")
     finally:
         await conn.close()

@@ -47,6 +47,7 @@ async def fill_history(pool: asyncpg.Pool) -> None:
            FROM tasks WHERE name = 'live'"""
     )
     await pool.execute("ANALYZE tasks")
+    await pool.execute("ANALYZE task_search")
     await pool.execute("ANALYZE task_runs")
 
 

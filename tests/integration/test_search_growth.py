@@ -47,6 +47,7 @@ async def fill(pool: asyncpg.Pool, n: int) -> None:
            FROM tasks"""
     )
     await pool.execute("ANALYZE tasks")
+    await pool.execute("ANALYZE task_search")
     await pool.execute("ANALYZE task_runs")
 
 

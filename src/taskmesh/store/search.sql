@@ -1,6 +1,8 @@
 -- The task search (issue 11). search_queries.py builds one statement per window key and order
 -- from these templates: {key} is the window's indexed condition on $1 (queue, name, tenant_id,
--- idempotency_key, payload containment, or none), {cmp}/{dir}/{rev} the keyset's direction.
+-- idempotency_key, payload containment, or none) and {source} the table whose index it ranges
+-- over (task_search for the keys that never change, migration 0020; tasks for the others),
+-- {cmp}/{dir}/{rev} the keyset's direction.
 --
 -- A page reads a window of at most $6 rows of the key's index in (created_at, id) order after
 -- the cursor ($4, $5) and within (created_at_after $2, created_at_before $3), then keeps those
@@ -8,7 +10,7 @@
 
 -- name: search_page
 WITH win AS (
-    SELECT id, created_at FROM tasks
+    SELECT id, created_at FROM {source}
     WHERE {key} AND created_at > $2 AND created_at < $3 AND (created_at, id) {cmp} ($4::timestamptz, $5::uuid)
     ORDER BY created_at {dir}, id {dir}
     LIMIT $6
@@ -42,7 +44,7 @@ LIMIT $15;
 -- name: search_window_end
 -- How many rows the window held, and its last one (where the next page starts).
 WITH win AS (
-    SELECT id, created_at FROM tasks
+    SELECT id, created_at FROM {source}
     WHERE {key} AND created_at > $2 AND created_at < $3 AND (created_at, id) {cmp} ($4::timestamptz, $5::uuid)
     ORDER BY created_at {dir}, id {dir}
     LIMIT $6

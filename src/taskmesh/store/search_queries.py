@@ -33,6 +33,17 @@ KEYS: dict[Key, str] = {
     "payload": "payload @> $1::text::jsonb",
 }
 """The window's indexed condition per key (``all``: every task, $1 is null)."""
+SOURCES: dict[Key, str] = {
+    "all": "task_search",
+    "status": "tasks",
+    "queue": "task_search",
+    "name": "task_search",
+    "tenant_id": "task_search",
+    "dedup_key": "tasks",
+    "payload": "tasks",
+}
+"""The table whose index the window ranges over: the keys that never change are in ``task_search``
+(migration 0020), a status and the payload only in ``tasks``."""
 INFINITY = datetime.max
 """asyncpg writes ``datetime.max`` as PostgreSQL's ``infinity`` (and ``min`` as ``-infinity``)."""
 NEGATIVE_INFINITY = datetime.min
@@ -49,7 +60,7 @@ def search_statements() -> dict[str, str]:
     parts = re.split(r"^-- name: (\w+)\s*$", text, flags=re.MULTILINE)
     templates = {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)}
     return {
-        f"{name}:{key}:{order}": body.format(key=condition, **DIRECTIONS[order])
+        f"{name}:{key}:{order}": body.format(key=condition, source=SOURCES[key], **DIRECTIONS[order])
         for name, body in templates.items()
         for key, condition in KEYS.items()
         for order in DIRECTIONS

@@ -1,0 +1,82 @@
+-- The search's indexes leave the tasks table (issue 15). A state change of a task cannot be a
+-- HOT update (status is indexed), so each one wrote a new entry into every index of the row,
+-- those of the search (migration 0008) included: a task's insert, claim and end wrote nine
+-- entries into the (created_at, id), (queue, created_at, id) and (name, created_at, id)
+-- indexes whose keys never change. task_search holds those keys once per task, written when
+-- the task is inserted and never again (but for the rare move of a task to another queue), so
+-- the three entries are written once.
+--
+-- Triggers keep it in step with tasks whatever the path (INSERT, COPY, a requeue into another
+-- queue, retention's deletes, TRUNCATE): the insert and delete triggers run one statement per
+-- statement over its transition table, not one per row. Search windows on task_search for the
+-- keys all, queue, name and tenant_id, and joins each id to tasks, which stays the truth.
+CREATE TABLE task_search (
+    created_at timestamptz NOT NULL,
+    id         uuid NOT NULL,
+    queue      text NOT NULL,
+    name       text NOT NULL,
+    tenant_id  text,
+    PRIMARY KEY (created_at, id)
+);
+
+CREATE FUNCTION taskmesh_task_search_added() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO task_search (created_at, id, queue, name, tenant_id)
+    SELECT created_at, id, queue, name, tenant_id FROM added;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION taskmesh_task_search_removed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM task_search s USING removed r WHERE s.created_at = r.created_at AND s.id = r.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION taskmesh_task_search_moved() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE task_search
+    SET created_at = NEW.created_at, queue = NEW.queue, name = NEW.name, tenant_id = NEW.tenant_id
+    WHERE created_at = OLD.created_at AND id = OLD.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION taskmesh_task_search_truncate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    TRUNCATE task_search;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER tasks_search_insert AFTER INSERT ON tasks REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT EXECUTE FUNCTION taskmesh_task_search_added();
+CREATE TRIGGER tasks_search_delete AFTER DELETE ON tasks REFERENCING OLD TABLE AS removed
+    FOR EACH STATEMENT EXECUTE FUNCTION taskmesh_task_search_removed();
+-- Claims and results do not set these columns, so this trigger is not even looked at for them.
+CREATE TRIGGER tasks_search_update AFTER UPDATE OF queue, name, tenant_id, created_at ON tasks
+    FOR EACH ROW WHEN (OLD.queue IS DISTINCT FROM NEW.queue OR OLD.name IS DISTINCT FROM NEW.name
+                       OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id OR OLD.created_at IS DISTINCT FROM NEW.created_at)
+    EXECUTE FUNCTION taskmesh_task_search_moved();
+CREATE TRIGGER tasks_search_truncate AFTER TRUNCATE ON tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION taskmesh_task_search_truncate();
+
+-- The tasks of before this migration (the triggers exist from here on, in this same
+-- transaction, so none is missed or written twice). The indexes are built after the copy.
+LOCK TABLE tasks IN SHARE MODE;
+INSERT INTO task_search (created_at, id, queue, name, tenant_id)
+SELECT created_at, id, queue, name, tenant_id FROM tasks;
+
+CREATE INDEX task_search_queue_idx ON task_search (queue, created_at, id);
+CREATE INDEX task_search_name_idx ON task_search (name, created_at, id);
+CREATE INDEX task_search_tenant_idx ON task_search (tenant_id, created_at, id) WHERE tenant_id IS NOT NULL;
+
+DROP INDEX tasks_created_idx;
+DROP INDEX tasks_queue_created_idx;
+DROP INDEX tasks_name_created_idx;
+DROP INDEX tasks_tenant_created_idx;
