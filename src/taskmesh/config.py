@@ -347,6 +347,9 @@ class Settings(BaseSettings):
     """Most run results written by one committer statement."""
     commit_flush_ms: float = Field(default=5.0, ge=0, le=10000, validation_alias=_aliases("commit_flush_ms"))
     """Longest a result waits for companions before the committer writes it, milliseconds."""
+    commit_interval_ms: float = Field(default=25.0, ge=0, le=10000, validation_alias=_aliases("commit_interval_ms"))
+    """Least time between the starts of two result writes while results keep coming, milliseconds
+    (a lone result still waits only ``commit_flush_ms``)."""
     retention_completed_days: float = Field(
         default=7, ge=0, le=36500, validation_alias=_aliases("retention_completed_days")
     )

@@ -584,6 +584,7 @@ async def _serve(
         inst.worker_id,
         batch_size=settings.commit_batch_size,
         flush_ms=settings.commit_flush_ms,
+        interval_ms=settings.commit_interval_ms,
         capacity=max(1024, 4 * total),
     )
     processes = ProcessPool(

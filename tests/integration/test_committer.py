@@ -72,3 +72,42 @@ async def test_results_held_by_the_committer_count_as_held_until_written(tasks: 
     with anyio.fail_after(10):
         await committer.run()
     assert committer.unwritten == {}
+
+
+async def test_a_steady_stream_is_written_once_per_interval_and_a_lone_result_at_once(
+    tasks: Tasks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = await claimed(tasks, 41)
+    writes: list[int] = []
+    finish = tasks.finish
+
+    async def counted(batch: list[RunResult], worker_id: str) -> None:
+        writes.append(len(batch))
+        await finish(batch, worker_id)
+
+    monkeypatch.setattr(tasks, "finish", counted)
+    committer = Committer(tasks, WORKER, flush_ms=1, interval_ms=200)
+
+    async def written() -> None:
+        while committer.unwritten:
+            await anyio.sleep(0.005)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(committer.run)
+            began = anyio.current_time()
+            for t in runs[:40]:  # one result every 10 ms: without the interval, one write each
+                await committer.submit(RunResult(t, Outcome.SUCCEEDED, result="1"))
+                await anyio.sleep(0.01)
+            streamed = anyio.current_time() - began
+            await written()
+            stream_writes = len(writes)
+            await anyio.sleep(0.3)  # a quiet spell longer than the interval
+            lone = anyio.current_time()
+            await committer.submit(RunResult(runs[40], Outcome.SUCCEEDED, result="1"))
+            await written()
+            lone = anyio.current_time() - lone
+            committer.close()
+    assert sum(writes) == 41
+    assert stream_writes <= streamed / 0.2 + 2, (writes, streamed)
+    assert lone < 0.15  # flush_ms after a quiet spell, not the interval

@@ -4,7 +4,13 @@ Executors hand results over with :meth:`Committer.submit` (a bounded channel:
 when the committer is behind, executors wait, and fetching pauses). The
 committer writes up to ``batch_size`` of them with one statement
 (``run_finish_many``: run rows and task rows together), flushing when the batch
-is full or ``flush_ms`` milliseconds after its first result.
+is full or ``flush_ms`` milliseconds after its first result, and, while results
+keep coming, no sooner than ``interval_ms`` after the previous write began. A
+lone result waits ``flush_ms``; a steady stream is written in one commit per
+``interval_ms`` instead of one per result or two: a commit costs PostgreSQL and
+the instance far more CPU than a row, and that CPU is taken from the handlers
+(5 ms ``def`` tasks drained 4-16% faster with writes at most every 25 ms than
+with one write per batch of one or two results, side by side, 2026-12-04).
 
 Failure model (issue 10):
 
@@ -48,17 +54,29 @@ class Committer:
     :param tasks: the task facade.
     :param worker_id: this instance (the fence: only its own running runs are written).
     :param batch_size: most results per statement.
-    :param flush_ms: longest a result waits for companions, milliseconds.
+    :param flush_ms: longest a result waits for companions after a quiet spell, milliseconds.
+    :param interval_ms: least time between the starts of two writes while results keep
+        coming, milliseconds (0: write as soon as ``flush_ms`` has passed).
     :param capacity: results the channel buffers before executors wait.
     """
 
     def __init__(
-        self, tasks: Tasks, worker_id: str, *, batch_size: int = 500, flush_ms: float = 5.0, capacity: int = 1024
+        self,
+        tasks: Tasks,
+        worker_id: str,
+        *,
+        batch_size: int = 500,
+        flush_ms: float = 5.0,
+        interval_ms: float = 0.0,
+        capacity: int = 1024,
     ) -> None:
         self.tasks = tasks
         self.worker_id = worker_id
         self.batch_size = batch_size
         self.flush_seconds = flush_ms / 1000
+        self.interval_seconds = interval_ms / 1000
+        self._last_write = float("-inf")
+        """When the last write began (``anyio.current_time``)."""
         self._send, self._receive = anyio.create_memory_object_stream[RunResult](capacity)
         self.unwritten: dict[uuid.UUID, ClaimedTask] = {}
         """Runs whose result was submitted and is not written yet, by run id."""
@@ -89,6 +107,7 @@ class Committer:
                     except anyio.EndOfStream:
                         return
                 ended = await self._gather()
+                self._last_write = anyio.current_time()
                 await self._write(self._batch)
                 self._batch = []
                 if ended:
@@ -98,7 +117,8 @@ class Committer:
             raise
 
     async def _gather(self) -> bool:
-        """Fill the batch up to its size, waiting at most the flush time; True when the input ended."""
+        """Fill the batch up to its size, waiting the flush time, or until ``interval_ms`` after the
+        last write began if that is later; True when the input ended."""
         batch = self._batch
         while len(batch) < self.batch_size:
             try:
@@ -107,8 +127,9 @@ class Committer:
                 break
             except anyio.EndOfStream:
                 return True
-        if len(batch) < self.batch_size and self.flush_seconds > 0:
-            with anyio.move_on_after(self.flush_seconds):
+        wait = max(self.flush_seconds, self._last_write + self.interval_seconds - anyio.current_time())
+        if len(batch) < self.batch_size and wait > 0:
+            with anyio.move_on_after(wait):
                 while len(batch) < self.batch_size:
                     try:
                         batch.append(await self._receive.receive())
