@@ -293,7 +293,8 @@ class Schedules:
                 targets.extend(pushes)
             if rows:
                 await tx.notify(NOTIFY_CHANNEL, "fired")
-        await self.tasks.push(targets)
+        # Logged as soon as committed: a shutdown that cancels the push below (the reconciler
+        # pushes those ids later) must not leave a fire made and never reported.
         for f in fires:
             log.info(
                 "schedule_fired" if f.task_id else "schedule_fire_skipped",
@@ -302,6 +303,7 @@ class Schedules:
                 outcome=f.outcome,
                 task_id=str(f.task_id) if f.task_id else None,
             )
+        await self.tasks.push(targets)
         return fires
 
     async def _fire_row(self, tx: PgStore, row: Any, now: datetime) -> tuple[list[Fire], list[PushTarget]]:
