@@ -70,3 +70,35 @@ async def test_deleted_tasks_leave_the_search_table(tasks: Tasks, pool: asyncpg.
     await tasks.enqueue_many([TaskSpec(name="kept", queue_name="q") for _ in range(2)])
     await pool.execute("TRUNCATE tasks CASCADE")
     assert await pool.fetchval("SELECT count(*) FROM task_search") == 0
+
+
+async def test_retention_deletes_search_rows_by_primary_key_after_the_table_grew(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    # A session plans the trigger's delete once; planned while task_search was small, it must
+    # still look rows up by primary key once the table is large (no new statistics meanwhile).
+    fill = """INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at,
+                                 created_at, updated_at)
+              SELECT gen_random_uuid(), 'old', 'immediate', 'q', 0, '{}', 3, 'completed', now(),
+                     now() - g * interval '1 second', now() - interval '30 days' - g * interval '1 second'
+              FROM generate_series(1, $1::int) g"""
+    delete = "DELETE FROM tasks WHERE id = ANY(ARRAY(SELECT id FROM tasks WHERE status = 'completed' LIMIT 50))"
+    plans: list[str] = []
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(fill, 200)
+        await conn.execute("ANALYZE tasks; ANALYZE task_search")
+        await conn.execute(delete)  # the first plan, over 200 rows
+        await conn.execute(fill, 20_000)
+        await conn.execute("LOAD 'auto_explain'")
+        await conn.execute(
+            "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+            " SET auto_explain.log_level = notice"
+        )
+        conn.add_log_listener(lambda _c, message: plans.append(str(message)))
+        await conn.execute(delete)
+    finally:
+        await conn.close()
+    [trigger_plan] = [p for p in plans if "task_search" in p]
+    assert "Index Scan using task_search_pkey" in trigger_plan, trigger_plan
+    assert await pool.fetchval("SELECT count(*) FROM task_search") == 200 + 20_000 - 100
