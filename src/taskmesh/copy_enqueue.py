@@ -1,25 +1,24 @@
-"""A bulk enqueue by ``COPY``: Python validates and prepares the next chunk while PostgreSQL copies the one before.
+"""A bulk enqueue by ``COPY``: Python validates and writes the next rows while PostgreSQL stores the ones before.
 
 A bulk of immediate tasks without a dedup key cannot conflict with anything, so it is copied
 (``COPY``), which PostgreSQL writes for about a quarter less per row than an ``INSERT``. The
-batch is one transaction: a task found invalid in a later chunk rolls the earlier chunks
-back, so nothing is written, as with one statement. The client validates here too
-(:func:`copyable_mapping` says which raw batches may), so pydantic's time per task runs beside
-PostgreSQL's rather than before it.
+batch is one ``COPY`` statement in one transaction whose rows are streamed a slice at a time:
+a task found invalid in a later slice ends the stream and rolls the transaction back, so
+nothing is written. The client validates here too (:func:`copyable_mapping` says which raw
+batches may), so pydantic's time per task runs beside PostgreSQL's rather than before it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-import anyio
 import orjson
 
 from taskmesh.errors import InvalidTaskError
-from taskmesh.ids import uuid7_pair
+from taskmesh.ids import uuid7_text
 from taskmesh.models import Enqueued, PushTarget
 from taskmesh.states import TaskStatus
 from taskmesh.store import PgStore
@@ -33,13 +32,11 @@ COPY_MIN_TASKS = 64
 """A bulk enqueue of at least this many immediate tasks without a dedup key is copied (``COPY``):
 PostgreSQL writes a copied row for about a quarter less than an inserted one. Fewer go in one
 INSERT, one round trip."""
-COPY_CHUNK_TASKS = 250
-"""Tasks per ``COPY`` statement of a bulk enqueue: Python prepares the next chunk meanwhile."""
 PREPARE_SLICE_TASKS = 25
-"""Tasks validated and prepared between two yields to the event loop, so the ``COPY`` in flight
-makes progress."""
-
-_QUEUED = TaskStatus.QUEUED.value  # read once: an enum member's value is a property
+"""Tasks validated, written as ``COPY`` text and sent at once (one ``CopyData`` message): small
+enough that PostgreSQL starts on the first rows a fraction of a millisecond after the call."""
+BACKSLASH = "\\"
+TWO_BACKSLASHES = "\\\\"
 
 SpecSlice = Callable[[int, int], Sequence[TaskSpec]]
 """``(start, stop) -> specs[start:stop]``: the validated tasks of one slice of the batch.
@@ -53,8 +50,8 @@ class ReadyTargets(Collection[PushTarget]):
 
     Not a :class:`~taskmesh.models.PushTarget` per task: a thousand objects that live until the
     push are what makes the garbage collector run, and each of its runs walks them and,
-    every few batches, the whole heap. The ids' text is made here, while PostgreSQL copies
-    the rows, so the push after the commit (:meth:`~taskmesh.store.redis.RedisStore.push_ready`)
+    every few batches, the whole heap. The ids are held as the text the rows were written
+    with, so the push after the commit (:meth:`~taskmesh.store.redis.RedisStore.push_ready`)
     only scores and sends. Iterating yields the targets one at a time.
     """
 
@@ -63,12 +60,12 @@ class ReadyTargets(Collection[PushTarget]):
     def __init__(self) -> None:
         self.by_queue: dict[str, dict[str, int]] = {}
 
-    def add(self, queue: str, task_id: UUID, priority: int) -> None:
-        """Note task ``task_id`` of ``queue`` at ``priority``, ready now."""
+    def add(self, queue: str, task_id: str, priority: int) -> None:
+        """Note task ``task_id`` (its text) of ``queue`` at ``priority``, ready now."""
         members = self.by_queue.get(queue)
         if members is None:
             members = self.by_queue[queue] = {}
-        members[str(task_id)] = priority
+        members[task_id] = priority
 
     def counts(self) -> dict[str, int]:
         """How many tasks each queue holds."""
@@ -112,7 +109,13 @@ def copyable_mapping(item: Mapping[str, Any]) -> bool:
 async def copy_many(
     tasks: Tasks, pg: PgStore, count: int, specs: SpecSlice, field_prefix: str, task_type: str | None
 ) -> tuple[list[Enqueued], ReadyTargets, set[str]]:
-    """Copy ``count`` copyable tasks into ``tasks`` in chunks, in one transaction on ``pg``.
+    """Copy ``count`` copyable tasks into ``tasks`` with one ``COPY``, in one transaction on ``pg``.
+
+    The rows are streamed: each slice of :data:`PREPARE_SLICE_TASKS` tasks is validated,
+    written as ``COPY`` text and sent while PostgreSQL writes the slices before it, so the
+    client's time per task and PostgreSQL's overlap (chunks of whole statements left
+    PostgreSQL idle while the first chunk was prepared and the client idle while the last
+    was written).
 
     :param tasks: the facade whose registry and defaults apply (:meth:`~taskmesh.tasks.Tasks.check_payload`,
         :meth:`~taskmesh.tasks.Tasks.resolve_defaults`) and whose metrics count the creates.
@@ -131,43 +134,59 @@ async def copy_many(
     tenants: set[str] = set()
     traces = new_trace_ids(count)
     defaults: Defaults = {}  # by handler, not by task
-    queued = TaskStatus.QUEUED
+    refused: list[InvalidTaskError] = []
+
+    async def rows() -> AsyncIterator[bytes]:
+        queued = TaskStatus.QUEUED
+        for first in range(0, count, PREPARE_SLICE_TASKS):
+            lines = []
+            try:
+                for i, spec in enumerate(specs(first, min(first + PREPARE_SLICE_TASKS, count)), first):
+                    trace = spec.trace_id or traces[i]
+                    task_id, text_id, queue, line = _line(tasks, spec, field_prefix, i, trace, task_type, defaults)
+                    lines.append(line)
+                    targets.add(queue, text_id, spec.priority)
+                    out.append(Enqueued(task_id, queued, True, trace, queue))
+                    if spec.tenant_id is not None:
+                        tenants.add(spec.tenant_id)
+            except InvalidTaskError as exc:
+                # Ending the stream (not raising inside asyncpg's COPY, which would cancel it
+                # from a second connection) and raising below rolls the transaction back.
+                refused.append(exc)
+                return
+            yield "".join(lines).encode()
+            await asyncio.sleep(0)  # other requests of this event loop go on meanwhile
+
     async with pg.atomic() as tx:
-        copying: asyncio.Future[None] | None = None
-        try:
-            for start in range(0, count, COPY_CHUNK_TASKS):
-                stop, records = min(start + COPY_CHUNK_TASKS, count), []
-                for first in range(start, stop, PREPARE_SLICE_TASKS):
-                    await asyncio.sleep(0)  # the COPY in flight sends its rows or reads its answer
-                    for i, spec in enumerate(specs(first, min(first + PREPARE_SLICE_TASKS, stop)), first):
-                        trace = spec.trace_id or traces[i]
-                        task_id, record = _record(tasks, spec, field_prefix, i, trace, task_type, defaults)
-                        records.append(record)
-                        queue = record[3]
-                        targets.add(queue, record[0], spec.priority)
-                        out.append(Enqueued(task_id, queued, True, trace, queue))
-                        if spec.tenant_id is not None:
-                            tenants.add(spec.tenant_id)
-                if copying is not None:
-                    await copying
-                # asyncpg runs on asyncio only: its COPY goes on while this coroutine prepares
-                copying = asyncio.ensure_future(tx.tasks.copy_in(records))
-            if copying is not None:
-                await copying
-        except BaseException:
-            await _settle(copying)  # the rollback needs the connection free
-            raise
+        await tx.tasks.copy_in(rows())
+        if refused:
+            raise refused[0]
     if tasks.metrics:
         for queue, n in targets.counts().items():
             tasks.metrics.task_created(queue, n)
     return out, targets, tenants
 
 
-def _record(
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+"""``COPY``'s text format: these four characters are written escaped."""
+
+
+def copy_text(value: str | None) -> str:
+    """``value`` as one field of a ``COPY`` text row: ``\\N`` for None, backslash, tab and line breaks escaped."""
+    if value is None:
+        return "\\N"
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return value.translate(_ESCAPES)
+    return value
+
+
+def _line(
     tasks: Tasks, spec: TaskSpec, field_prefix: str, i: int, trace_id: str, task_type: str | None, defaults: Defaults
-) -> tuple[UUID, tuple[Any, ...]]:
-    """Task ``i``'s new id and its :meth:`~taskmesh.store.task_queries.TaskQueries.copy_in` record
-    (whose first field is the same id as asyncpg's UUID, its fourth the queue).
+) -> tuple[UUID, str, str, str]:
+    """Task ``i``'s new id (and as text), its queue, and its row in ``COPY`` text (:data:`COPY_COLUMNS`).
+
+    Name and queue need no escaping (``NAME_REGEX``); a payload is JSON, in which orjson
+    escapes every control character, so only its backslashes are doubled.
 
     :param defaults: filled here.
     :raises InvalidTaskError: its payload does not fit its handler or is not JSON-serialisable
@@ -185,18 +204,10 @@ def _record(
     if prepared is None:
         prepared = defaults[key] = tasks.resolve_defaults(spec)
     queue, max_retries, kind = prepared
-    task_id, stored_id = uuid7_pair()
-    row = (stored_id, spec.name, task_type or kind, queue, spec.priority, payload, max_retries, spec.tenant_id)
-    return task_id, (*row, trace_id, _QUEUED)
-
-
-async def _settle(future: asyncio.Future[None] | None) -> None:
-    """Cancel ``future`` if it still runs and wait for it, shielded; its own error is dropped (the caller's wins)."""
-    if future is None:
-        return
-    if not future.done():
-        future.cancel()
-    with anyio.CancelScope(shield=True):
-        await asyncio.wait([future])
-    if not future.cancelled():
-        future.exception()  # retrieved: asyncio would log it as never retrieved
+    task_id, text_id = uuid7_text()
+    payload = payload.replace(BACKSLASH, TWO_BACKSLASHES)
+    line = (
+        f"{text_id}\t{spec.name}\t{task_type or kind}\t{queue}\t{spec.priority}\t{payload}"
+        f"\t{max_retries}\t{copy_text(spec.tenant_id)}\t{copy_text(trace_id)}\tqueued\n"
+    )
+    return task_id, text_id, queue, line

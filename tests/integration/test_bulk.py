@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from types import MappingProxyType
 from typing import Any
 
@@ -130,6 +131,33 @@ async def test_a_copied_bulk_enqueue_stores_what_an_inserted_one_does(
     first = await redis_client.zrange(keys.ready("copied"), 0, 0)
     assert first == [str(copied[2].task_id)]  # priority 2 pops first
     assert len({o.task_id for o in copied + inserted}) == 600
+
+
+AWKWARD = ["tab\there", "line\nbreak", "cr\rhere", "back\\slash", "\\N", "\\.", "é ü 字 🙂", 'quote"s', "\\t literal"]
+
+
+async def test_a_copied_batch_stores_every_character_of_its_texts_and_payloads_as_given(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool
+) -> None:
+    """COPY's text format escapes backslash, tab and line breaks; each field comes back as it was sent."""
+    tasks = [
+        {
+            "name": "c",
+            "payload": {"text": text, "nested": [text, {"k\\ey": text}], "n": i},
+            "tenant_id": text,
+            "trace_id": f"{text}-{i}",
+        }
+        for i, text in enumerate(AWKWARD * 8)
+    ]
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
+        made = await client.enqueue_many(tasks)
+    rows = {r["id"]: r for r in await pool.fetch("SELECT id, payload::text AS payload, tenant_id, trace_id FROM tasks")}
+    assert len(rows) == len(tasks) == 72  # above COPY_MIN_TASKS: copied
+    for task, out in zip(tasks, made, strict=True):
+        row = rows[out.task_id]
+        assert (row["tenant_id"], row["trace_id"]) == (task["tenant_id"], task["trace_id"])
+        assert json.loads(row["payload"]) == task["payload"]
+        assert out.trace_id == task["trace_id"]
 
 
 async def test_an_invalid_payload_late_in_a_copied_batch_writes_nothing(

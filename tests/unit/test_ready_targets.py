@@ -12,7 +12,7 @@ def test_it_yields_every_task_added_with_its_queue_and_priority_and_counts_them(
     targets = ReadyTargets()
     ids = [uuid.uuid4() for _ in range(5)]
     for i, task_id in enumerate(ids):
-        targets.add("a" if i % 2 else "b", task_id, i)
+        targets.add("a" if i % 2 else "b", str(task_id), i)
     assert len(targets) == 5
     assert targets.counts() == {"b": 3, "a": 2}
     assert sorted(targets, key=lambda t: t.priority) == [

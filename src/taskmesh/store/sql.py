@@ -9,7 +9,7 @@ classified as transient or not (``store/classify.py``). Nothing outside
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -74,14 +74,19 @@ class Queries:
     async def _fetchval(self, name: str, *args: Any) -> Any:
         return await self._call("fetchval", name, args)
 
-    async def _copy(self, name: str, table: str, columns: Sequence[str], records: Iterable[tuple[Any, ...]]) -> None:
-        """``COPY table (columns) FROM STDIN`` of ``records`` on a connection (binary, one statement).
+    async def _copy(self, name: str, table: str, columns: Sequence[str], source: AsyncIterable[bytes]) -> None:
+        """``COPY table (columns) FROM STDIN`` (text format, one statement) of the rows ``source`` yields.
+
+        Each chunk ``source`` yields is sent as it comes, so PostgreSQL writes those rows while
+        the caller prepares the next ones; the connection is busy until ``source`` ends.
 
         :param name: what a :class:`~taskmesh.errors.StoreError` names.
+        :param source: chunks of whole rows in ``COPY``'s text format, as bytes.
+        :raises StoreError: PostgreSQL refused the rows or failed; the statement wrote nothing.
         """
         assert not isinstance(self._ex, asyncpg.Pool), "a COPY runs in the caller's transaction"
         try:
-            await self._ex.copy_records_to_table(table, records=records, columns=list(columns))
+            await self._ex.copy_to_table(table, source=source, columns=list(columns))
         except POSTGRES_ERRORS as exc:
             raise postgres_error(name, exc) from exc
 

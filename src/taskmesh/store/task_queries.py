@@ -8,9 +8,8 @@ block. Decoding rows into the API's shape is ``taskmesh.records``'s job.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, Sequence
 from datetime import datetime
-from typing import Any
 
 import asyncpg
 
@@ -24,7 +23,7 @@ DEAD_LETTER_FOLD_ROUNDS = 10
 
 
 COPY_COLUMNS = ("id", "name", "type", "queue", "priority", "payload", "max_retries", "tenant_id", "trace_id", "status")
-"""The columns of :meth:`TaskQueries.copy_in`'s records, in order (``status`` is always ``queued``)."""
+"""The columns of :meth:`TaskQueries.copy_in`'s rows, in order (``status`` is always ``queued``)."""
 
 
 class TaskQueries(Queries):
@@ -67,17 +66,17 @@ class TaskQueries(Queries):
             trace_ids,
         )
 
-    async def copy_in(self, records: Sequence[tuple[Any, ...]]) -> None:
+    async def copy_in(self, rows: AsyncIterable[bytes]) -> None:
         """Copy immediate tasks without a dedup key into ``tasks`` (``COPY``; cheaper per row than INSERT).
 
         Their ``run_at``, ``created_at`` and ``updated_at`` are PostgreSQL's ``now()`` (the
         columns' defaults, migration 0019), as an INSERT's are; no row can conflict.
 
-        :param records: ``(id, name, type, queue, priority, payload JSON text, max_retries,
-            tenant_id, trace_id, "queued")`` per task (:data:`COPY_COLUMNS`).
+        :param rows: chunks of rows in ``COPY``'s text format, each of the columns
+            :data:`COPY_COLUMNS` (``copy_enqueue.copy_line`` writes one), sent as they come.
         :raises StoreError: PostgreSQL failed; the statement wrote nothing.
         """
-        await self._copy("task_copy_in", "tasks", COPY_COLUMNS, records)
+        await self._copy("task_copy_in", "tasks", COPY_COLUMNS, rows)
 
     async def find_by_idempotency_keys(self, keys: Sequence[tuple[str, str]]) -> list[asyncpg.Record]:
         """``task_find_by_idempotency_keys``: ``idempotency_key, tenant, id, status, trace_id`` of the tasks of
