@@ -165,7 +165,10 @@ SET status = CASE WHEN runs.outcome = 'succeeded' THEN 'completed'
     run_at = COALESCE(runs.next_retry_at, t.run_at),
     updated_at = now()
 FROM runs
-WHERE t.id = runs.task_id AND t.status = 'running'
+-- `status || ''`: by primary key from each written run. Planned on statistics that saw no
+-- running task (autovacuum analyzed while only history was there), the generic plan otherwise
+-- read every running task through the status index and compared each with every written run.
+WHERE t.id = runs.task_id AND t.status || '' = 'running'
 RETURNING t.id, t.queue, t.priority, t.status, t.run_at;
 
 -- name: run_reclaim_expired
@@ -191,7 +194,7 @@ WITH expired AS (
                 ELSE 'failed' END AS outcome,
            (least(power(2, least(t.retries, 12)), 3600) * (0.5 + random()))::float8 AS delay_s
     FROM expired e JOIN tasks t ON t.id = e.task_id
-    WHERE t.status = 'running'
+    WHERE t.status || '' = 'running'  -- by primary key, as in run_finish_many
 ), runs AS (
     UPDATE task_runs tr
     SET status = CASE d.outcome WHEN 'retry' THEN 'retrying' ELSE 'failed' END,
@@ -234,7 +237,7 @@ SET status = CASE WHEN runs.next_retry_at IS NULL THEN 'cancelled' ELSE 'queued'
     run_at = COALESCE(runs.next_retry_at, t.run_at),
     updated_at = now()
 FROM runs
-WHERE t.id = runs.task_id AND t.status = 'running'
+WHERE t.id = runs.task_id AND t.status || '' = 'running'  -- by primary key, as in run_finish_many
 RETURNING t.id, t.status;
 
 -- name: task_lock_for_cancel
