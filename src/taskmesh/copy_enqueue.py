@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mappi
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+import anyio
 import orjson
 
 from taskmesh.errors import InvalidTaskError
@@ -35,6 +36,10 @@ INSERT, one round trip."""
 PREPARE_SLICE_TASKS = 25
 """Tasks validated, written as ``COPY`` text and sent at once (one ``CopyData`` message): small
 enough that PostgreSQL starts on the first rows a fraction of a millisecond after the call."""
+COPY_STATEMENT_TASKS = 250
+"""Rows per ``COPY`` statement of a bulk enqueue. PostgreSQL writes a statement's search rows
+when it ends (migration 0020's trigger), while the client prepares the next statement's rows:
+with one statement for a whole bulk the client waited for all of them at the end."""
 BACKSLASH = "\\"
 TWO_BACKSLASHES = "\\\\"
 
@@ -109,13 +114,14 @@ def copyable_mapping(item: Mapping[str, Any]) -> bool:
 async def copy_many(
     tasks: Tasks, pg: PgStore, count: int, specs: SpecSlice, field_prefix: str, task_type: str | None
 ) -> tuple[list[Enqueued], ReadyTargets, set[str]]:
-    """Copy ``count`` copyable tasks into ``tasks`` with one ``COPY``, in one transaction on ``pg``.
+    """Copy ``count`` copyable tasks into ``tasks`` (``COPY``), in one transaction on ``pg``.
 
-    The rows are streamed: each slice of :data:`PREPARE_SLICE_TASKS` tasks is validated,
-    written as ``COPY`` text and sent while PostgreSQL writes the slices before it, so the
-    client's time per task and PostgreSQL's overlap (chunks of whole statements left
-    PostgreSQL idle while the first chunk was prepared and the client idle while the last
-    was written).
+    This coroutine validates the tasks a slice of :data:`PREPARE_SLICE_TASKS` at a time and
+    writes each slice as ``COPY`` text; a second one (:func:`_copy_statements`) streams the
+    slices to PostgreSQL as they come, :data:`COPY_STATEMENT_TASKS` to a statement. So the
+    client's time per task and PostgreSQL's overlap, and the search rows that PostgreSQL
+    writes at the end of each statement (migration 0020's trigger) are written while the
+    client prepares the next statement's rows.
 
     :param tasks: the facade whose registry and defaults apply (:meth:`~taskmesh.tasks.Tasks.check_payload`,
         :meth:`~taskmesh.tasks.Tasks.resolve_defaults`) and whose metrics count the creates.
@@ -134,13 +140,14 @@ async def copy_many(
     tenants: set[str] = set()
     traces = new_trace_ids(count)
     defaults: Defaults = {}  # by handler, not by task
-    refused: list[InvalidTaskError] = []
-
-    async def rows() -> AsyncIterator[bytes]:
-        queued = TaskStatus.QUEUED
-        for first in range(0, count, PREPARE_SLICE_TASKS):
-            lines = []
-            try:
+    queued = TaskStatus.QUEUED
+    slices: asyncio.Queue[bytes | None] = asyncio.Queue()
+    async with pg.atomic() as tx:
+        # asyncpg runs on asyncio only: its COPY goes on while this coroutine prepares
+        copying = asyncio.ensure_future(_copy_statements(tx, slices, count))
+        try:
+            for first in range(0, count, PREPARE_SLICE_TASKS):
+                lines = []
                 for i, spec in enumerate(specs(first, min(first + PREPARE_SLICE_TASKS, count)), first):
                     trace = spec.trace_id or traces[i]
                     task_id, text_id, queue, line = _line(tasks, spec, field_prefix, i, trace, task_type, defaults)
@@ -149,22 +156,49 @@ async def copy_many(
                     out.append(Enqueued(task_id, queued, True, trace, queue))
                     if spec.tenant_id is not None:
                         tenants.add(spec.tenant_id)
-            except InvalidTaskError as exc:
-                # Ending the stream (not raising inside asyncpg's COPY, which would cancel it
-                # from a second connection) and raising below rolls the transaction back.
-                refused.append(exc)
-                return
-            yield "".join(lines).encode()
-            await asyncio.sleep(0)  # other requests of this event loop go on meanwhile
-
-    async with pg.atomic() as tx:
-        await tx.tasks.copy_in(rows())
-        if refused:
-            raise refused[0]
+                slices.put_nowait("".join(lines).encode())
+                await asyncio.sleep(0)  # the COPY sends this slice; other requests go on meanwhile
+                if copying.done():  # PostgreSQL failed: stop preparing, raise its error below
+                    break
+            slices.put_nowait(None)
+            await copying
+        except InvalidTaskError:
+            # The statement in flight ends with the rows it was sent (rolled back below with the
+            # rest): cancelling it would abort the COPY through a second connection.
+            slices.put_nowait(None)
+            await _settle(copying, cancel=False)
+            raise
+        except BaseException:
+            await _settle(copying)  # the rollback needs the connection free
+            raise
     if tasks.metrics:
         for queue, n in targets.counts().items():
             tasks.metrics.task_created(queue, n)
     return out, targets, tenants
+
+
+async def _copy_statements(tx: PgStore, slices: asyncio.Queue[bytes | None], count: int) -> None:
+    """Copy the slices put on ``slices`` (``None`` ends them), :data:`COPY_STATEMENT_TASKS` rows a statement.
+
+    :param count: rows the batch holds (the last statement ends at the last slice, not at ``None``).
+    :raises StoreError: PostgreSQL failed.
+    """
+    per_statement = max(1, COPY_STATEMENT_TASKS // PREPARE_SLICE_TASKS)
+    left = -(-count // PREPARE_SLICE_TASKS)  # slices to come
+    ended = False
+
+    async def statement_rows() -> AsyncIterator[bytes]:
+        nonlocal left, ended
+        for _ in range(min(per_statement, left)):
+            chunk = await slices.get()
+            if chunk is None:
+                ended = True
+                return
+            left -= 1
+            yield chunk
+
+    while left and not ended:
+        await tx.tasks.copy_in(statement_rows())
 
 
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -211,3 +245,16 @@ def _line(
         f"\t{max_retries}\t{copy_text(spec.tenant_id)}\t{copy_text(trace_id)}\tqueued\n"
     )
     return task_id, text_id, queue, line
+
+
+async def _settle(future: asyncio.Future[None], *, cancel: bool = True) -> None:
+    """Wait for ``future``, shielded, cancelling it first if ``cancel``.
+
+    Its own error is dropped: the caller's wins.
+    """
+    if cancel and not future.done():
+        future.cancel()
+    with anyio.CancelScope(shield=True):
+        await asyncio.wait([future])
+    if not future.cancelled():
+        future.exception()  # retrieved: asyncio would log it as never retrieved

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 import taskmesh
+from taskmesh.errors import StoreError
 from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
 from tests.conftest import REDIS_MODE, http, wait_for
@@ -158,6 +159,27 @@ async def test_a_copied_batch_stores_every_character_of_its_texts_and_payloads_a
         assert (row["tenant_id"], row["trace_id"]) == (task["tenant_id"], task["trace_id"])
         assert json.loads(row["payload"]) == task["payload"]
         assert out.trace_id == task["trace_id"]
+
+
+async def test_a_row_postgresql_refuses_late_in_a_copied_batch_writes_nothing_and_the_client_goes_on(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    """PostgreSQL fails the third of four COPY statements: the batch is rolled back, nothing is pushed."""
+    await pool.execute(
+        """CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN IF NEW.name = 'boom' THEN RAISE EXCEPTION 'boom refused'; END IF; RETURN NEW; END $$;
+           CREATE TRIGGER refuse_boom BEFORE INSERT ON tasks FOR EACH ROW EXECUTE FUNCTION refuse_boom();"""
+    )
+    batch = [{"name": "boom" if i == 600 else "c"} for i in range(1000)]
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as client:
+        with pytest.raises(StoreError) as info:
+            await client.enqueue_many(batch)
+        assert "boom refused" in str(info.value)
+        assert await pool.fetchval("SELECT count(*) FROM tasks") == 0
+        assert await pool.fetchval("SELECT count(*) FROM task_search") == 0
+        assert await redis_client.zcard(keys.ready("default")) == 0
+        made = await client.enqueue_many([{"name": "c"} for _ in range(1000)])  # the client goes on
+    assert len(made) == await pool.fetchval("SELECT count(*) FROM tasks") == 1000
 
 
 async def test_an_invalid_payload_late_in_a_copied_batch_writes_nothing(
