@@ -2,10 +2,11 @@
 
 A bulk of immediate tasks without a dedup key cannot conflict with anything, so it is copied
 (``COPY``), which PostgreSQL writes for about a quarter less per row than an ``INSERT``. The
-batch is one ``COPY`` statement in one transaction whose rows are streamed a slice at a time:
-a task found invalid in a later slice ends the stream and rolls the transaction back, so
-nothing is written. The client validates here too (:func:`copyable_mapping` says which raw
-batches may), so pydantic's time per task runs beside PostgreSQL's rather than before it.
+batch is one transaction of ``COPY`` statements (:data:`COPY_STATEMENT_TASKS` rows each) whose
+rows are streamed a slice at a time as they are prepared: a task found invalid in a later
+slice ends the stream and rolls the transaction back, so nothing is written. The client
+validates here too (:func:`copyable_mapping` says which raw batches may), so pydantic's time
+per task runs beside PostgreSQL's rather than before it.
 """
 
 from __future__ import annotations
