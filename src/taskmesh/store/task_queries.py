@@ -73,7 +73,7 @@ class TaskQueries(Queries):
         columns' defaults, migration 0019), as an INSERT's are; no row can conflict.
 
         :param rows: chunks of rows in ``COPY``'s text format, each of the columns
-            :data:`COPY_COLUMNS` (``copy_enqueue.copy_line`` writes one), sent as they come.
+            :data:`COPY_COLUMNS` (``copy_enqueue._line`` writes one), sent as they come.
         :raises StoreError: PostgreSQL failed; the statement wrote nothing.
         """
         await self._copy("task_copy_in", "tasks", COPY_COLUMNS, rows)
