@@ -39,7 +39,7 @@ forwards every byte the wakeup fd brings to the fd it replaced, so the loop's
 own signal handling (uvloop's, or asyncio's ``add_signal_handler``) goes on.
 
 Only one :class:`ShutdownSignals` may be active in a process; on exit it puts
-back the handlers and the wakeup fd it found (``cli._terminate_early``, the
+back the handlers and the wakeup fd it found (``exits.terminate_early``, the
 asyncio runner's SIGINT handler, uvloop's fd). Reads and writes no store:
 handing runs back in an emergency is the caller's ``emergency``.
 

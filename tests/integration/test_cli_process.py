@@ -12,7 +12,7 @@ import anyio
 import pytest
 import typer
 
-from taskmesh.cli import app
+from taskmesh.cli.app import app
 from taskmesh.registry import Registry
 from tests.cli_support import env, register, run_cli
 from tests.conftest import http
@@ -149,20 +149,22 @@ import builtins, os, signal, sys
 real_import = builtins.__import__
 
 def interrupting_import(name, *args, **kwargs):
-    if name == "taskmesh.cli":  # Ctrl-C lands while the command line loads
+    if name.startswith("taskmesh.cli"):  # Ctrl-C lands while the command line loads
         os.kill(os.getpid(), signal.SIGINT)
     return real_import(name, *args, **kwargs)
 
 builtins.__import__ = interrupting_import
-sys.argv = ["taskmesh", "workers", "--url", sys.argv[1]]
+sys.argv = ["taskmesh", *sys.argv[1:]]
 from taskmesh.entry import main
 main()
 """
 
 
-def test_ctrl_c_while_the_command_line_loads_ends_with_130_and_no_traceback() -> None:
+@pytest.mark.parametrize("bare", [False, True], ids=["an-operator-verb", "a-bare-start"])
+def test_ctrl_c_while_the_command_line_loads_ends_with_130_and_no_traceback(bare: bool) -> None:
+    args = [] if bare else ["workers", "--url", f"http://127.0.0.1:{free_port()}"]
     done = subprocess.run(
-        [sys.executable, "-c", CTRL_C_WHILE_LOADING, f"http://127.0.0.1:{free_port()}"],
+        [sys.executable, "-c", CTRL_C_WHILE_LOADING, *args],
         env=env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -170,3 +172,27 @@ def test_ctrl_c_while_the_command_line_loads_ends_with_130_and_no_traceback() ->
         timeout=60,
     )
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
+
+
+@pytest.mark.parametrize("args", [[], ["run"]], ids=["taskmesh", "taskmesh-run"])
+def test_a_bare_start_maps_its_end_as_the_command_line_does_without_loading_it(args: list[str]) -> None:
+    # -X importtime lists every module the process imported, on stderr
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "taskmesh", *args],
+        env=env(TASKMESH_HTTP_PORT="eighty", DATABASE_URL="postgresql://x@127.0.0.1/x", REDIS_URL="redis://127.0.0.1"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    assert (done.returncode, errors) == (
+        2,
+        [
+            "taskmesh: error: invalid configuration: http_port: Input should be a valid integer, "
+            "unable to parse string as an integer"
+        ],
+    )
+    assert "taskmesh.supervisor" in imported
+    assert not imported & {"typer", "taskmesh.cli.app", "httpx"}

@@ -1,11 +1,11 @@
 """Two instances one after the other in one process, then the CLI's early SIGTERM handler again.
 
 ``python tests/loop_monitor/restore_program.py asyncio|uvloop``: installs
-``cli._terminate_early`` as the CLI does, runs two anyio programs in turn, each
+``exits.terminate_early`` as the CLI does, runs two anyio programs in turn, each
 with a :class:`~taskmesh.shutdown_signals.ShutdownSignals` that gets a real
 SIGTERM (sent to itself), and logs ``instance_done`` (``n``, ``handlers_back``,
 ``wakeup_fd_back``) after each; then sends SIGTERM once more and logs
-``terminated_early`` when ``cli._Terminated`` is raised, as before the first.
+``terminated_early`` when ``exits.Terminated`` is raised, as before the first.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import anyio
 import structlog
 
-from taskmesh.cli import _terminate_early, _Terminated
+from taskmesh.cli.exits import Terminated, terminate_early
 from taskmesh.logs import configure
 from taskmesh.loop_monitor import LoopMonitor
 from taskmesh.shutdown_signals import ShutdownSignals
@@ -53,13 +53,13 @@ async def instance(n: int) -> None:
 
 def main(backend: str) -> None:
     configure("info", "json")
-    signal.signal(signal.SIGTERM, _terminate_early)
+    signal.signal(signal.SIGTERM, terminate_early)
     for n in (1, 2):
         anyio.run(instance, n, backend_options={"use_uvloop": backend == "uvloop"})
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(2)
-    except _Terminated:
+    except Terminated:
         log.info("terminated_early")
 
 

@@ -71,7 +71,7 @@ def test_the_operator_verbs_start_without_the_stores_drivers_and_the_package_nam
     import sys
 
     code = (
-        "import sys, taskmesh.cli; "
+        "import sys, taskmesh.cli.app; "
         "print(sorted(m for m in ('asyncpg', 'redis', 'taskmesh.client', 'taskmesh.store') if m in sys.modules)); "
         "import taskmesh; print(taskmesh.Client.__name__, taskmesh.SyncClient.__name__, taskmesh.task.__name__)"
     )

@@ -1,0 +1,125 @@
+"""The command line's commands: ``taskmesh`` (or ``python -m taskmesh``), built on Typer.
+
+``run`` (the default), ``dev`` and ``migrate`` run the platform; ``schedules`` acts
+on cron schedules through the stores; ``tasks``, ``queues``, ``dlq``, ``workers``
+and ``bulk`` are the operator's verbs, which talk to an instance's HTTP API
+(``--url`` or ``TASKMESH_URL``, default ``http://127.0.0.1:8080``). Tables for
+people, ``--json`` for scripts; the exit statuses are in
+:mod:`taskmesh.cli.exit_codes`. Built on Typer (commands, help) and rich (tables,
+progress).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Annotated
+
+import typer
+
+from taskmesh import __version__
+from taskmesh.cli import bulk, dlq, exits, instance, keys, queues, schedules, tasks
+from taskmesh.cli.api import ApiError
+from taskmesh.cli.exit_codes import EPILOG
+
+app = typer.Typer(
+    name="taskmesh",
+    epilog=EPILOG,
+    rich_markup_mode="markdown",
+    invoke_without_command=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"taskmesh {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="TOML config file (default: $TASKMESH_CONFIG, else ./taskmesh.toml when present).",
+            metavar="FILE",
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="TASKMESH_API_KEY",
+            help="The API key the operator verbs send (tmk_ID_SECRET, as taskmesh keys create printed it); "
+            "better in TASKMESH_API_KEY than on a command line others can read.",
+            show_envvar=True,
+            metavar="KEY",
+        ),
+    ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """taskmesh: a distributed task platform, durable in PostgreSQL, dispatched through Redis.
+
+    Run the platform (run, dev, migrate), and operate it from a terminal: the operator verbs
+    (tasks, queues, dlq, workers, bulk) talk to an instance's HTTP API at --url or TASKMESH_URL.
+    Without a command, runs an instance (as `taskmesh run`). `taskmesh COMMAND --help` tells more.
+
+    Examples:
+
+    ```
+    taskmesh dev
+    taskmesh tasks list --status failed
+    taskmesh queues pause emails --reason "provider outage"
+    TASKMESH_URL=http://tm.internal:8080 taskmesh bulk replay --status failed --queue emails
+    ```
+    """
+    if config:
+        os.environ["TASKMESH_CONFIG"] = config
+    if api_key:
+        os.environ["TASKMESH_API_KEY"] = api_key
+    if ctx.invoked_subcommand is None:
+        instance.run()
+
+
+app.command("run")(instance.run)
+app.command("dev")(instance.dev)
+app.command("migrate")(instance.migrate)
+app.add_typer(schedules.app, name="schedules")
+app.add_typer(tasks.app, name="tasks")
+app.add_typer(queues.app, name="queues")
+app.add_typer(dlq.app, name="dlq")
+app.command("workers")(queues.workers)
+app.add_typer(bulk.app, name="bulk")
+app.add_typer(keys.app, name="keys")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit status (:class:`~taskmesh.cli.exit_codes.ExitCode`, see
+    :func:`taskmesh.cli.exits.run`; an operator's verb whose API call failed: the status it names)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+
+    def command() -> None:
+        try:
+            app(args=args, prog_name="taskmesh", standalone_mode=True)
+        except ApiError as exc:
+            exits.error(exc)
+            raise SystemExit(exc.exit_code) from exc
+
+    return exits.run(command)
+
+
+def exit_main() -> None:
+    """Run :func:`main` and exit (:func:`taskmesh.cli.exits.exit_process`).
+
+    A reader that went away (``taskmesh tasks list | head``) ends the output quietly with status 1
+    (Typer's handling of ``EPIPE``).
+    """
+    exits.exit_process(main())
