@@ -4,7 +4,7 @@ Run it from the repository root with the venv's Python
 (``.venv/bin/python -m benchmarks.bench --tasks 20000``, or
 ``make bench ARGS="--tasks 20000"``); it is not part of the installed package.
 
-It creates a database ``taskmesh_bench`` on the PostgreSQL of ``DATABASE_URL``
+It creates a database ``taskmesh_bench`` (``--database``) on the PostgreSQL of ``DATABASE_URL``
 (default ``postgresql://postgres@127.0.0.1:5432/postgres``; the role must be
 allowed to create databases) and uses the Redis of ``REDIS_URL`` (default
 ``redis://127.0.0.1:6379/0``, recorder in db 15), then:
@@ -34,7 +34,12 @@ allowed to create databases) and uses the Redis of ``REDIS_URL`` (default
    pure Python each, drained with 1 and then 2 handler processes
    (``sync_processes``), after a warm-up that starts the processes, timed from
    the first task's start, and the ratio of the two rates;
-8. ``--compare``: the same drain and latency workloads through PgQueuer, arq
+8. ``--empty-handler``: the bulk enqueue and the drain with tasks of ``bench.empty``, a handler
+   that does nothing, instead of the peers' job body (a Redis round trip that costs the
+   instance more CPU than taskmesh's own work per task): taskmesh's own cost. Progress, the
+   first start and exactly once are read from PostgreSQL (each task completed, with one run),
+   on a connection whose backend's CPU is not counted;
+9. ``--compare``: the same drain and latency workloads through PgQueuer, arq
    and Celery, with the peers harness of ``shared/bench/peers`` (see
    ``benchmarks/peers.py``), and one table of every figure with its ratio to
    each peer's.
@@ -51,6 +56,7 @@ import argparse
 import asyncio
 import compileall
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,7 +81,7 @@ from taskmesh.store.redis_clients import RedisMode, open_client
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root: the instance's ``PYTHONPATH`` starts with it, so it imports ``benchmarks.bench_handler``."""
 BENCH_DB = "taskmesh_bench"
-PREFIX = "tmbench"
+"""The default ``--database``, which names the Redis key prefix as well."""
 REDIS_NAMES = ("redis-server", "valkey-server")
 ENQUEUE_RUNS = 2
 """Timed bulk enqueues, the best of which counts: as many as the peers' harness gives PgQueuer, whose
@@ -89,7 +95,9 @@ class Bench:
         self.args = args
         self.admin_url = os.environ.get("DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/postgres"
         self.redis_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
-        self.db_url = with_db(self.admin_url, BENCH_DB)
+        self.database: str = args.database
+        self.prefix = self.database
+        self.db_url = with_db(self.admin_url, self.database)
         # The instance and the client go through PgBouncer with --pgbouncer; set-up goes direct.
         self.pooler = "transaction" if args.pgbouncer else "none"
         self.work_url = through(self.db_url, args.pgbouncer) if args.pgbouncer else self.db_url
@@ -101,17 +109,17 @@ class Bench:
         self.figures: dict[str, Any] = {}
 
     async def reset(self) -> None:
-        """A fresh ``taskmesh_bench`` database, no ``tmbench:*`` keys, an empty recorder."""
+        """A fresh ``--database`` (``taskmesh_bench``), none of its prefix's keys, an empty recorder."""
         admin = await asyncpg.connect(self.admin_url)
         try:
-            await admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-            await admin.execute(f"CREATE DATABASE {BENCH_DB}")
+            await admin.execute(f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
+            await admin.execute(f"CREATE DATABASE {self.database}")
         finally:
             await admin.close()
         await migrate_url(self.db_url)
         client = open_client(self.work_redis, self.redis_mode)
         try:
-            async for key in client.scan_iter(match=f"{PREFIX}:*", count=1000):
+            async for key in client.scan_iter(match=f"{self.prefix}:*", count=1000):
                 await client.delete(key)  # one key per call: a cluster's keys live in many slots
         finally:
             await client.aclose()
@@ -130,7 +138,7 @@ class Bench:
             "TASKMESH_PG_POOLER": self.pooler,
             "REDIS_URL": self.work_redis,
             "TASKMESH_REDIS_MODE": self.redis_mode,
-            "TASKMESH_REDIS_PREFIX": PREFIX,
+            "TASKMESH_REDIS_PREFIX": self.prefix,
             # The instance imports the handler from this checkout, whatever its working directory.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "TASKMESH_HANDLERS": "benchmarks.bench_handler",
@@ -157,58 +165,69 @@ class Bench:
     def client(self) -> Client:
         """A :class:`~taskmesh.client.Client` of the bench database and Redis, for ``async with``."""
         return Client(
-            self.work_url, self.work_redis, redis_prefix=PREFIX, pg_pooler=self.pooler, redis_mode=self.redis_mode
+            self.work_url, self.work_redis, redis_prefix=self.prefix, pg_pooler=self.pooler, redis_mode=self.redis_mode
         )
 
     async def enqueue_and_drain(self) -> None:
         """Bulk enqueue ``--tasks`` no-ops, drain them with ``--instances`` instances (1), check exactly once.
 
-        The instances' CPU is summed; the RSS figures are the first instance's.
+        The instances' CPU is summed; the RSS figures are the first instance's. With
+        ``--empty-handler`` the tasks are ``bench.empty``'s, and progress is read from PostgreSQL.
         """
-        n, concurrency = self.args.tasks, self.args.concurrency
+        n = self.args.tasks
+        name = "bench.empty" if self.args.empty_handler else "bench.noop"
         rates = []
         for _ in range(ENQUEUE_RUNS):  # each into a fresh database; the last run's tasks are drained
             await self.reset()
             async with self.client() as client:
                 t0 = time.perf_counter()
                 for start in range(0, n, 1000):
-                    await client.enqueue_many([{"name": "bench.noop"} for _ in range(min(1000, n - start))])
+                    await client.enqueue_many([{"name": name} for _ in range(min(1000, n - start))])
                 rates.append(n / (time.perf_counter() - t0))
         self.figures["bulk_enqueue_per_s"] = max(rates)
         self.figures["bulk_enqueue_runs"] = rates
         admin = await asyncpg.connect(self.admin_url)
-        backends = BackendCpu(admin, BENCH_DB)
-        await backends.start()
+        watch = await asyncpg.connect(self.db_url)
+        # The watching connection's backend is not the instance's: its CPU is left out.
+        backends = BackendCpu(admin, self.database, exclude={watch.get_server_pid()})
+        progress = _Progress(self.recorder(), watch if self.args.empty_handler else None)
+        try:
+            await backends.start()
+            await self._drain(n, backends, progress)
+        finally:
+            await progress.recorder.aclose()
+            await watch.close()
+            await admin.close()
+        await self._check_exactly_once(n)
+
+    async def _drain(self, n: int, backends: BackendCpu, progress: _Progress) -> None:
         rd0 = cpu_by_name(REDIS_NAMES)
         launched = time.time()  # the handler records its start on this clock
         t0 = time.perf_counter()
-        procs = [self.start_instance(concurrency) for _ in range(self.args.instances)]
+        procs = [self.start_instance(self.args.concurrency) for _ in range(self.args.instances)]
         first = procs[0]
         rss_at_10pct = 0
         try:
-            async with self.recorder() as recorder:
-                polled = 0.0
-                while (done := await recorder.hlen(RAN)) < n:
-                    if not rss_at_10pct and done >= n // 10:
-                        rss_at_10pct = rss_kib(first.pid)
-                    for proc in procs:
-                        if proc.poll() is not None:
-                            raise RuntimeError(f"an instance exited with {proc.returncode} after {done} of {n} tasks")
-                    if time.perf_counter() - t0 > 600:
-                        raise RuntimeError(f"drain did not finish in 600 s ({done} of {n})")
-                    if time.perf_counter() - polled > 0.25:
-                        await backends.poll()
-                        polled = time.perf_counter()
-                    await asyncio.sleep(0.01)
+            polled = 0.0
+            while (done := await progress.done()) < n:
+                if not rss_at_10pct and done >= n // 10:
+                    rss_at_10pct = rss_kib(first.pid)
+                for proc in procs:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"an instance exited with {proc.returncode} after {done} of {n} tasks")
+                if time.perf_counter() - t0 > 600:
+                    raise RuntimeError(f"drain did not finish in 600 s ({done} of {n})")
+                if time.perf_counter() - polled > 0.25:
+                    await backends.poll()
+                    polled = time.perf_counter()
+                await asyncio.sleep(progress.interval)
             elapsed = time.perf_counter() - t0
             cpu = sum(cpu_of(proc.pid) for proc in procs)
             await backends.poll()
-            async with self.recorder() as recorder:
-                first_start = min(float(v) for v in await recorder.hvals(START))
             self.figures.update(
                 drain_per_s=n / elapsed,
                 drain_seconds=elapsed,
-                startup_seconds=first_start - launched,
+                startup_seconds=await progress.first_start() - launched,
                 instance_cpu_us_per_task=cpu / n * 1e6,
                 postgres_cpu_us_per_task=backends.total() / n * 1e6,
                 redis_cpu_us_per_task=(cpu_by_name(REDIS_NAMES) - rd0) / n * 1e6,
@@ -220,16 +239,17 @@ class Bench:
         finally:
             for proc in procs:
                 self.stop_instance(proc)
-            await admin.close()
-        await self._check_exactly_once(n)
 
     async def _check_exactly_once(self, n: int) -> None:
-        async with self.recorder() as recorder:
-            counts = [int(v) for v in await recorder.hvals(RAN)]
         conn = await asyncpg.connect(self.db_url)
         try:
             completed = await conn.fetchval("SELECT count(*) FROM tasks WHERE status = 'completed'")
             runs = await conn.fetchval("SELECT count(*) FROM task_runs")
+            if self.args.empty_handler:  # no recorder: a task that ran twice has two runs
+                counts = [r[0] for r in await conn.fetch("SELECT count(*) FROM task_runs GROUP BY task_id")]
+            else:
+                async with self.recorder() as recorder:
+                    counts = [int(v) for v in await recorder.hvals(RAN)]
         finally:
             await conn.close()
         self.figures["exactly_once"] = len(counts) == n and all(c == 1 for c in counts) and completed == n and runs == n
@@ -358,6 +378,28 @@ class Bench:
         self.figures["pickup_missing"] = len(sent) - len(pickup)
 
 
+class _Progress:
+    """How far a drain is: the recorder's count (``bench.noop``), or with ``watch`` (``--empty-handler``,
+    whose handler records nothing) PostgreSQL's count of completed tasks, asked less often."""
+
+    def __init__(self, recorder: aioredis.Redis, watch: asyncpg.Connection | None) -> None:
+        self.recorder = recorder
+        self.watch = watch
+        self.interval = 0.01 if watch is None else 0.05
+
+    async def done(self) -> int:
+        """Tasks that ran."""
+        if self.watch is None:
+            return int(await self.recorder.hlen(RAN))
+        return int(await self.watch.fetchval("SELECT count(*) FROM tasks WHERE status = 'completed'"))
+
+    async def first_start(self) -> float:
+        """When the first handler started, in seconds since the epoch (this host's clock)."""
+        if self.watch is None:
+            return min(float(v) for v in await self.recorder.hvals(START))
+        return float(await self.watch.fetchval("SELECT extract(epoch FROM min(started_at)) FROM task_runs"))
+
+
 async def recorded(recorder: aioredis.Redis, key: str, count: int, within: float = 30.0) -> None:
     """Poll the recorder until hash ``key`` holds ``count`` task ids, or ``within`` seconds passed.
 
@@ -391,6 +433,13 @@ def byte_compile() -> None:
     """
     for package in (Path(taskmesh.__file__).parent, ROOT / "benchmarks"):
         compileall.compile_dir(package, quiet=1)
+
+
+def _database_name(text: str) -> str:
+    """``--database``'s value: a plain lower-case identifier (it is written into ``CREATE DATABASE``)."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a plain lower-case identifier ([a-z_][a-z0-9_]*)")
+    return text
 
 
 def _free_port() -> int:
@@ -435,10 +484,24 @@ def main(argv: list[str] | None = None) -> int:
         metavar="HOST:PORT",
         help="the instance and the client dispatch through the Redis Cluster this node belongs to",
     )
+    parser.add_argument(
+        "--empty-handler",
+        action="store_true",
+        help="drain tasks whose handler does nothing (bench.empty) instead of the peers' job body: taskmesh's "
+        "own CPU per task; progress and exactly once are read from PostgreSQL",
+    )
+    parser.add_argument(
+        "--database",
+        type=_database_name,
+        default=BENCH_DB,
+        help="the database the benchmark drops and creates (and the Redis key prefix of its tasks)",
+    )
     parser.add_argument("--compare", action="store_true", help="also run PgQueuer, arq and Celery")
     parser.add_argument("--peers-dir", default=str(Path.cwd().parent / "shared" / "bench" / "peers"))
     parser.add_argument("--peers-venv", default=str(Path(tempfile.gettempdir()) / "taskmesh-bench-peers-venv"))
     args = parser.parse_args(argv)
+    if args.empty_handler and args.compare:
+        parser.error("--empty-handler measures taskmesh alone: the peers run their job body")
     byte_compile()
     bench = Bench(args)
     asyncio.run(bench.enqueue_and_drain())

@@ -5,7 +5,7 @@ one pipelined Redis round trip, ``HINCRBY ran <id> 1`` and ``HSETNX start <id> <
 so taskmesh and the peers pay for the same recorder and the benchmark can check that
 every task ran exactly once. ``bench.spin`` is a ``def`` handler (it runs in the
 instance's handler processes) that burns ``payload["ms"]`` milliseconds of pure Python,
-then records the same way.
+then records the same way. ``bench.empty`` does nothing at all (``--empty-handler``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ async def noop(payload: object, ctx: TaskContext) -> None:
     pipe.hincrby(RAN, str(ctx.task_id), 1)
     pipe.hsetnx(START, str(ctx.task_id), repr(time.time()))
     await pipe.execute()
+
+
+@taskmesh.task("bench.empty")
+async def empty(payload: object, ctx: TaskContext) -> None:
+    """Nothing: ``--empty-handler`` drains these, to measure what taskmesh itself costs per task."""
 
 
 @taskmesh.task("bench.spin")

@@ -75,10 +75,12 @@ class BackendCpu:
     poll. PostgreSQL must run on this host (the backends' ``/proc`` entries are read).
     """
 
-    def __init__(self, admin: asyncpg.Connection, database: str) -> None:
-        """:param admin: a connection to any other database of the server; ``database``: whose backends."""
+    def __init__(self, admin: asyncpg.Connection, database: str, exclude: set[int] | None = None) -> None:
+        """:param admin: a connection to any other database of the server; ``database``: whose backends;
+        ``exclude``: backends (pids) of the database not to count (the benchmark's own)."""
         self.admin = admin
         self.database = database
+        self.exclude = exclude or set()
         self.seen: dict[int, float] = {}
         self.base: dict[int, float] = {}
 
@@ -91,6 +93,8 @@ class BackendCpu:
         """Read the CPU of every backend of the database now."""
         pids = await self.admin.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1", self.database)
         for row in pids:
+            if row["pid"] in self.exclude:
+                continue
             cpu = cpu_of(row["pid"])
             if cpu:
                 self.seen[row["pid"]] = max(cpu, self.seen.get(row["pid"], 0.0))

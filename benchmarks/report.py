@@ -21,6 +21,13 @@ def _num(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _kind(args: argparse.Namespace) -> str:
+    """What the drained tasks do."""
+    if getattr(args, "empty_handler", False):
+        return "tasks of a handler that does nothing (--empty-handler: taskmesh's own cost)"
+    return "no-op tasks"
+
+
 def _instances(args: argparse.Namespace) -> str:
     n = getattr(args, "instances", 1)
     return "one instance" if n == 1 else f"{n} instances (CPU summed, RSS of the first)"
@@ -30,7 +37,7 @@ def print_report(figures: dict[str, Any], peers: dict[str, dict[str, Any]] | Non
     """Print ``figures`` (:class:`benchmarks.bench.Bench`'s) and, with ``peers``, the comparison table."""
     f = figures
     print(
-        f"\ntaskmesh bench: {args.tasks} no-op tasks, {_instances(args)}, concurrency {args.concurrency}, "
+        f"\ntaskmesh bench: {args.tasks} {_kind(args)}, {_instances(args)}, concurrency {args.concurrency}, "
         f"{os.cpu_count()} cores"
     )
     runs = ", ".join(f"{rate:.0f}" for rate in f.get("bulk_enqueue_runs", []))

@@ -1,0 +1,85 @@
+"""The benchmark runs from the repository root with one command, its figures checked on a small drain.
+
+Each run uses a database and key prefix of its own (``--database``); the recorder's hashes in
+Redis db 15 are the benchmark's fixed ones.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.anyio
+
+
+def _bench(admin: str, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_")}
+    env.update(DATABASE_URL=admin, REDIS_URL=redis_url)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--skip-http", "--spin-tasks", "0", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+@pytest.mark.parametrize("handler", ["recorder", "empty"])
+async def test_a_small_drain_prints_every_figure_and_every_task_ran_once(
+    store_urls: tuple[str, str], handler: str
+) -> None:
+    admin, redis_url = store_urls
+    database = f"tmbench_{uuid.uuid4().hex[:10]}"
+    extra = ["--empty-handler"] if handler == "empty" else []
+    try:
+        done = _bench(admin, redis_url, "--tasks", "400", "--database", database, *extra)
+    finally:
+        conn = await asyncpg.connect(admin)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        finally:
+            await conn.close()
+    assert done.returncode == 0, done.stderr
+    kind = "tasks of a handler that does nothing (--empty-handler: taskmesh's own cost)" if extra else "no-op tasks"
+    assert f"taskmesh bench: 400 {kind}, one instance" in done.stdout
+    assert "exactly once            yes (ran=400 duplicated=0 completed=400 runs=400)" in done.stdout
+    cpu = re.search(r"CPU per task +instance (\d+) us, postgres \(its backends\) (\d+) us, redis (\d+) us", done.stdout)
+    assert cpu is not None, done.stdout
+    assert int(cpu[1]) > 0 and int(cpu[2]) > 0
+    start = re.search(r"the first task started (\d+\.\d+) s after launch", done.stdout)
+    assert start is not None and 0 < float(start[1]) < 30
+
+
+def test_the_empty_handler_cannot_be_compared_and_a_database_name_must_be_plain() -> None:
+    both = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--empty-handler", "--compare"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert both.returncode == 2
+    assert both.stderr.splitlines()[-1] == (
+        "python -m benchmarks.bench: error: --empty-handler measures taskmesh alone: the peers run their job body"
+    )
+    bad = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--database", "x; DROP TABLE y"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines()[-1] == (
+        "python -m benchmarks.bench: error: argument --database: "
+        "'x; DROP TABLE y' is not a plain lower-case identifier ([a-z_][a-z0-9_]*)"
+    )
