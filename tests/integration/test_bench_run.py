@@ -59,27 +59,20 @@ async def test_a_small_drain_prints_every_figure_and_every_task_ran_once(
     assert start is not None and 0 < float(start[1]) < 30
 
 
-def test_the_empty_handler_cannot_be_compared_and_a_database_name_must_be_plain() -> None:
-    both = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", "--empty-handler", "--compare"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+def _refused(*args: str) -> str:
+    """The benchmark's error line for ``args``, which it must refuse with status 2 before doing anything."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
-    assert both.returncode == 2
-    assert both.stderr.splitlines()[-1] == (
+    assert done.returncode == 2, done.stderr
+    return done.stderr.splitlines()[-1]
+
+
+def test_the_empty_handler_cannot_be_compared_and_a_database_name_must_be_plain() -> None:
+    assert _refused("--empty-handler", "--compare") == (
         "python -m benchmarks.bench: error: --empty-handler measures taskmesh alone: the peers run their job body"
     )
-    bad = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", "--database", "x; DROP TABLE y"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert bad.returncode == 2
-    assert bad.stderr.splitlines()[-1] == (
+    assert _refused("--database", "x; DROP TABLE y") == (
         "python -m benchmarks.bench: error: argument --database: "
         "'x; DROP TABLE y' is not a plain lower-case identifier ([a-z_][a-z0-9_]*)"
     )
