@@ -70,7 +70,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 import taskmesh
-from benchmarks.bench_handler import RAN, START
+from benchmarks.bench_handler import recorder_keys
 from benchmarks.measure import BackendCpu, cpu_by_name, cpu_of, pct, rss_kib, through, with_db
 from benchmarks.peers import run_peers
 from benchmarks.report import print_report
@@ -97,6 +97,7 @@ class Bench:
         self.redis_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
         self.database: str = args.database
         self.prefix = self.database
+        self.ran, self.start = recorder_keys(self.database)
         self.db_url = with_db(self.admin_url, self.database)
         # The instance and the client go through PgBouncer with --pgbouncer; set-up goes direct.
         self.pooler = "transaction" if args.pgbouncer else "none"
@@ -124,7 +125,7 @@ class Bench:
         finally:
             await client.aclose()
         async with self.recorder() as recorder:
-            await recorder.delete(RAN, START)
+            await recorder.delete(self.ran, self.start)
 
     def recorder(self) -> aioredis.Redis:
         """A client of the recorder (db 15 of ``REDIS_URL``), for ``async with``."""
@@ -143,6 +144,7 @@ class Bench:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "TASKMESH_HANDLERS": "benchmarks.bench_handler",
             "TASKMESH_BENCH_RECORDER_URL": self.recorder_url,
+            "TASKMESH_BENCH_RECORDER_KEYS": self.database,
             "WORKER_CONCURRENCY": str(concurrency),
             "TASKMESH_PREFETCH": str(self.args.prefetch),
             "HTTP_PORT": str(port),
@@ -190,7 +192,7 @@ class Bench:
         watch = await asyncpg.connect(self.db_url)
         # The watching connection's backend is not the instance's: its CPU is left out.
         backends = BackendCpu(admin, self.database, exclude={watch.get_server_pid()})
-        progress = _Progress(self.recorder(), watch if self.args.empty_handler else None)
+        progress = _Progress(self.recorder(), (self.ran, self.start), watch if self.args.empty_handler else None)
         try:
             await backends.start()
             await self._drain(n, backends, progress)
@@ -249,7 +251,7 @@ class Bench:
                 counts = [r[0] for r in await conn.fetch("SELECT count(*) FROM task_runs GROUP BY task_id")]
             else:
                 async with self.recorder() as recorder:
-                    counts = [int(v) for v in await recorder.hvals(RAN)]
+                    counts = [int(v) for v in await recorder.hvals(self.ran)]
         finally:
             await conn.close()
         self.figures["exactly_once"] = len(counts) == n and all(c == 1 for c in counts) and completed == n and runs == n
@@ -271,17 +273,17 @@ class Bench:
             try:
                 async with self.recorder() as recorder, self.client() as client:
                     for count in (4 * processes, n):  # the warm-up, then the timed tasks
-                        await recorder.delete(RAN, START)
+                        await recorder.delete(self.ran, self.start)
                         for start in range(0, count, 1000):
                             batch = [{"name": "bench.spin", "payload": {"ms": 5}}] * min(1000, count - start)
                             await client.enqueue_many(batch)
                         t0 = time.perf_counter()
-                        while await recorder.hlen(RAN) < count:  # polls Redis
+                        while await recorder.hlen(self.ran) < count:  # polls Redis
                             if proc.poll() is not None or time.perf_counter() - t0 > 600:
                                 raise RuntimeError(f"the spin drain with {processes} processes did not finish")
                             await asyncio.sleep(0.01)
                     done = time.time()
-                    first = min(float(v) for v in await recorder.hvals(START))
+                    first = min(float(v) for v in await recorder.hvals(self.start))
                 self.figures[f"spin_per_s_{processes}"] = n / (done - first)
             finally:
                 self.stop_instance(proc)
@@ -360,18 +362,18 @@ class Bench:
             async with self.client() as client:
                 # One task first, not timed, as the peers' harness does (common.WARMUP_IDX): the
                 # client's first call opens its connections and prepares its statements.
-                await recorder.delete(RAN, START)
+                await recorder.delete(self.ran, self.start)
                 await client.enqueue("bench.noop")
-                await recorded(recorder, START, 1)
-                await recorder.delete(RAN, START)
+                await recorded(recorder, self.start, 1)
+                await recorder.delete(self.ran, self.start)
                 t0 = time.perf_counter()
                 for i in range(self.args.latency_count):
                     await asyncio.sleep(max(0.0, t0 + i / self.args.rate - time.perf_counter()))
                     at = time.time()
                     task_id = await client.enqueue("bench.noop")
                     sent[str(task_id)] = at
-            await recorded(recorder, START, len(sent))
-            raw = await recorder.hgetall(START)
+            await recorded(recorder, self.start, len(sent))
+            raw = await recorder.hgetall(self.start)
         starts = {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
         pickup = [(starts[t] - at) * 1000 for t, at in sent.items() if t in starts]
         self.figures["pickup_ms_at_rate"] = (pct(pickup, 0.5), pct(pickup, 0.95), pct(pickup, 0.99))
@@ -382,21 +384,22 @@ class _Progress:
     """How far a drain is: the recorder's count (``bench.noop``), or with ``watch`` (``--empty-handler``,
     whose handler records nothing) PostgreSQL's count of completed tasks, asked less often."""
 
-    def __init__(self, recorder: aioredis.Redis, watch: asyncpg.Connection | None) -> None:
+    def __init__(self, recorder: aioredis.Redis, keys: tuple[str, str], watch: asyncpg.Connection | None) -> None:
         self.recorder = recorder
+        self.ran, self.start = keys
         self.watch = watch
         self.interval = 0.01 if watch is None else 0.05
 
     async def done(self) -> int:
         """Tasks that ran."""
         if self.watch is None:
-            return int(await self.recorder.hlen(RAN))
+            return int(await self.recorder.hlen(self.ran))
         return int(await self.watch.fetchval("SELECT count(*) FROM tasks WHERE status = 'completed'"))
 
     async def first_start(self) -> float:
         """When the first handler started, in seconds since the epoch (this host's clock)."""
         if self.watch is None:
-            return min(float(v) for v in await self.recorder.hvals(START))
+            return min(float(v) for v in await self.recorder.hvals(self.start))
         return float(await self.watch.fetchval("SELECT extract(epoch FROM min(started_at)) FROM task_runs"))
 
 
@@ -494,14 +497,17 @@ def main(argv: list[str] | None = None) -> int:
         "--database",
         type=_database_name,
         default=BENCH_DB,
-        help="the database the benchmark drops and creates (and the Redis key prefix of its tasks)",
+        help="the database the benchmark DROPS (with FORCE) and creates; also the Redis key prefix of its tasks "
+        "and the name of its recorder's hashes",
     )
     parser.add_argument("--compare", action="store_true", help="also run PgQueuer, arq and Celery")
     parser.add_argument("--peers-dir", default=str(Path.cwd().parent / "shared" / "bench" / "peers"))
     parser.add_argument("--peers-venv", default=str(Path(tempfile.gettempdir()) / "taskmesh-bench-peers-venv"))
     args = parser.parse_args(argv)
     if args.empty_handler and args.compare:
-        parser.error("--empty-handler measures taskmesh alone: the peers run their job body")
+        parser.error(
+            "--empty-handler cannot be used with --compare: it measures taskmesh alone, the peers run their job body"
+        )
     byte_compile()
     bench = Bench(args)
     asyncio.run(bench.enqueue_and_drain())

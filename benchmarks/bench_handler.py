@@ -19,8 +19,14 @@ import redis.asyncio as aioredis
 import taskmesh
 from taskmesh.models import TaskContext
 
-RAN = "taskmesh:bench:ran"
-START = "taskmesh:bench:start"
+
+def recorder_keys(base: str) -> tuple[str, str]:
+    """The recorder's two hashes for a bench run whose database is ``base``: runs per task, first start per task."""
+    return f"{base}:ran", f"{base}:start"
+
+
+# The bench names them after its --database, so that two runs on other databases keep apart.
+RAN, START = recorder_keys(os.environ.get("TASKMESH_BENCH_RECORDER_KEYS", "taskmesh_bench"))
 _client: aioredis.Redis | None = None
 _sync_client: redis.Redis | None = None
 

@@ -1,7 +1,6 @@
 """The benchmark runs from the repository root with one command, its figures checked on a small drain.
 
-Each run uses a database and key prefix of its own (``--database``); the recorder's hashes in
-Redis db 15 are the benchmark's fixed ones.
+Each run uses a database, key prefix and recorder hashes of its own (``--database``).
 """
 
 from __future__ import annotations
@@ -12,9 +11,11 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.anyio
@@ -43,11 +44,7 @@ async def test_a_small_drain_prints_every_figure_and_every_task_ran_once(
     try:
         done = _bench(admin, redis_url, "--tasks", "400", "--database", database, *extra)
     finally:
-        conn = await asyncpg.connect(admin)
-        try:
-            await conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-        finally:
-            await conn.close()
+        await _clean_up(admin, redis_url, database)
     assert done.returncode == 0, done.stderr
     kind = "tasks of a handler that does nothing (--empty-handler: taskmesh's own cost)" if extra else "no-op tasks"
     assert f"taskmesh bench: 400 {kind}, one instance" in done.stdout
@@ -57,6 +54,23 @@ async def test_a_small_drain_prints_every_figure_and_every_task_ran_once(
     assert int(cpu[1]) > 0 and int(cpu[2]) > 0
     start = re.search(r"the first task started (\d+\.\d+) s after launch", done.stdout)
     assert start is not None and 0 < float(start[1]) < 30
+
+
+async def _clean_up(admin: str, redis_url: str, database: str) -> None:
+    """Drop the run's database, its keys and its recorder's hashes (db 15 of the same Redis)."""
+    conn = await asyncpg.connect(admin)
+    try:
+        await conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+    finally:
+        await conn.close()
+    parts = urlsplit(redis_url)
+    for url, pattern in ((redis_url, f"{database}:*"), (urlunsplit((*parts[:2], "/15", "", "")), f"{database}:*")):
+        client = aioredis.Redis.from_url(url)
+        try:
+            async for key in client.scan_iter(match=pattern, count=1000):
+                await client.delete(key)
+        finally:
+            await client.aclose()
 
 
 def _refused(*args: str) -> str:
@@ -70,7 +84,8 @@ def _refused(*args: str) -> str:
 
 def test_the_empty_handler_cannot_be_compared_and_a_database_name_must_be_plain() -> None:
     assert _refused("--empty-handler", "--compare") == (
-        "python -m benchmarks.bench: error: --empty-handler measures taskmesh alone: the peers run their job body"
+        "python -m benchmarks.bench: error: --empty-handler cannot be used with --compare: "
+        "it measures taskmesh alone, the peers run their job body"
     )
     assert _refused("--database", "x; DROP TABLE y") == (
         "python -m benchmarks.bench: error: argument --database: "
