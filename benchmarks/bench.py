@@ -438,8 +438,11 @@ def byte_compile() -> None:
         compileall.compile_dir(package, quiet=1)
 
 
-def _database_name(text: str) -> str:
-    """``--database``'s value: a plain lower-case identifier (it is written into ``CREATE DATABASE``)."""
+def database_name(text: str) -> str:
+    """A ``--database`` value: a plain lower-case identifier (it is written into ``CREATE DATABASE``).
+
+    :raises argparse.ArgumentTypeError: it is not one.
+    """
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a plain lower-case identifier ([a-z_][a-z0-9_]*)")
     return text
@@ -495,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--database",
-        type=_database_name,
+        type=database_name,
         default=BENCH_DB,
         help="the database the benchmark DROPS (with FORCE) and creates; also the Redis key prefix of its tasks "
         "and the name of its recorder's hashes",

@@ -1,7 +1,7 @@
 """``python -m benchmarks.growth --rows N``: what a long history costs the hot paths.
 
 Run it from the repository root (``make growth ARGS="--rows 1000000"``). It creates the
-database ``taskmesh_growth`` on the PostgreSQL of ``DATABASE_URL`` (default
+database ``taskmesh_growth`` (``--database``) on the PostgreSQL of ``DATABASE_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/postgres``) and fills it with ``--rows`` finished tasks
 and their runs, all 100 days old: half completed, 40% dead-lettered (in four queues, due for
 the default 90-day retention) and 10% cancelled. Then, with one instance running on it (the
@@ -32,8 +32,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from benchmarks.bench import Bench, _free_port, wait_ready
-from benchmarks.measure import pct, rss_kib, with_db
+from benchmarks.bench import Bench, _free_port, database_name, wait_ready
+from benchmarks.measure import pct, rss_kib
 from taskmesh.store.keys import DLQ_MIRROR_MAX, Keys
 from taskmesh.store.postgres import migrate_url, queries
 from taskmesh.store.redis import RedisStore
@@ -155,22 +155,24 @@ async def posts(bench: Bench) -> tuple[tuple[float, float, float], float]:
 
 
 async def run(args: argparse.Namespace) -> None:
-    bench = Bench(argparse.Namespace(pgbouncer=None, redis_cluster=None, prefetch=128, concurrency=32))
-    bench.db_url = bench.work_url = with_db(bench.admin_url, GROWTH_DB)
+    database = args.database
+    bench = Bench(
+        argparse.Namespace(pgbouncer=None, redis_cluster=None, prefetch=128, concurrency=32, database=database)
+    )
     admin = await asyncpg.connect(bench.admin_url)
     try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {GROWTH_DB} WITH (FORCE)")
-        await admin.execute(f"CREATE DATABASE {GROWTH_DB}")
+        await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {database}")
         await migrate_url(bench.db_url)
         print(f"taskmesh growth: {args.rows:,} finished tasks of history")
         filled = await fill(bench.db_url, args.rows)
         figures = await statements(bench.db_url)
         (p50, p95, p99), rss = await posts(bench)
         mirror = await dlq_mirror(bench.redis_url)
-        size = await admin.fetchval("SELECT pg_size_pretty(pg_database_size($1))", GROWTH_DB)
+        size = await admin.fetchval("SELECT pg_size_pretty(pg_database_size($1))", database)
     finally:
         if not args.keep:
-            await admin.execute(f"DROP DATABASE IF EXISTS {GROWTH_DB} WITH (FORCE)")
+            await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
         await admin.close()
     print(f"  history                 {args.rows:,} tasks and runs, {size}, filled in {filled:.0f} s")
     print(f"  POST /api/v1/tasks      at 200/s: p50 {p50:.2f} / p95 {p95:.2f} / p99 {p99:.2f} ms")
@@ -189,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks.growth``; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.growth", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="finished tasks of history (default 1,000,000)")
-    parser.add_argument("--keep", action="store_true", help=f"keep the database {GROWTH_DB} afterwards")
+    parser.add_argument(
+        "--database",
+        type=database_name,
+        default=GROWTH_DB,
+        help="the database it DROPS (with FORCE) and fills; also the Redis key prefix of its instance",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     asyncio.run(run(parser.parse_args(argv)))
     return 0
 

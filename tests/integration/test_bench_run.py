@@ -1,4 +1,4 @@
-"""The benchmark runs from the repository root with one command, its figures checked on a small drain.
+"""The benchmarks run from the repository root with one command, their figures checked on small runs.
 
 Each run uses a database, key prefix and recorder hashes of its own (``--database``).
 """
@@ -54,6 +54,28 @@ async def test_a_small_drain_prints_every_figure_and_every_task_ran_once(
     assert int(cpu[1]) > 0 and int(cpu[2]) > 0
     start = re.search(r"the first task started (\d+\.\d+) s after launch", done.stdout)
     assert start is not None and 0 < float(start[1]) < 30
+
+
+async def test_the_growth_benchmark_measures_a_small_history(store_urls: tuple[str, str]) -> None:
+    admin, redis_url = store_urls
+    database = f"tmgrowth_{uuid.uuid4().hex[:10]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_")}
+    env.update(DATABASE_URL=admin, REDIS_URL=redis_url)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.growth", "--rows", "20000", "--database", database],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        await _clean_up(admin, redis_url, database)
+    assert done.returncode == 0, done.stderr
+    assert "taskmesh growth: 20,000 finished tasks of history" in done.stdout
+    for line in ("POST /api/v1/tasks      at 200/s: p50 ", "retention batch ", "DLQ mirror ", "instance RSS "):
+        assert line in done.stdout, done.stdout
 
 
 async def _clean_up(admin: str, redis_url: str, database: str) -> None:
