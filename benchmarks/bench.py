@@ -189,16 +189,17 @@ class Bench:
         self.figures["bulk_enqueue_per_s"] = max(rates)
         self.figures["bulk_enqueue_runs"] = rates
         admin = await asyncpg.connect(self.admin_url)
-        watch = await asyncpg.connect(self.db_url)
+        watch = await asyncpg.connect(self.db_url) if self.args.empty_handler else None
         # The watching connection's backend is not the instance's: its CPU is left out.
-        backends = BackendCpu(admin, self.database, exclude={watch.get_server_pid()})
-        progress = _Progress(self.recorder(), (self.ran, self.start), watch if self.args.empty_handler else None)
+        backends = BackendCpu(admin, self.database, exclude={watch.get_server_pid()} if watch else None)
+        progress = _Progress(self.recorder(), (self.ran, self.start), watch)
         try:
             await backends.start()
             await self._drain(n, backends, progress)
         finally:
             await progress.recorder.aclose()
-            await watch.close()
+            if watch is not None:
+                await watch.close()
             await admin.close()
         await self._check_exactly_once(n)
 

@@ -6,8 +6,8 @@ raised in the middle of an extension module's import can leave the interpreter u
 exit cleanly (a crash was seen here).
 
 A bare start of an instance (:data:`BARE_RUN`: ``taskmesh``, ``python -m taskmesh``,
-``taskmesh run``) loads only what runs it, not Typer and the operator's verbs: 40-50 ms less
-CPU at every start (``docs/benchmarks.md``, "A bare start").
+``taskmesh run``) loads only what runs it, not Typer and the operator's verbs: about 60 ms
+less CPU at every start (0.571 s against 0.634 s; ``docs/benchmarks.md``, "A bare start").
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ Each run uses a database, key prefix and recorder hashes of its own (``--databas
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -17,16 +16,18 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from tests.cli_support import env
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.anyio
 
 
-def _bench(admin: str, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_")}
-    env.update(DATABASE_URL=admin, REDIS_URL=redis_url)
+def _run(module: str, *args: str, stores: tuple[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.<module> ARGS`` from the repository root, on ``stores`` (admin URL, Redis URL)."""
+    environ = env(DATABASE_URL=stores[0], REDIS_URL=stores[1]) if stores else env()
     return subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", "--skip-http", "--spin-tasks", "0", *args],
-        env=env,
+        [sys.executable, "-m", f"benchmarks.{module}", *args],
+        env=environ,
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -42,7 +43,8 @@ async def test_a_small_drain_prints_every_figure_and_every_task_ran_once(
     database = f"tmbench_{uuid.uuid4().hex[:10]}"
     extra = ["--empty-handler"] if handler == "empty" else []
     try:
-        done = _bench(admin, redis_url, "--tasks", "400", "--database", database, *extra)
+        args = ("--skip-http", "--spin-tasks", "0", "--tasks", "400", "--database", database, *extra)
+        done = _run("bench", *args, stores=store_urls)
     finally:
         await _clean_up(admin, redis_url, database)
     assert done.returncode == 0, done.stderr
@@ -59,17 +61,8 @@ async def test_a_small_drain_prints_every_figure_and_every_task_ran_once(
 async def test_the_growth_benchmark_measures_a_small_history(store_urls: tuple[str, str]) -> None:
     admin, redis_url = store_urls
     database = f"tmgrowth_{uuid.uuid4().hex[:10]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_")}
-    env.update(DATABASE_URL=admin, REDIS_URL=redis_url)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.growth", "--rows", "20000", "--database", database],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        done = _run("growth", "--rows", "20000", "--database", database, stores=store_urls)
     finally:
         await _clean_up(admin, redis_url, database)
     assert done.returncode == 0, done.stderr
@@ -97,9 +90,7 @@ async def _clean_up(admin: str, redis_url: str, database: str) -> None:
 
 def _refused(*args: str) -> str:
     """The benchmark's error line for ``args``, which it must refuse with status 2 before doing anything."""
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    done = _run("bench", *args)
     assert done.returncode == 2, done.stderr
     return done.stderr.splitlines()[-1]
 
