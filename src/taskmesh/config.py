@@ -45,6 +45,8 @@ from taskmesh.cron import CronSpec, load_zone
 from taskmesh.errors import ConfigError, CronSpecError, InvalidTaskError
 from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
 
+MAX_WORKER_PROCESSES = 256
+"""The most processes ``worker_processes`` may ask for."""
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Allowed task and queue names (issue 2): letters, digits, ``_ . : -``, 1-128 chars."""
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+$")
@@ -405,6 +407,11 @@ class Settings(BaseSettings):
     """Serve the ``/api/v1`` routes; off, the port still serves ``/healthz``, ``/readyz`` and ``/metrics``."""
     workers_enabled: bool = Field(default=True, validation_alias=_aliases("workers_enabled"))
     """Run fetchers and executors for ``queue_names`` (off: an API-only instance, no worker row)."""
+    worker_processes: int | Literal["auto"] = Field(default=1, validation_alias=_aliases("worker_processes"))
+    """Processes ``taskmesh run`` works the queues in, ``auto`` for one per core this process may use.
+    Above 1, the process started runs as before and also starts, supervises and stops
+    ``worker_processes - 1`` worker-only instances of the same settings (``taskmesh.worker_processes``):
+    an instance's event loop is one core's, so async handlers use every core only this way."""
     scheduler_enabled: bool = Field(default=True, validation_alias=_aliases("scheduler_enabled"))
     """Run the cron scheduler in this instance (off: another instance fires the schedules)."""
     schedules: list[ScheduleSettings] = Field(default_factory=list, validation_alias=_aliases("schedules"))
@@ -418,6 +425,23 @@ class Settings(BaseSettings):
     @classmethod
     def _validate_schedules(cls, value: Any) -> Any:
         return _check_schedules(value)
+
+    @field_validator("worker_processes", mode="before")
+    @classmethod
+    def _check_worker_processes(cls, value: Any, info: ValidationInfo) -> int | str:
+        parsed: int | str = int(value) if isinstance(value, str) and value.strip().isdigit() else value
+        if parsed != "auto" and not (type(parsed) is int and 1 <= parsed <= MAX_WORKER_PROCESSES):
+            raise ValueError(f"must be auto or a number from 1 to {MAX_WORKER_PROCESSES}, not {value!r}")
+        if parsed != 1 and info.data.get("workers_enabled") is False:
+            raise ValueError("more than one process needs workers_enabled (an API-only instance runs no workers)")
+        return parsed
+
+    def worker_process_count(self) -> int:
+        """How many processes work the queues: ``worker_processes``, ``auto`` read as the cores usable here."""
+        if self.worker_processes == "auto":
+            usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            return max(1, min(MAX_WORKER_PROCESSES, usable))
+        return self.worker_processes
 
     @field_validator("queue_names", "handlers", "allowed_hosts", "cors_allowed_origins", mode="before")
     @classmethod

@@ -110,6 +110,21 @@ class LoopProbe(Protocol):
         ...
 
 
+def request_stop() -> bool:
+    """Act as if one SIGTERM had reached this process's active :class:`ShutdownSignals`. Any thread.
+
+    :returns: ``False`` when none is active (the instance has not started, or has ended).
+    """
+    active = _active
+    if active is None:
+        return False
+    try:
+        active.request_stop()
+    except RuntimeError:  # it ended in the meantime
+        return False
+    return True
+
+
 def exit_now() -> None:
     """The default emergency: log ``shutdown_emergency_exit`` and end the process with status 1.
 

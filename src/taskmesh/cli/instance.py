@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # which then start in a third of the time.
 
 
-def _backend_options() -> dict[str, bool]:
+def backend_options() -> dict[str, bool]:
     """uvloop when installed (the ``fast`` extra): a quicker event loop, same semantics."""
     try:
         import uvloop  # noqa: F401
@@ -56,7 +56,7 @@ def run() -> None:
     settings = _settings()
     load_modules(settings.handlers)
     check_schedule_tasks(settings, set(default_registry.names()), default_registry.fallback is not None)
-    anyio.run(supervisor.run, settings, default_registry, backend_options=_backend_options())
+    anyio.run(supervisor.run, settings, default_registry, backend_options=backend_options())
 
 
 def dev() -> None:
@@ -82,8 +82,10 @@ def dev() -> None:
     load_modules(settings.handlers)
     default_registry.fallback = demo_handler()
     with embedded_stores(settings.database_url, settings.redis_url) as (database_url, redis_url):
-        settings = settings.model_copy(update={"database_url": database_url, "redis_url": redis_url})
-        anyio.run(supervisor.run, settings, default_registry, backend_options=_backend_options())
+        # One process: the embedded stores' URLs are this process's to give, and a trial needs no more.
+        update = {"database_url": database_url, "redis_url": redis_url, "worker_processes": 1}
+        settings = settings.model_copy(update=update)
+        anyio.run(supervisor.run, settings, default_registry, backend_options=backend_options())
 
 
 def migrate() -> None:

@@ -1,0 +1,209 @@
+"""Worker processes: ``worker_processes`` above 1 has ``taskmesh run`` work its queues on every core.
+
+An instance's event loop runs on one core, so async handlers, the claims and the commits of
+one instance never use more than one. With ``worker_processes = N`` the process the operator
+started (the *primary*) runs as it always does (API, scheduler, maintenance, its own fetchers
+and executors) and starts N - 1 more instances of its settings as its children, each
+worker-only (``api_enabled`` and ``scheduler_enabled`` off): an event loop, connections to
+the stores, a worker row, a heartbeat and leases of its own, so that what taskmesh promises
+between any two instances (one claim per attempt, fencing, reclaim) holds between them. Child
+``k`` (1 to N - 1) serves ``/healthz``, ``/readyz`` and ``/metrics`` on ``http_port + k``
+(and its metrics listener on ``metrics_port + k``), or on a free port when ``http_port`` is 0.
+
+Supervision: each child is a critical service of the primary (``worker_process:k``, in
+``/readyz`` and ``taskmesh_service_up``). A child that exits while the primary runs is logged
+(``worker_process_exited``: pid, exit status) and started again after the crash policy's
+backoff (``services.supervision``); past the restart budget the primary shuts down and exits 1.
+
+Stop: the primary's stop signal is passed on to every child at once, so that all drain in the
+same grace period, and so is a second one (the grace ends at once). The primary exits after its
+children, each given the grace period and 15 s more before SIGKILL. A child stops with its
+primary: its stdin is a pipe the primary holds and never writes to, so the primary's end, even
+by SIGKILL, is an end of file there, which the child takes as one SIGTERM: it drains and hands
+back its runs as after a stop.
+
+Log events: ``worker_process_started`` (index, pid), ``worker_process_orphaned`` (parent; warning,
+the child's), ``worker_process_exited`` (index, pid,
+exit: "exit code 2", "signal SIGKILL"; warning), ``worker_process_stopped`` (index, pid, exit),
+``worker_process_killed`` (index, pid, after_s; error: still running past its bound, SIGKILLed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+import anyio
+import orjson
+
+from taskmesh import shutdown_signals
+from taskmesh.errors import TaskmeshError
+from taskmesh.logs import get_logger
+
+if TYPE_CHECKING:
+    from anyio.abc import Process
+
+    from taskmesh.config import Settings
+
+log = get_logger("taskmesh.worker_processes")
+
+SETTINGS_VARIABLE = "TASKMESH_WORKER_PROCESS_SETTINGS"
+"""The environment variable that hands a child its settings (JSON, the primary's as validated)."""
+PARENT_VARIABLE = "TASKMESH_WORKER_PROCESS_PARENT"
+"""The environment variable naming the primary's pid (the child logs it when the primary is gone)."""
+STOP_MARGIN_SECONDS = 15.0
+"""What a stopping child gets on top of the grace period before SIGKILL (an instance's own bound)."""
+
+
+class WorkerProcessExitedError(TaskmeshError, RuntimeError):
+    """A worker process ended while the primary was running (the crash policy starts it again)."""
+
+    def __init__(self, index: int, pid: int, exit_status: str) -> None:
+        super().__init__(f"worker process {index} (pid {pid}) exited: {exit_status}")
+
+
+def describe_exit(returncode: int) -> str:
+    """``"exit code 2"`` or ``"signal SIGKILL"`` for a ``returncode`` as :mod:`subprocess` gives it."""
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def child_port(port: int | None, index: int) -> int | None:
+    """Child ``index``'s port for the primary's ``port``: the next ones up, a free one for 0, none for none."""
+    if port is None or port == 0:
+        return port
+    return port + index
+
+
+def child_settings(settings: Settings, index: int) -> dict[str, object]:
+    """The settings of child ``index`` (1 to N - 1) as JSON data: the primary's, worker-only, its own ports.
+
+    Migrations stay on: under their advisory lock, a child that starts first applies them and the others wait.
+    """
+    data: dict[str, object] = settings.model_dump(mode="json")
+    data.update(
+        worker_processes=1,
+        api_enabled=False,
+        scheduler_enabled=False,
+        http_port=child_port(settings.http_port, index),
+        metrics_port=child_port(settings.metrics_port, index),
+    )
+    return data
+
+
+def child_environment(settings: Settings, index: int) -> dict[str, str]:
+    """The environment child ``index`` starts with: this process's, plus its settings and the primary's pid."""
+    env = dict(os.environ)
+    env[SETTINGS_VARIABLE] = orjson.dumps(child_settings(settings, index)).decode()
+    env[PARENT_VARIABLE] = str(os.getpid())
+    return env
+
+
+async def run(settings: Settings, index: int, stop: anyio.Event, force: anyio.Event) -> None:
+    """Run worker process ``index`` until the primary stops: start it, pass the stop signals on, wait for it.
+
+    :param settings: the primary's settings (the child's are derived by :func:`child_settings`).
+    :param index: 1 to ``worker_processes - 1``; names the service and picks the child's ports.
+    :param stop: set when the primary begins its stop: the child is sent SIGTERM.
+    :param force: set on the primary's second signal: the child is sent SIGTERM again.
+    :raises WorkerProcessExitedError: the child ended before ``stop`` was set.
+
+    Cancelled, it waits for a child already told to stop until its bound
+    (``shutdown_grace_seconds`` + :data:`STOP_MARGIN_SECONDS`), then SIGKILLs and reaps it.
+    """
+    if stop.is_set():  # stopping while the crash policy's backoff ran: nothing to start again
+        return
+    command = [sys.executable, "-m", "taskmesh.worker_processes"]
+    # The child's stdin is a pipe this process never writes to: its end tells the child we have ended.
+    proc = await anyio.open_process(
+        command, env=child_environment(settings, index), stdin=subprocess.PIPE, stdout=None, stderr=None
+    )
+    log.info("worker_process_started", index=index, pid=proc.pid)
+    bound = settings.shutdown_grace_seconds + STOP_MARGIN_SECONDS
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_pass_signals_on, proc, index, stop, force, bound)
+            returncode = await proc.wait()
+            group.cancel_scope.cancel()
+    finally:
+        if proc.returncode is None:  # cancelled: the primary is past waiting
+            with anyio.CancelScope(shield=True):
+                _signal(proc, signal.SIGKILL)
+                await proc.wait()
+    exit_status = describe_exit(returncode)
+    if not stop.is_set():
+        log.warning("worker_process_exited", index=index, pid=proc.pid, exit=exit_status)
+        raise WorkerProcessExitedError(index, proc.pid, exit_status)
+    log.info("worker_process_stopped", index=index, pid=proc.pid, exit=exit_status)
+
+
+async def _pass_signals_on(proc: Process, index: int, stop: anyio.Event, force: anyio.Event, bound: float) -> None:
+    """SIGTERM on ``stop``, again on ``force``; SIGKILL ``bound`` seconds after ``stop``."""
+    await stop.wait()
+    _signal(proc, signal.SIGTERM)
+    with anyio.move_on_after(bound):
+        await force.wait()
+        _signal(proc, signal.SIGTERM)
+        await anyio.sleep_forever()
+    log.error("worker_process_killed", index=index, pid=proc.pid, after_s=bound)
+    _signal(proc, signal.SIGKILL)
+
+
+def _signal(proc: Process, sig: signal.Signals) -> None:
+    if proc.returncode is None:
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:  # it ended before we looked
+            pass
+
+
+def watch_parent() -> None:
+    """Stop this instance once the primary has ended (its end of our stdin closes), as one SIGTERM would.
+
+    Runs in a daemon thread. Before the instance has started, or after it ended, the process exits at once.
+    """
+    try:
+        while os.read(0, 4096):  # the primary writes nothing: only its end, even by SIGKILL, ends this
+            pass
+    except OSError:
+        pass
+    log.warning("worker_process_orphaned", parent=os.environ.get(PARENT_VARIABLE))
+    if not shutdown_signals.request_stop():
+        os._exit(0)
+
+
+def main() -> None:
+    """A child's start (``python -m taskmesh.worker_processes``): its settings from the primary, then the instance.
+
+    Exits as ``taskmesh run`` does (:mod:`taskmesh.cli.exits`): 0 after a clean stop, 2 for a
+    configuration the child cannot use (its port taken), 1 for a failure.
+    """
+    from taskmesh.cli import exits
+
+    threading.Thread(target=watch_parent, name="taskmesh-watch-parent", daemon=True).start()
+    exits.exit_process(exits.run(_run_child))
+
+
+def _run_child() -> None:
+    from taskmesh import supervisor
+    from taskmesh.cli.instance import backend_options
+    from taskmesh.config import load_settings
+    from taskmesh.logs import configure
+    from taskmesh.registry import default_registry, load_modules
+
+    settings = load_settings(**orjson.loads(os.environ[SETTINGS_VARIABLE]))
+    configure(settings.log_level, settings.log_format)
+    load_modules(settings.handlers)
+    anyio.run(supervisor.run, settings, default_registry, backend_options=backend_options())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""What a worker process is given: the primary's settings, worker-only, on the ports after the primary's."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from taskmesh.config import load_settings
+from taskmesh.worker_processes import child_environment, child_port, child_settings, describe_exit
+
+
+def test_a_child_gets_the_primarys_settings_worker_only_on_the_next_ports() -> None:
+    settings = load_settings(
+        database_url="postgresql://app:secret@db/app",
+        redis_url="redis://cache:6379/0",
+        http_port=8080,
+        metrics_port=9090,
+        worker_processes=3,
+        queue_names=["default", "reports"],
+        worker_concurrency=16,
+        handlers=["myapp.tasks"],
+    )
+    child = load_settings(**child_settings(settings, 2))
+    assert (child.http_port, child.metrics_port) == (8082, 9092)
+    assert (child.worker_processes, child.api_enabled, child.scheduler_enabled) == (1, False, False)
+    assert child.workers_enabled
+    same = ("database_url", "redis_url", "queue_names", "worker_concurrency", "handlers", "lease_seconds")
+    assert {k: getattr(child, k) for k in same} == {k: getattr(settings, k) for k in same}
+
+
+def test_a_child_of_a_primary_on_a_free_port_takes_a_free_port_too() -> None:
+    assert child_port(0, 3) == 0
+    assert child_port(None, 3) is None
+    assert child_port(8080, 1) == 8081
+
+
+def test_the_environment_carries_the_settings_and_the_primarys_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOMETHING_OF_THE_OPERATOR", "kept")
+    env = child_environment(load_settings(http_port=0, worker_processes=2), 1)
+    assert env["SOMETHING_OF_THE_OPERATOR"] == "kept"
+    assert orjson.loads(env["TASKMESH_WORKER_PROCESS_SETTINGS"])["api_enabled"] is False
+    assert int(env["TASKMESH_WORKER_PROCESS_PARENT"]) > 0
+
+
+@pytest.mark.parametrize(("code", "text"), [(0, "exit code 0"), (2, "exit code 2"), (-9, "signal SIGKILL")])
+def test_an_exit_is_described_as_operators_read_it(code: int, text: str) -> None:
+    assert describe_exit(code) == text
