@@ -13,7 +13,8 @@ allowed to create databases) and uses the Redis of ``REDIS_URL`` (default
    (1,000 per call: one statement and one pipeline each), twice, each time into a fresh database;
    the faster run counts (:data:`ENQUEUE_RUNS`);
 2. **drain**: starts one instance, or ``--instances`` side by side (``python -m taskmesh`` with the handler
-   module ``benchmarks.bench_handler``, found through ``PYTHONPATH``;
+   module ``benchmarks.bench_handler``, found through ``PYTHONPATH``; ``--worker-processes`` each,
+   whose children's CPU counts as the instance's;
    ``--concurrency`` executors, durable: ``synchronous_commit`` as the server has it) and times
    it from launch until every task ran (and until the first task's handler
    started: the start-up), with the CPU seconds of the instance,
@@ -71,7 +72,7 @@ import redis.asyncio as aioredis
 
 import taskmesh
 from benchmarks.bench_handler import recorder_keys
-from benchmarks.measure import BackendCpu, cpu_by_name, cpu_of, pct, rss_kib, through, with_db
+from benchmarks.measure import BackendCpu, cpu_by_name, cpu_of_tree, pct, rss_kib, through, with_db
 from benchmarks.peers import run_peers
 from benchmarks.report import print_report
 from taskmesh.client import Client
@@ -150,6 +151,7 @@ class Bench:
             "HTTP_PORT": str(port),
             "TASKMESH_LOG_LEVEL": "warning",
             "TASKMESH_MIGRATE_ON_START": "false",
+            "TASKMESH_WORKER_PROCESSES": str(getattr(self.args, "worker_processes", 1)),
             **extra,
         }
         return subprocess.Popen([sys.executable, "-m", "taskmesh"], env=env, stdout=subprocess.DEVNULL)
@@ -225,7 +227,7 @@ class Bench:
                     polled = time.perf_counter()
                 await asyncio.sleep(progress.interval)
             elapsed = time.perf_counter() - t0
-            cpu = sum(cpu_of(proc.pid) for proc in procs)
+            cpu = sum(cpu_of_tree(proc.pid) for proc in procs)  # with its worker processes
             await backends.poll()
             self.figures.update(
                 drain_per_s=n / elapsed,
@@ -270,7 +272,9 @@ class Bench:
         n = self.args.spin_tasks
         for processes in (1, 2):
             await self.reset()
-            proc = self.start_instance(max(4, processes * 2), TASKMESH_SYNC_PROCESSES=str(processes))
+            proc = self.start_instance(
+                max(4, processes * 2), TASKMESH_SYNC_PROCESSES=str(processes), TASKMESH_WORKER_PROCESSES="1"
+            )
             try:
                 async with self.recorder() as recorder, self.client() as client:
                     for count in (4 * processes, n):  # the warm-up, then the timed tasks
@@ -449,6 +453,13 @@ def database_name(text: str) -> str:
     return text
 
 
+def worker_processes(text: str) -> int | str:
+    """``--worker-processes``: ``auto`` or a number from 1 to 256, as the setting takes it."""
+    if text == "auto" or (text.isdigit() and 1 <= int(text) <= 256):
+        return text if text == "auto" else int(text)
+    raise argparse.ArgumentTypeError(f"must be auto or a number from 1 to 256, not {text!r}")
+
+
 def _free_port() -> int:
     import socket
 
@@ -468,6 +479,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="the instance's executors")
     parser.add_argument(
         "--instances", type=int, default=1, help="instances draining side by side (their CPU is summed)"
+    )
+    parser.add_argument(
+        "--worker-processes",
+        type=worker_processes,
+        default=1,
+        help="each instance's worker_processes (auto: one per core); 1 for the every-core figure",
     )
     parser.add_argument("--prefetch", type=int, default=128, help="tasks claimed ahead (the prefetch setting)")
     parser.add_argument("--http", type=int, default=2000, help="single HTTP creates to time")

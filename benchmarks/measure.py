@@ -26,6 +26,26 @@ def cpu_of(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / CLK
 
 
+def cpu_of_tree(pid: int) -> float:
+    """CPU seconds of process ``pid``, of its descendants alive now, and of those it has waited for."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    reaped = (int(fields[13]) + int(fields[14])) / CLK  # cutime + cstime
+    return cpu_of(pid) + reaped + sum(cpu_of_tree(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(p) for p in (task / "children").read_text().split()]
+    except OSError:  # it ended while we looked
+        pass
+    return found
+
+
 def cpu_by_name(names: tuple[str, ...]) -> float:
     """CPU seconds used by every process whose command name is in ``names`` (``redis-server``)."""
     total = 0.0

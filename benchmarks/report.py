@@ -30,7 +30,9 @@ def _kind(args: argparse.Namespace) -> str:
 
 def _instances(args: argparse.Namespace) -> str:
     n = getattr(args, "instances", 1)
-    return "one instance" if n == 1 else f"{n} instances (CPU summed, RSS of the first)"
+    processes = getattr(args, "worker_processes", 1)
+    each = "" if processes == 1 else f" of worker_processes = {processes} (their CPU counted)"
+    return ("one instance" if n == 1 else f"{n} instances (CPU summed, RSS of the first)") + each
 
 
 def print_report(figures: dict[str, Any], peers: dict[str, dict[str, Any]] | None, args: argparse.Namespace) -> None:
