@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from typing import Any
 
@@ -107,6 +108,26 @@ async def test_the_heartbeat_registers_the_worker_and_extends_only_its_own_lease
     assert [(w["id"], w["state"], w["in_flight"], w["queues"]) for w in await workers(tasks)] == [
         ("w-1", "running", 1, '{"default": 1}')
     ]
+
+
+async def test_the_heartbeat_skips_a_run_whose_result_is_being_written_and_waits_for_no_lock(
+    tasks: Tasks, pool: asyncpg.Pool
+) -> None:
+    """The committer's write locks its runs in another order than the heartbeat's: waiting made them deadlock."""
+    writing, other = await claimed(tasks, "w-1", lease=1), await claimed(tasks, "w-1", lease=1)
+    async with pool.acquire() as committer, committer.transaction():
+        await committer.execute("UPDATE task_runs SET error = 'writing' WHERE id = $1", writing.run_id)
+        with anyio.fail_after(5):  # waiting for the lock would block until the transaction ends
+            await beat(tasks, "w-1", lease=60, held=(writing, other))
+    leases = {
+        r["id"]: r["left"].total_seconds()
+        for r in await pool.fetch("SELECT id, lease_expires_at - now() AS left FROM task_runs")
+    }
+    assert leases[other.run_id] > 59 and leases[writing.run_id] < 2
+    await beat(tasks, "w-1", lease=60, held=(writing, other))  # the lock gone, the next beat extends it
+    assert await pool.fetchval("SELECT lease_expires_at - now() FROM task_runs WHERE id = $1", writing.run_id) > (
+        datetime.timedelta(seconds=59)
+    )
 
 
 async def test_a_cancel_request_reaches_the_worker_through_its_heartbeat(tasks: Tasks) -> None:

@@ -449,17 +449,25 @@ LIMIT $2;
 -- one statement (issue 3). A running run of this instance that it no longer holds
 -- keeps its lease and is reclaimed once that expires. Returns the held runs'
 -- tasks whose cancellation was requested, for the instance to cancel.
+-- A held run whose row another transaction has locked is skipped, not waited for: that is
+-- the committer writing its result, whose statement locks its runs in another order, so
+-- waiting made the two deadlock (PostgreSQL then ends one after deadlock_timeout). It is
+-- being finished; should that write fail, the next beat, a third of a lease later, extends it.
 WITH w AS (
     INSERT INTO workers (id, host, pid, queues, version, state, handlers)
     VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $9::text[])
     ON CONFLICT (id) DO UPDATE
     SET heartbeat_at = now(), state = EXCLUDED.state, stopped_at = NULL, handlers = EXCLUDED.handlers
     RETURNING id
-), leases AS (
-    UPDATE task_runs
-    SET lease_expires_at = now() + make_interval(secs => $7)
+), held AS (
+    SELECT id FROM task_runs
     WHERE id = ANY($8::uuid[]) AND worker_id = $1 AND status = 'running'
-    RETURNING task_id
+    FOR UPDATE SKIP LOCKED
+), leases AS (
+    UPDATE task_runs tr
+    SET lease_expires_at = now() + make_interval(secs => $7)
+    FROM held WHERE tr.id = held.id
+    RETURNING tr.task_id
 )
 SELECT t.id FROM tasks t JOIN leases l ON l.task_id = t.id
 WHERE t.cancel_requested_at IS NOT NULL;
