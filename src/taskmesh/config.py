@@ -387,11 +387,11 @@ class Settings(BaseSettings):
     )
     """How often queue depths, the oldest ready age and workers by state are sampled, seconds."""
     sync_pool: Literal["process", "thread"] = Field(default="process", validation_alias=_aliases("sync_pool"))
-    """Where ``def`` handlers run: ``process`` (worker processes the instance can stop at a timeout or a
+    """Where ``def`` handlers run: ``process`` (handler processes the instance can stop at a timeout or a
     cancel; the handler must be a module-level function) or ``thread`` (threads of the instance, which
     cannot be stopped). A handler's own ``@task(..., pool=...)`` wins."""
     sync_processes: int = Field(default=0, ge=0, le=1024, validation_alias=_aliases("sync_processes"))
-    """Most worker processes for ``def`` handlers, started as needed; 0: one per executor of the queues."""
+    """Most handler processes for ``def`` handlers, started as needed; 0: one per executor of the queues."""
     sync_stop_grace_seconds: float = Field(
         default=2.0, gt=0, le=300, validation_alias=_aliases("sync_stop_grace_seconds")
     )

@@ -1,7 +1,7 @@
 """Handler registry: the ``@taskmesh.task`` decorator, lookup by name, payload decoding.
 
 A handler is an ``async def`` (run on the event loop) or a plain ``def`` (run
-in a worker process of the instance's pool by default, where a timeout or a
+in a handler process of the instance's pool by default, where a timeout or a
 cancel can really stop it; in a thread with ``pool="thread"``, see
 ``services/sync_handlers.py``). It receives the payload as its first argument, decoded
 into the annotated type when that is a pydantic model or a dataclass, and a
@@ -205,7 +205,7 @@ def task(
     :param queue: the queue tasks of this name go to when a request names none.
     :param max_retries: default retry budget (0..100) of tasks of this name.
     :param timeout: seconds before a run is stopped and counted as a failure.
-    :param pool: where a ``def`` handler runs: ``"process"`` (a worker process the instance
+    :param pool: where a ``def`` handler runs: ``"process"`` (a handler process the instance
         stops at a timeout or cancel) or ``"thread"`` (shares the instance's memory; cannot be
         stopped, so a timed-out run keeps its lease until it returns); default the
         ``sync_pool`` setting.

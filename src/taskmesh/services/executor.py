@@ -1,7 +1,7 @@
 """Executor: runs one claimed task's handler and decides how its run ended.
 
 :func:`execute` runs the handler (``async`` on the event loop; ``def`` in a
-worker process of the instance's pool, or a thread in thread mode: see
+handler process of the instance's pool, or a thread in thread mode: see
 ``sync_handlers.py``)
 under the handler's ``timeout``, and returns a
 :class:`~taskmesh.models.RunResult` whose texts PostgreSQL can store
@@ -172,7 +172,7 @@ async def _in_process(
     sync: SyncHandlers,
     cancels: dict[uuid.UUID, anyio.CancelScope] | None,
 ) -> RunResult:
-    """Run a ``def`` handler in a worker process; its outcome becomes the run's result.
+    """Run a ``def`` handler in a handler process; its outcome becomes the run's result.
 
     The timeout is the pool's (it counts from the call's start in a child); a cancel
     stops the child before the run's end is recorded.

@@ -1,4 +1,4 @@
-"""Where an instance runs its ``def`` handlers: a pool of worker processes, or threads.
+"""Where an instance runs its ``def`` handlers: a pool of handler processes, or threads.
 
 By default (``sync_pool = "process"``) a ``def`` handler runs in a child
 process of :class:`~taskmesh.process_pool.ProcessPool` (the prefork model
