@@ -8,6 +8,8 @@ for good stops the start with exit status 1, it is not an outage); register
 the instance (its first heartbeat, through outages); then start the services
 of :func:`service_table` in its order, each under the crash policy
 (``services/supervision.py``), and per queue the executors and the fetcher.
+With ``worker_processes`` above 1 the children (:mod:`taskmesh.worker_processes`)
+start as soon as the HTTP socket is bound, and the instance exits after them.
 
 Shutdown (SIGTERM or SIGINT, ``Instance.stop``, or a critical service past its
 restart budget), the table's order reversed: ``/readyz`` turns 503 (draining)
@@ -38,7 +40,6 @@ from functools import partial
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
 
 from taskmesh import __version__, emergency, notify, worker_processes
 from taskmesh.api.listeners import HttpListener, bind_listeners, is_loopback
@@ -232,11 +233,25 @@ async def _run_root(
             for listener in listeners:
                 tg.start_soon(listener.stop)
 
+    def child_failed(name: str, crashes: int) -> None:
+        if inst.failed is None:
+            inst.failed = (name, crashes)
+        inst.stop.set()
+
     async with anyio.create_task_group() as root:
         root.start_soon(monitor.run)
         for listener in listeners:
             root.start_soon(listener.serve)
-        children = _start_worker_processes(root, settings, inst, state, metrics)
+        children = worker_processes.start(
+            root,
+            settings,
+            inst.stop,
+            inst.force,
+            state.services,
+            budget=inst.budget,
+            metrics=metrics,
+            on_fatal=child_failed,
+        )
         root.start_soon(notify.watchdog, lambda: api.server.started and not api.done.is_set())
         inst.serving.set()
         notify.status(f"connecting to PostgreSQL and Redis; HTTP on {settings.http_host}:{inst.port}")
@@ -266,48 +281,6 @@ async def _run_root(
         with anyio.move_on_after(settings.shutdown_grace_seconds + worker_processes.STOP_MARGIN_SECONDS + 1):
             await children.wait()
         root.cancel_scope.cancel()
-
-
-@dataclass
-class _Children:
-    """The worker processes' services (:mod:`taskmesh.worker_processes`), and a way to wait for their end."""
-
-    left: int = 0
-    ended: anyio.Event = field(default_factory=anyio.Event)
-
-    async def wait(self) -> None:
-        if self.left:
-            await self.ended.wait()
-
-    def one_ended(self) -> None:
-        self.left -= 1
-        if self.left == 0:
-            self.ended.set()
-
-
-def _start_worker_processes(
-    root: TaskGroup, settings: Settings, inst: Instance, state: AppState, metrics: Metrics
-) -> _Children:
-    """Start ``worker_processes - 1`` children as critical services, at once: they start while this one does."""
-    children = _Children()
-
-    def fatal(name: str, crashes: int) -> None:
-        if inst.failed is None:
-            inst.failed = (name, crashes)
-        inst.stop.set()
-
-    async def supervised(index: int) -> None:
-        run = partial(worker_processes.run, settings, index, inst.stop, inst.force)
-        spec = ServiceSpec(f"worker_process:{index}", run, critical=True)
-        try:
-            await supervise(spec, state.services, budget=inst.budget, metrics=metrics, on_fatal=fatal)
-        finally:
-            children.one_ended()
-
-    for index in range(1, settings.worker_process_count()):
-        children.left += 1
-        root.start_soon(supervised, index)
-    return children
 
 
 NO_KEY = (

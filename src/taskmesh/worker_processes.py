@@ -16,7 +16,9 @@ Supervision: each child is a critical service of the primary (``worker_process:k
 backoff (``services.supervision``); past the restart budget the primary shuts down and exits 1.
 
 Stop: the primary's stop signal is passed on to every child at once, so that all drain in the
-same grace period, and so is a second one (the grace ends at once). The primary exits after its
+same grace period, and so is a second one (the grace ends at once). Each child runs in a session
+of its own, so that a terminal's Ctrl-C (sent to the whole foreground group) reaches it once,
+through the primary; under systemd, ``KillMode=mixed`` (``deploy/systemd``) does the same. The primary exits after its
 children, each given the grace period and 15 s more before SIGKILL. A child stops with its
 primary: its stdin is a pipe the primary holds and never writes to, so the primary's end, even
 by SIGKILL, is an end of file there, which the child takes as one SIGTERM: it drains and hands
@@ -35,6 +37,8 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
@@ -43,11 +47,15 @@ import orjson
 from taskmesh import shutdown_signals
 from taskmesh.errors import TaskmeshError
 from taskmesh.logs import get_logger
+from taskmesh.services.supervision import RestartBudget, ServiceSpec, ServiceStates, supervise
 
 if TYPE_CHECKING:
-    from anyio.abc import Process
+    from collections.abc import Callable
+
+    from anyio.abc import Process, TaskGroup
 
     from taskmesh.config import Settings
+    from taskmesh.metrics import Metrics
 
 log = get_logger("taskmesh.worker_processes")
 
@@ -100,11 +108,63 @@ def child_settings(settings: Settings, index: int) -> dict[str, object]:
 
 
 def child_environment(settings: Settings, index: int) -> dict[str, str]:
-    """The environment child ``index`` starts with: this process's, plus its settings and the primary's pid."""
-    env = dict(os.environ)
+    """The environment child ``index`` starts with: this process's but systemd's notify socket, plus its
+    settings and the primary's pid."""
+    # systemd hears from the primary alone: a child's READY=1 or watchdog ping would speak for the service.
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
     env[SETTINGS_VARIABLE] = orjson.dumps(child_settings(settings, index)).decode()
     env[PARENT_VARIABLE] = str(os.getpid())
     return env
+
+
+@dataclass
+class Children:
+    """The worker processes' services started by :func:`start`, and a way to wait for their end."""
+
+    left: int = 0
+    ended: anyio.Event = field(default_factory=anyio.Event)
+
+    async def wait(self) -> None:
+        """Return once every child's service has ended (at once when there is none)."""
+        if self.left:
+            await self.ended.wait()
+
+    def _one_ended(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.ended.set()
+
+
+def start(
+    group: TaskGroup,
+    settings: Settings,
+    stop: anyio.Event,
+    force: anyio.Event,
+    states: ServiceStates,
+    *,
+    budget: RestartBudget,
+    metrics: Metrics | None,
+    on_fatal: Callable[[str, int], None],
+) -> Children:
+    """Start ``worker_processes - 1`` children in ``group`` at once, each a critical service (``worker_process:k``).
+
+    :param stop: the primary's stop (:func:`run`'s); :param force: its second signal.
+    :param states, budget, metrics, on_fatal: the crash policy's (:func:`~taskmesh.services.supervision.supervise`).
+    :returns: a handle to wait for their end with.
+    """
+    children = Children()
+
+    async def supervised(index: int) -> None:
+        spec = ServiceSpec(f"worker_process:{index}", partial(run, settings, index, stop, force), critical=True)
+        try:
+            await supervise(spec, states, budget=budget, metrics=metrics, on_fatal=on_fatal)
+        finally:
+            children._one_ended()
+
+    for index in range(1, settings.worker_process_count()):
+        children.left += 1
+        group.start_soon(supervised, index)
+    return children
 
 
 async def run(settings: Settings, index: int, stop: anyio.Event, force: anyio.Event) -> None:
@@ -123,8 +183,15 @@ async def run(settings: Settings, index: int, stop: anyio.Event, force: anyio.Ev
         return
     command = [sys.executable, "-m", "taskmesh.worker_processes"]
     # The child's stdin is a pipe this process never writes to: its end tells the child we have ended.
+    # A session of its own: a terminal's Ctrl-C reaches this process alone, which passes one stop on;
+    # the child would otherwise hear two (the terminal's and ours), and two end the grace at once.
     proc = await anyio.open_process(
-        command, env=child_environment(settings, index), stdin=subprocess.PIPE, stdout=None, stderr=None
+        command,
+        env=child_environment(settings, index),
+        stdin=subprocess.PIPE,
+        stdout=None,
+        stderr=None,
+        start_new_session=True,
     )
     log.info("worker_process_started", index=index, pid=proc.pid)
     bound = settings.shutdown_grace_seconds + STOP_MARGIN_SECONDS

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -42,6 +44,21 @@ def free_run(count: int) -> int:
     raise AssertionError(f"no {count} free ports in a row")
 
 
+@pytest.fixture(autouse=True)
+def no_child_left() -> Iterator[set[int]]:
+    """The children seen by :func:`children_of`, SIGKILLed at teardown should a test leave one running."""
+    seen: set[int] = set()
+    _seen.append(seen)
+    yield seen
+    _seen.remove(seen)
+    for pid in seen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+_seen: list[set[int]] = []
+
+
 def start(spawn: Any, database_url: str, redis_url: str, prefix: str, processes: int, **extra: str) -> Proc:
     port = free_run(processes)
     env = {**FAST, "TASKMESH_WORKER_PROCESSES": str(processes), "HTTP_PORT": str(port), **extra}
@@ -49,6 +66,7 @@ def start(spawn: Any, database_url: str, redis_url: str, prefix: str, processes:
     proc.port = port
     for k in range(processes):  # every child serves its health on the ports after the primary's
         wait_until(lambda k=k: call(port + k, "GET", "/readyz")[0] == 200, proc=proc, timeout=30)
+    children_of(proc.pid)
     return proc
 
 
@@ -72,6 +90,8 @@ def children_of(pid: int) -> set[int]:
     found = set()
     for task in os.listdir(f"/proc/{pid}/task"):
         found |= {int(p) for p in open(f"/proc/{pid}/task/{task}/children").read().split()}
+    for seen in _seen:
+        seen |= found
     return found
 
 
@@ -100,6 +120,8 @@ async def test_three_processes_share_the_queues_and_drain_together_on_sigterm(
     proc = start(spawn, database_url, redis_url, prefix, 3, TASKMESH_WORKER_CONCURRENCY="2")
     children = children_of(proc.pid)
     assert len(children) == 3 - 1
+    # Sessions of their own: a terminal's Ctrl-C reaches the primary alone, which passes one stop on.
+    assert all(os.getsid(child) == child for child in children)
     await wait_for(lambda: _pids_are(pool, {proc.pid, *children}))  # each registered, as its own worker
     # The children are worker-only: health and metrics, no API.
     assert call(proc.port + 1, "POST", "/api/v1/tasks", {"name": "noop"})[0] == 404
@@ -119,6 +141,7 @@ async def test_three_processes_share_the_queues_and_drain_together_on_sigterm(
     took = time.monotonic() - t0
     assert await statuses(pool, held) == {"completed": 6}  # finished in the grace period, none handed back
     assert took < 1.5 + 3, f"the processes drained one after another ({took:.1f} s)"
+    assert not [e for e in proc.events() if e["event"] == "shutdown_forced"]  # each heard one stop
     assert all(gone(pid) for pid in children)
     assert await worker_pids(pool) == set()  # every process deregistered
     assert await worker_pids(pool, "stopped") == {proc.pid, *children}

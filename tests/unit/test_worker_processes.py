@@ -34,10 +34,15 @@ def test_a_child_of_a_primary_on_a_free_port_takes_a_free_port_too() -> None:
     assert child_port(8080, 1) == 8081
 
 
-def test_the_environment_carries_the_settings_and_the_primarys_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_environment_carries_the_settings_and_the_primarys_pid_but_not_systemds_socket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("SOMETHING_OF_THE_OPERATOR", "kept")
+    monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")
+    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
     env = child_environment(load_settings(http_port=0, worker_processes=2), 1)
     assert env["SOMETHING_OF_THE_OPERATOR"] == "kept"
+    assert "NOTIFY_SOCKET" not in env and "WATCHDOG_USEC" not in env  # systemd hears from the primary alone
     assert orjson.loads(env["TASKMESH_WORKER_PROCESS_SETTINGS"])["api_enabled"] is False
     assert int(env["TASKMESH_WORKER_PROCESS_PARENT"]) > 0
 
