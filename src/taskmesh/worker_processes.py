@@ -18,20 +18,23 @@ backoff (``services.supervision``); past the restart budget the primary shuts do
 Stop: the primary's stop signal is passed on to every child at once, so that all drain in the
 same grace period, and so is a second one (the grace ends at once). Each child runs in a session
 of its own, so that a terminal's Ctrl-C (sent to the whole foreground group) reaches it once,
-through the primary; under systemd, ``KillMode=mixed`` (``deploy/systemd``) does the same. The primary exits after its
-children, each given the grace period and 15 s more before SIGKILL. A child stops with its
-primary: its stdin is a pipe the primary holds and never writes to, so the primary's end, even
-by SIGKILL, is an end of file there, which the child takes as one SIGTERM: it drains and hands
-back its runs as after a stop.
+through the primary; under systemd, ``KillMode=mixed`` (``deploy/systemd``) does the same. The
+primary exits after its children, each given the grace period and 15 s more before SIGKILL.
 
-Log events: ``worker_process_started`` (index, pid), ``worker_process_orphaned`` (parent; warning,
-the child's), ``worker_process_exited`` (index, pid,
+A child's settings come on its stdin, one line of JSON (not in its environment, which the
+processes its handlers start would inherit, passwords included); the pipe stays open and
+silent, so the primary's end, even by SIGKILL, is an end of file there, which the child takes
+as one SIGTERM: it drains and hands back its runs as after a stop.
+
+Log events: ``worker_process_started`` (index, pid), ``worker_process_exited`` (index, pid,
 exit: "exit code 2", "signal SIGKILL"; warning), ``worker_process_stopped`` (index, pid, exit),
-``worker_process_killed`` (index, pid, after_s; error: still running past its bound, SIGKILLed).
+``worker_process_killed`` (index, pid, after_s; error: still running past its bound, SIGKILLed),
+and from a child ``worker_process_orphaned`` (parent; warning).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -59,8 +62,6 @@ if TYPE_CHECKING:
 
 log = get_logger("taskmesh.worker_processes")
 
-SETTINGS_VARIABLE = "TASKMESH_WORKER_PROCESS_SETTINGS"
-"""The environment variable that hands a child its settings (JSON, the primary's as validated)."""
 PARENT_VARIABLE = "TASKMESH_WORKER_PROCESS_PARENT"
 """The environment variable naming the primary's pid (the child logs it when the primary is gone)."""
 STOP_MARGIN_SECONDS = 15.0
@@ -107,12 +108,14 @@ def child_settings(settings: Settings, index: int) -> dict[str, object]:
     return data
 
 
-def child_environment(settings: Settings, index: int) -> dict[str, str]:
-    """The environment child ``index`` starts with: this process's but systemd's notify socket, plus its
-    settings and the primary's pid."""
+def child_environment() -> dict[str, str]:
+    """The environment a child starts with: this process's but systemd's notify socket, plus the primary's pid.
+
+    Its settings (passwords included) come on its stdin instead (:func:`run`), where no process its
+    handlers start can read them.
+    """
     # systemd hears from the primary alone: a child's READY=1 or watchdog ping would speak for the service.
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-    env[SETTINGS_VARIABLE] = orjson.dumps(child_settings(settings, index)).decode()
     env[PARENT_VARIABLE] = str(os.getpid())
     return env
 
@@ -176,18 +179,19 @@ async def run(settings: Settings, index: int, stop: anyio.Event, force: anyio.Ev
     :param force: set on the primary's second signal: the child is sent SIGTERM again.
     :raises WorkerProcessExitedError: the child ended before ``stop`` was set.
 
-    Cancelled, it waits for a child already told to stop until its bound
-    (``shutdown_grace_seconds`` + :data:`STOP_MARGIN_SECONDS`), then SIGKILLs and reaps it.
+    A child still running ``shutdown_grace_seconds`` + :data:`STOP_MARGIN_SECONDS` after ``stop`` is
+    SIGKILLed; cancelled, this SIGKILLs and reaps the child at once.
     """
     if stop.is_set():  # stopping while the crash policy's backoff ran: nothing to start again
         return
     command = [sys.executable, "-m", "taskmesh.worker_processes"]
-    # The child's stdin is a pipe this process never writes to: its end tells the child we have ended.
-    # A session of its own: a terminal's Ctrl-C reaches this process alone, which passes one stop on;
-    # the child would otherwise hear two (the terminal's and ours), and two end the grace at once.
+    # The child's stdin is a pipe that brings its settings, one line, then nothing: its end of file
+    # tells the child this process has ended, even by SIGKILL. A session of its own: a terminal's
+    # Ctrl-C reaches this process alone, which passes one stop on; the child would otherwise hear
+    # two (the terminal's and ours), and two end the grace at once.
     proc = await anyio.open_process(
         command,
-        env=child_environment(settings, index),
+        env=child_environment(),
         stdin=subprocess.PIPE,
         stdout=None,
         stderr=None,
@@ -196,6 +200,9 @@ async def run(settings: Settings, index: int, stop: anyio.Event, force: anyio.Ev
     log.info("worker_process_started", index=index, pid=proc.pid)
     bound = settings.shutdown_grace_seconds + STOP_MARGIN_SECONDS
     try:
+        if proc.stdin is not None:  # always: it was asked for
+            with contextlib.suppress(anyio.BrokenResourceError):  # it died at once: its exit status says why
+                await proc.stdin.send(orjson.dumps(child_settings(settings, index)) + b"\n")
         async with anyio.create_task_group() as group:
             group.start_soon(_pass_signals_on, proc, index, stop, force, bound)
             returncode = await proc.wait()
@@ -232,13 +239,28 @@ def _signal(proc: Process, sig: signal.Signals) -> None:
             pass
 
 
+def read_settings() -> dict[str, object]:
+    """The settings the primary wrote on our stdin: one line of JSON (:func:`child_settings`).
+
+    :raises SystemExit: (1) the primary ended before writing them.
+    """
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(0, 65536)
+        if not chunk:
+            raise SystemExit(1)
+        line += chunk
+    data: dict[str, object] = orjson.loads(line)
+    return data
+
+
 def watch_parent() -> None:
     """Stop this instance once the primary has ended (its end of our stdin closes), as one SIGTERM would.
 
     Runs in a daemon thread. Before the instance has started, or after it ended, the process exits at once.
     """
     try:
-        while os.read(0, 4096):  # the primary writes nothing: only its end, even by SIGKILL, ends this
+        while os.read(0, 4096):  # nothing more comes: only the primary's end, even by SIGKILL, ends this
             pass
     except OSError:
         pass
@@ -255,18 +277,19 @@ def main() -> None:
     """
     from taskmesh.cli import exits
 
+    settings = read_settings()
     threading.Thread(target=watch_parent, name="taskmesh-watch-parent", daemon=True).start()
-    exits.exit_process(exits.run(_run_child))
+    exits.exit_process(exits.run(partial(_run_child, settings)))
 
 
-def _run_child() -> None:
+def _run_child(data: dict[str, object]) -> None:
     from taskmesh import supervisor
     from taskmesh.cli.instance import backend_options
     from taskmesh.config import load_settings
     from taskmesh.logs import configure
     from taskmesh.registry import default_registry, load_modules
 
-    settings = load_settings(**orjson.loads(os.environ[SETTINGS_VARIABLE]))
+    settings = load_settings(**data)
     configure(settings.log_level, settings.log_format)
     load_modules(settings.handlers)
     anyio.run(supervisor.run, settings, default_registry, backend_options=backend_options())
