@@ -46,7 +46,7 @@ allowed to create databases) and uses the Redis of ``REDIS_URL`` (default
    each peer's.
 
 PostgreSQL's CPU is that of the backends of database ``taskmesh_bench`` only
-(``benchmarks/measure.py``); Redis's is the host's ``redis-server`` processes.
+(``benchmarks/measure.py``); Redis's is the host's ``redis-server`` processes that ran through the drain.
 
 Every figure printed is measured in this run; nothing is remembered between runs.
 """
@@ -72,7 +72,7 @@ import redis.asyncio as aioredis
 
 import taskmesh
 from benchmarks.bench_handler import recorder_keys
-from benchmarks.measure import BackendCpu, cpu_by_name, cpu_of_tree, pct, rss_kib, through, with_db
+from benchmarks.measure import BackendCpu, cpu_by_name, cpu_of_tree, cpu_since, pct, rss_kib, through, with_db
 from benchmarks.peers import run_peers
 from benchmarks.report import print_report
 from taskmesh.client import Client
@@ -235,7 +235,7 @@ class Bench:
                 startup_seconds=await progress.first_start() - launched,
                 instance_cpu_us_per_task=cpu / n * 1e6,
                 postgres_cpu_us_per_task=backends.total() / n * 1e6,
-                redis_cpu_us_per_task=(cpu_by_name(REDIS_NAMES) - rd0) / n * 1e6,
+                redis_cpu_us_per_task=cpu_since(rd0, REDIS_NAMES) / n * 1e6,
                 peak_rss_mib=rss_kib(first.pid, "VmHWM") / 1024,
                 rss_after_10pct_mib=rss_at_10pct / 1024,
                 rss_after_100pct_mib=rss_kib(first.pid) / 1024,

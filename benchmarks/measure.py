@@ -46,9 +46,9 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def cpu_by_name(names: tuple[str, ...]) -> float:
-    """CPU seconds used by every process whose command name is in ``names`` (``redis-server``)."""
-    total = 0.0
+def cpu_by_name(names: tuple[str, ...]) -> dict[int, float]:
+    """CPU seconds used by each process whose command name is in ``names`` (``redis-server``), by pid."""
+    found: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -56,8 +56,18 @@ def cpu_by_name(names: tuple[str, ...]) -> float:
             except OSError:
                 continue
             if comm in names:
-                total += cpu_of(int(entry.name))
-    return total
+                found[int(entry.name)] = cpu_of(int(entry.name))
+    return found
+
+
+def cpu_since(before: dict[int, float], names: tuple[str, ...]) -> float:
+    """CPU seconds the processes of ``before`` (:func:`cpu_by_name`) used since, those still there.
+
+    Processes that ended or began in between are left out: a server another program stopped
+    meanwhile would otherwise take its whole past off the sum.
+    """
+    now = cpu_by_name(names)
+    return sum(max(0.0, now[pid] - cpu) for pid, cpu in before.items() if pid in now)
 
 
 def rss_kib(pid: int, field: str = "VmRSS") -> int:
