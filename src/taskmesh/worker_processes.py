@@ -10,8 +10,9 @@ between any two instances (one claim per attempt, fencing, reclaim) holds betwee
 ``k`` (1 to N - 1) serves ``/healthz``, ``/readyz`` and ``/metrics`` on ``http_port + k``
 (and its metrics listener on ``metrics_port + k``), or on a free port when ``http_port`` is 0.
 
-Supervision: each child is a critical service of the primary (``worker_process:k``, in
-``/readyz`` and ``taskmesh_service_up``). A child that exits while the primary runs is logged
+Supervision: each child is a critical service of the primary (``worker_process:k`` in
+``taskmesh_service_up``, and listed in ``/readyz`` while it is down, which still answers 200:
+the primary's API and workers serve on). A child that exits while the primary runs is logged
 (``worker_process_exited``: pid, exit status) and started again after the crash policy's
 backoff (``services.supervision``); past the restart budget the primary shuts down and exits 1.
 
@@ -22,9 +23,9 @@ through the primary; under systemd, ``KillMode=mixed`` (``deploy/systemd``) does
 primary exits after its children, each given the grace period and 15 s more before SIGKILL.
 
 A child's settings come on its stdin, one line of JSON (not in its environment, which the
-processes its handlers start would inherit, passwords included); the pipe stays open and
-silent, so the primary's end, even by SIGKILL, is an end of file there, which the child takes
-as one SIGTERM: it drains and hands back its runs as after a stop.
+processes its handlers start would inherit, passwords included); that connection (a socket
+pair) stays open and silent, so the primary's end, even by SIGKILL, is an end of file there,
+which the child takes as one SIGTERM: it drains and hands back its runs as after a stop.
 
 Log events: ``worker_process_started`` (index, pid), ``worker_process_exited`` (index, pid,
 exit: "exit code 2", "signal SIGKILL"; warning), ``worker_process_stopped`` (index, pid, exit),
@@ -158,7 +159,9 @@ def start(
     children = Children()
 
     async def supervised(index: int) -> None:
-        spec = ServiceSpec(f"worker_process:{index}", partial(run, settings, index, stop, force), critical=True)
+        # A child restarting leaves this process's API and workers serving: /readyz lists it, stays 200.
+        run_child = partial(run, settings, index, stop, force)
+        spec = ServiceSpec(f"worker_process:{index}", run_child, critical=True, gates_readiness=False)
         try:
             await supervise(spec, states, budget=budget, metrics=metrics, on_fatal=on_fatal)
         finally:
@@ -185,7 +188,7 @@ async def run(settings: Settings, index: int, stop: anyio.Event, force: anyio.Ev
     if stop.is_set():  # stopping while the crash policy's backoff ran: nothing to start again
         return
     command = [sys.executable, "-m", "taskmesh.worker_processes"]
-    # The child's stdin is a pipe that brings its settings, one line, then nothing: its end of file
+    # The child's stdin brings its settings, one line, then nothing: its end of file
     # tells the child this process has ended, even by SIGKILL. A session of its own: a terminal's
     # Ctrl-C reaches this process alone, which passes one stop on; the child would otherwise hear
     # two (the terminal's and ours), and two end the grace at once.

@@ -172,7 +172,16 @@ async def test_a_worker_process_killed_with_sigkill_is_started_again_and_its_run
     )
     assert held is not None, "each process claims one of the two (concurrency 1)"
     os.kill(child, signal.SIGKILL)
-    again = wait_until(lambda: children_of(proc.pid) - {child}, proc=proc)
+    answers = []
+
+    def restarted() -> set[int]:
+        answers.append(call(proc.port, "GET", "/readyz"))
+        return children_of(proc.pid) - {child}
+
+    again = wait_until(restarted, proc=proc)
+    # The primary serves on while its child restarts: listed in /readyz, which stays 200.
+    assert {status for status, _ in answers} == {200}
+    assert {"worker_process:1": "restarting"} in [body.get("services") for _, body in answers]
     # Its run comes back by the lease (1.5 s) and its second attempt returns at once.
     await wait_for(lambda: _status_is(pool, held, "completed"))
     assert await pool.fetchval("SELECT count(*) FROM task_runs WHERE task_id = $1", held) == 2
@@ -244,3 +253,13 @@ async def test_a_bad_worker_processes_is_refused_at_start_naming_the_key(
     proc: Proc = spawn(**stores_env(database_url, redis_url, prefix, **env))
     assert proc.wait(30) == 2
     assert message in proc.output()
+
+
+async def test_the_dev_profile_runs_one_process_and_says_worker_processes_is_ignored(spawn: Any, tmp_path: Any) -> None:
+    proc: Proc = spawn("dev", TASKMESH_DEV_DIR=str(tmp_path / "devdata"), TASKMESH_WORKER_PROCESSES="2")
+    wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200, timeout=90, proc=proc)
+    [ignored] = [e for e in proc.events() if e["event"] == "worker_processes_ignored"]
+    assert (ignored["worker_processes"], ignored["reason"]) == (2, "taskmesh dev runs one")
+    assert not [e for e in proc.events() if e["event"] == "worker_process_started"]
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0

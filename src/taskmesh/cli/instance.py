@@ -81,6 +81,12 @@ def dev() -> None:
     settings = _settings()
     load_modules(settings.handlers)
     default_registry.fallback = demo_handler()
+    if settings.worker_processes != 1:
+        from taskmesh.logs import get_logger
+
+        get_logger("taskmesh.dev").warning(
+            "worker_processes_ignored", worker_processes=settings.worker_processes, reason="taskmesh dev runs one"
+        )
     with embedded_stores(settings.database_url, settings.redis_url) as (database_url, redis_url):
         # One process: the embedded stores' URLs are this process's to give, and a trial needs no more.
         update = {"database_url": database_url, "redis_url": redis_url, "worker_processes": 1}

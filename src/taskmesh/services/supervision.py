@@ -41,11 +41,14 @@ class ServiceSpec:
     :param name: the service's name in logs, metrics and ``/readyz`` (``fetcher:default``).
     :param run: starts the service; returns only when it is done (stopped on purpose).
     :param critical: past its restart budget the instance shuts down (else it stays down alone).
+    :param gates_readiness: while a critical service restarts, ``/readyz`` answers 503. False for
+        one whose absence leaves this process serving (a worker process: it is listed, not failed).
     """
 
     name: str
     run: Callable[[], Awaitable[None]]
     critical: bool
+    gates_readiness: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +91,7 @@ async def supervise(
         service exhausts its budget (the supervisor starts its shutdown there).
     """
     crashes: deque[float] = deque()
-    if spec.critical:
+    if spec.critical and spec.gates_readiness:
         states.critical.add(spec.name)
     while True:
         states.states[spec.name] = RUNNING
