@@ -178,6 +178,14 @@ def stores_env(database_url: str, redis_url: str, prefix: str, **extra: str) -> 
     }
 
 
+def create(proc: Proc, body: dict[str, Any]) -> str:
+    """``POST /api/v1/tasks`` ``body`` to ``proc``; the new task's id (a 201 is asserted)."""
+    status, answer = call(proc.port, "POST", "/api/v1/tasks", body)
+    assert status == 201, answer
+    task_id: str = answer["task_id"]
+    return task_id
+
+
 def task_status(port: int, task_id: str) -> dict[str, Any]:
     status, body = call(port, "GET", f"/api/v1/tasks/{task_id}")
     assert status == 200

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from taskmesh.store.keys import Keys
-from tests.proc import Proc, call, spawn, stores_env, task_status, wait_until
+from tests.proc import Proc, call, create, spawn, stores_env, task_status, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("redis_client")]
@@ -23,13 +23,6 @@ def start(spawn: Any, database_url: str, redis_url: str, prefix: str, **extra: s
     proc: Proc = spawn(**stores_env(database_url, redis_url, prefix, **{**FAST, **extra}))
     wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200, proc=proc)
     return proc
-
-
-def create(proc: Proc, body: dict[str, Any]) -> str:
-    status, answer = call(proc.port, "POST", "/api/v1/tasks", body)
-    assert status == 201, answer
-    task_id: str = answer["task_id"]
-    return task_id
 
 
 async def runs(pool: asyncpg.Pool, task_id: str) -> list[tuple[int, str, str | None]]:

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.proc import Proc, call, spawn, stores_env, wait_until
+from tests.proc import Proc, call, create, spawn, stores_env, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("redis_client")]
@@ -68,13 +68,6 @@ def start(spawn: Any, database_url: str, redis_url: str, prefix: str, processes:
         wait_until(lambda k=k: call(port + k, "GET", "/readyz")[0] == 200, proc=proc, timeout=30)
     children_of(proc.pid)
     return proc
-
-
-def create(proc: Proc, body: dict[str, Any]) -> str:
-    status, answer = call(proc.port, "POST", "/api/v1/tasks", body)
-    assert status == 201, answer
-    task_id: str = answer["task_id"]
-    return task_id
 
 
 async def statuses(pool: asyncpg.Pool, ids: list[str]) -> dict[str, int]:
