@@ -20,12 +20,25 @@ def test_a_child_gets_the_primarys_settings_worker_only_on_the_next_ports() -> N
         queue_names=["default", "reports"],
         worker_concurrency=16,
         handlers=["myapp.tasks"],
+        queues={"reports": {"concurrency": 2, "prefetch": 4}},
+        schedules=[{"name": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Paris", "task": "reports.nightly"}],
+        tenant_quotas={"acme": {"max_queued": 1000}},
     )
     child = load_settings(**child_settings(settings, 2))
     assert (child.http_port, child.metrics_port) == (8082, 9092)
     assert (child.worker_processes, child.api_enabled, child.scheduler_enabled) == (1, False, False)
     assert child.workers_enabled
-    same = ("database_url", "redis_url", "queue_names", "worker_concurrency", "handlers", "lease_seconds")
+    same = (
+        "database_url",
+        "redis_url",
+        "queue_names",
+        "worker_concurrency",
+        "handlers",
+        "lease_seconds",
+        "queues",
+        "schedules",
+        "tenant_quotas",
+    )
     assert {k: getattr(child, k) for k in same} == {k: getattr(settings, k) for k in same}
 
 
