@@ -115,6 +115,12 @@ class Instance:
     freeze_heap: bool = False
     """Whether the ready instance freezes its heap (:func:`run`'s ``freeze_heap``)."""
 
+    def service_failed(self, name: str, crashes: int) -> None:
+        """A critical service ``name`` exhausted its restart budget after ``crashes``: stop, and exit 1 after."""
+        if self.failed is None:
+            self.failed = (name, crashes)
+        self.stop.set()
+
 
 def handled_names(registry: Registry) -> list[str] | None:
     """The task names this instance advertises (``workers.handlers``); ``None``: any, it has a fallback."""
@@ -233,11 +239,6 @@ async def _run_root(
             for listener in listeners:
                 tg.start_soon(listener.stop)
 
-    def child_failed(name: str, crashes: int) -> None:
-        if inst.failed is None:
-            inst.failed = (name, crashes)
-        inst.stop.set()
-
     async with anyio.create_task_group() as root:
         root.start_soon(monitor.run)
         for listener in listeners:
@@ -250,7 +251,7 @@ async def _run_root(
             state.services,
             budget=inst.budget,
             metrics=metrics,
-            on_fatal=child_failed,
+            on_fatal=inst.service_failed,
         )
         root.start_soon(notify.watchdog, lambda: api.server.started and not api.done.is_set())
         inst.serving.set()
@@ -667,17 +668,12 @@ async def _run_services(p: _Parts) -> None:
     """Start the table in order, wait for the stop, stop everything in the reverse order."""
     inst, states, settings = p.inst, p.state.services, p.settings
 
-    def fatal(name: str, crashes: int) -> None:
-        if inst.failed is None:
-            inst.failed = (name, crashes)
-        inst.stop.set()
-
     def supervised(
         spec: ServiceSpec, scope: anyio.CancelScope | None = None
     ) -> Callable[[], Coroutine[Any, Any, None]]:
         async def go() -> None:
             with scope or anyio.CancelScope():
-                await supervise(spec, states, budget=inst.budget, metrics=p.metrics, on_fatal=fatal)
+                await supervise(spec, states, budget=inst.budget, metrics=p.metrics, on_fatal=inst.service_failed)
 
         return go
 
