@@ -32,8 +32,10 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
@@ -47,6 +49,17 @@ from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
 
 MAX_WORKER_PROCESSES = 256
 """The most processes ``worker_processes`` may ask for."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), 1 to :data:`MAX_WORKER_PROCESSES`.
+
+    What ``worker_processes = "auto"`` means.
+    """
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_WORKER_PROCESSES, usable))
+
+
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """Allowed task and queue names (issue 2): letters, digits, ``_ . : -``, 1-128 chars."""
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+$")
@@ -54,10 +67,40 @@ _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+$")
 
 
 def _aliases(key: str, legacy: str | None = None) -> AliasChoices:
+    """A key's names: bare in TOML (and as a keyword), ``TASKMESH_<KEY>`` in the environment, then ``legacy``.
+
+    :class:`EnvironmentSource` reads the environment by the names after the first, in order.
+    """
     names = [key, f"TASKMESH_{key.upper()}"]
     if legacy:
         names.append(legacy)
     return AliasChoices(*names)
+
+
+class EnvironmentSource(EnvSettingsSource):
+    """The environment, by a key's ``TASKMESH_<KEY>`` and, for the original platform's six keys, its old name.
+
+    pydantic-settings' own source reads every alias of a key, and its bare TOML name among them: a
+    ``LOG_LEVEL`` or ``PREFETCH`` meant for another program in the same environment set taskmesh's,
+    and ``HTTP_PORT`` (the bare name of ``http_port`` too) won over ``TASKMESH_HTTP_PORT``. Here a
+    key is read from ``TASKMESH_<KEY>`` first, then from its old name when it has one
+    (``DATABASE_URL``, ``REDIS_URL``, ``HTTP_HOST``, ``HTTP_PORT``, ``QUEUE_NAMES``,
+    ``WORKER_CONCURRENCY``), and never from its bare name.
+    """
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        """``(value or None, the name it was found by, whether it is complex)``, as the base class answers."""
+        alias = field.validation_alias
+        names = alias.choices[1:] if isinstance(alias, AliasChoices) else []
+        wanted = [str(n) if self.case_sensitive else str(n).lower() for n in names]
+        found = {env_name: (key, complex_) for key, env_name, complex_ in self._extract_field_info(field, field_name)}
+        for env_name in wanted:
+            value = self.env_vars.get(env_name)
+            if value is not None and env_name in found:
+                key, complex_ = found[env_name]
+                return value, key, complex_
+        key, _, complex_ = self._extract_field_info(field, field_name)[0]
+        return None, key, complex_
 
 
 class QueueSettings(BaseModel):
@@ -439,8 +482,7 @@ class Settings(BaseSettings):
     def worker_process_count(self) -> int:
         """How many processes work the queues: ``worker_processes``, ``auto`` read as the cores usable here."""
         if self.worker_processes == "auto":
-            usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-            return max(1, min(MAX_WORKER_PROCESSES, usable))
+            return usable_cores()
         return self.worker_processes
 
     @field_validator("queue_names", "handlers", "allowed_hosts", "cors_allowed_origins", mode="before")
@@ -540,7 +582,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         path = config_path()
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, EnvironmentSource(settings_cls)]
         if path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)

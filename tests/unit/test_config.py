@@ -19,6 +19,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         if name.startswith("TASKMESH_") or name in {
             "DATABASE_URL",
             "REDIS_URL",
+            "HTTP_HOST",
             "HTTP_PORT",
             "QUEUE_NAMES",
             "WORKER_CONCURRENCY",
@@ -37,6 +38,28 @@ def test_the_original_platforms_variables_keep_their_names(monkeypatch: pytest.M
     assert s.queue_names == ["default", "emails", "reports"]
     assert s.concurrency_of("emails") == 4
     assert s.database_url == "postgresql://u@h/db"
+
+
+def test_taskmesh_variables_win_over_the_original_platforms_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PORT", "9090")
+    monkeypatch.setenv("TASKMESH_HTTP_PORT", "9191")
+    monkeypatch.setenv("REDIS_URL", "redis://old:6379/0")
+    monkeypatch.setenv("TASKMESH_REDIS_URL", "redis://new:6379/0")
+    s = load_settings()
+    assert (s.http_port, s.redis_url) == (9191, "redis://new:6379/0")
+
+
+def test_another_programs_variables_named_like_a_key_are_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only TASKMESH_<KEY> and the original platform's six names are taskmesh's: a LOG_LEVEL, PREFETCH
+    # or AUTH in a shared environment belongs to someone else.
+    monkeypatch.setenv("LOG_LEVEL", "debug")
+    monkeypatch.setenv("PREFETCH", "7")
+    monkeypatch.setenv("AUTH", "none")
+    s = load_settings()
+    assert (s.log_level, s.prefetch, s.auth) == ("info", 0, "keys")
+    monkeypatch.setenv("TASKMESH_LOG_LEVEL", "debug")
+    monkeypatch.setenv("TASKMESH_PREFETCH", "7")
+    assert (load_settings().log_level, load_settings().prefetch) == ("debug", 7)
 
 
 def test_the_toml_file_sets_per_queue_concurrency_and_env_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
