@@ -477,6 +477,15 @@ class Settings(BaseSettings):
             raise ValueError(f"must be auto or a number from 1 to {MAX_WORKER_PROCESSES}, not {value!r}")
         if parsed != 1 and info.data.get("workers_enabled") is False:
             raise ValueError("more than one process needs workers_enabled (an API-only instance runs no workers)")
+        count = usable_cores() if parsed == "auto" else int(parsed)
+        for key in ("http_port", "metrics_port"):
+            # child k serves on the primary's port + k (worker_processes.child_port): all must exist
+            port = info.data.get(key)
+            if port and port + count - 1 > 65535:
+                raise ValueError(
+                    f"{count} processes need {key} {port} to {port + count - 1} (one port up for each"
+                    " worker process), past 65535"
+                )
         return parsed
 
     def worker_process_count(self) -> int:

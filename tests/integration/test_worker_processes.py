@@ -238,6 +238,16 @@ async def test_a_worker_process_that_cannot_start_stops_the_instance_past_its_re
             {"TASKMESH_WORKER_PROCESSES": "2", "TASKMESH_WORKERS_ENABLED": "false"},
             "worker_processes: more than one process needs workers_enabled (an API-only instance runs no workers)",
         ),
+        (
+            {"TASKMESH_WORKER_PROCESSES": "3", "TASKMESH_HTTP_PORT": "65534"},
+            "worker_processes: 3 processes need http_port 65534 to 65536 (one port up for each worker process),"
+            " past 65535",
+        ),
+        (
+            {"TASKMESH_WORKER_PROCESSES": "2", "TASKMESH_HTTP_PORT": "8080", "TASKMESH_METRICS_PORT": "65535"},
+            "worker_processes: 2 processes need metrics_port 65535 to 65536 (one port up for each worker process),"
+            " past 65535",
+        ),
     ],
 )
 async def test_a_bad_worker_processes_is_refused_at_start_naming_the_key(

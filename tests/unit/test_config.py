@@ -62,6 +62,21 @@ def test_another_programs_variables_named_like_a_key_are_not_read(monkeypatch: p
     assert (load_settings().log_level, load_settings().prefetch) == ("debug", 7)
 
 
+def test_worker_processes_need_a_port_for_each_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKMESH_WORKER_PROCESSES", "3")
+    monkeypatch.setenv("HTTP_PORT", "65533")
+    assert load_settings().worker_process_count() == 3  # 65533, 65534 and 65535
+    monkeypatch.setenv("HTTP_PORT", "65534")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert str(err.value) == (
+        "invalid configuration: worker_processes: 3 processes need http_port 65534 to 65536"
+        " (one port up for each worker process), past 65535"
+    )
+    monkeypatch.setenv("HTTP_PORT", "0")  # every child takes a free port
+    assert load_settings().worker_process_count() == 3
+
+
 def test_the_toml_file_sets_per_queue_concurrency_and_env_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (tmp_path / "taskmesh.toml").write_text(
         'queue_names = ["default", "pdf"]\nworker_concurrency = 2\nhttp_port = 7000\n[queues.pdf]\nconcurrency = 8\n'
