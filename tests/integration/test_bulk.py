@@ -138,9 +138,12 @@ AWKWARD = ["tab\there", "line\nbreak", "cr\rhere", "back\\slash", "\\N", "\\.", 
 
 
 async def test_a_copied_batch_stores_every_character_of_its_texts_and_payloads_as_given(
-    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis
 ) -> None:
-    """COPY's text format escapes backslash, tab and line breaks; each field comes back as it was sent."""
+    """COPY's text format escapes backslash, tab and line breaks; each field comes back as it was sent.
+
+    ``redis_client`` deletes the prefix's keys after (the pushed ids), as every test's are.
+    """
     tasks = [
         {
             "name": "c",
