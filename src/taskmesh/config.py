@@ -90,16 +90,15 @@ class EnvironmentSource(EnvSettingsSource):
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         """``(value or None, the name it was found by, whether it is complex)``, as the base class answers."""
-        alias = field.validation_alias
-        names = alias.choices[1:] if isinstance(alias, AliasChoices) else []
-        wanted = [str(n) if self.case_sensitive else str(n).lower() for n in names]
-        found = {env_name: (key, complex_) for key, env_name, complex_ in self._extract_field_info(field, field_name)}
-        for env_name in wanted:
+        # (key, env name, complex): one per alias of _aliases in order (the bare one first), then the
+        # field's own name again (populate_by_name), also bare: only those in between are read
+        infos = self._extract_field_info(field, field_name)
+        aliases = field.validation_alias.choices if isinstance(field.validation_alias, AliasChoices) else [field_name]
+        for key, env_name, complex_ in infos[1 : len(aliases)]:
             value = self.env_vars.get(env_name)
-            if value is not None and env_name in found:
-                key, complex_ = found[env_name]
+            if value is not None:
                 return value, key, complex_
-        key, _, complex_ = self._extract_field_info(field, field_name)[0]
+        key, _, complex_ = infos[0]
         return None, key, complex_
 
 
