@@ -215,6 +215,7 @@ def test_the_schedules_cli_without_store_urls_says_what_to_set(tmp_path: Path) -
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "taskmesh: error: schedules needs DATABASE_URL and REDIS_URL (the deployment's stores, as the instances "
-        "have them); the dev profile prints its own as dev_stores when it starts"
+        "taskmesh: error: schedules needs an instance's API (--url or TASKMESH_URL) or the deployment's stores "
+        "(DATABASE_URL and REDIS_URL, as the instances have them; the dev profile prints its own as dev_stores when "
+        "it starts)"
     )

@@ -1,7 +1,7 @@
 """The operator verbs' way to the HTTP API: one request, its JSON answer, or an :class:`ApiError`.
 
 The verbs go through the API rather than the stores so that they get the same
-validation (and, with issue 12, the same authentication) as any other client.
+validation and authentication as any other client.
 """
 
 from __future__ import annotations
@@ -55,18 +55,25 @@ class Answer:
     body: Any
 
 
+def given_url(url: str | None = None) -> str | None:
+    """The instance URL the command line was given: a command's ``--url``, else ``TASKMESH_URL`` (which
+    ``taskmesh --url`` sets too); ``None`` for neither (an empty value counts as none)."""
+    return url or os.environ.get("TASKMESH_URL") or None
+
+
 class Api:
     """A synchronous client of one taskmesh instance's HTTP API.
 
-    :param url: the instance's base URL (``http://host:port``; a trailing ``/`` is ignored).
-
-    Sends ``TASKMESH_API_KEY`` (set by ``--api-key`` too) as ``Authorization: Bearer``.
+    :param url: the instance's base URL (``http://host:port``; a trailing ``/`` is ignored); ``None``:
+        :func:`given_url`, else :data:`DEFAULT_URL`.
+    :param api_key: sent as ``Authorization: Bearer``; ``None``: ``TASKMESH_API_KEY`` (which
+        ``taskmesh --api-key`` sets too), else no key.
     """
 
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
+    def __init__(self, url: str | None = None, api_key: str | None = None) -> None:
+        self.url = (given_url(url) or DEFAULT_URL).rstrip("/")
         headers = {"User-Agent": f"taskmesh-cli/{__version__}", "Accept": "application/json"}
-        key = os.environ.get("TASKMESH_API_KEY")
+        key = api_key or os.environ.get("TASKMESH_API_KEY")
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._http = httpx.Client(base_url=self.url, timeout=TIMEOUT_SECONDS, headers=headers)

@@ -1,10 +1,12 @@
 """The command line's commands: ``taskmesh`` (or ``python -m taskmesh``), built on Typer.
 
-``run`` (the default), ``dev`` and ``migrate`` run the platform; ``schedules`` acts
-on cron schedules through the stores; ``tasks``, ``queues``, ``dlq``, ``workers``
-and ``bulk`` are the operator's verbs, which talk to an instance's HTTP API
-(``--url`` or ``TASKMESH_URL``, default ``http://127.0.0.1:8080``). Tables for
-people, ``--json`` for scripts; the exit statuses are in
+``run`` (the default), ``dev`` and ``migrate`` run the platform; ``tasks``,
+``queues``, ``dlq``, ``workers`` and ``bulk`` are the operator's verbs, which talk
+to an instance's HTTP API (``--url`` or ``TASKMESH_URL``, default
+``http://127.0.0.1:8080``, with the key of ``--api-key`` or ``TASKMESH_API_KEY``;
+both flags before or after the command); ``schedules`` and ``keys`` talk to that
+API when given a URL and to the stores directly without one. Tables for people,
+``--json`` for scripts; the exit statuses are in
 :mod:`taskmesh.cli.exit_codes`. Built on Typer (commands, help) and rich (tables,
 progress).
 """
@@ -19,11 +21,12 @@ from typing import Annotated
 import typer
 
 from taskmesh import __version__
-from taskmesh.cli import bulk, dlq, exits, instance, keys, queues, schedules, tasks
+from taskmesh.cli import bulk, common, dlq, exits, instance, keys, queues, schedules, tasks
 from taskmesh.cli.api import ApiError
+from taskmesh.cli.apps import App
 from taskmesh.cli.exit_codes import EPILOG
 
-app = typer.Typer(
+app = App(
     name="taskmesh",
     epilog=EPILOG,
     rich_markup_mode="markdown",
@@ -40,6 +43,10 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+PLATFORM = {None: "run", "run": "run", "dev": "dev", "migrate": "migrate"}
+"""The commands that run the platform rather than talk to an instance (``None``: no command, ``run``)."""
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
@@ -51,17 +58,8 @@ def root(
             metavar="FILE",
         ),
     ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            "--api-key",
-            envvar="TASKMESH_API_KEY",
-            help="The API key the operator verbs send (tmk_ID_SECRET, as taskmesh keys create printed it); "
-            "better in TASKMESH_API_KEY than on a command line others can read.",
-            show_envvar=True,
-            metavar="KEY",
-        ),
-    ] = None,
+    url: common.Url = None,
+    api_key: common.ApiKey = None,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
@@ -69,7 +67,9 @@ def root(
     """taskmesh: a distributed task platform, durable in PostgreSQL, dispatched through Redis.
 
     Run the platform (run, dev, migrate), and operate it from a terminal: the operator verbs
-    (tasks, queues, dlq, workers, bulk) talk to an instance's HTTP API at --url or TASKMESH_URL.
+    (tasks, queues, dlq, workers, bulk) talk to an instance's HTTP API at --url or TASKMESH_URL,
+    with the key of --api-key or TASKMESH_API_KEY (both given before or after the command);
+    schedules and keys do too when given a URL, and talk to the stores directly without one.
     Without a command, runs an instance (as `taskmesh run`). `taskmesh COMMAND --help` tells more.
 
     Examples:
@@ -77,16 +77,37 @@ def root(
     ```
     taskmesh dev
     taskmesh tasks list --status failed
-    taskmesh queues pause emails --reason "provider outage"
+    taskmesh --url http://tm.internal:8080 queues pause emails --reason "provider outage"
     TASKMESH_URL=http://tm.internal:8080 taskmesh bulk replay --status failed --queue emails
     ```
     """
+    if ctx.invoked_subcommand in PLATFORM:
+        _refuse_connection_flags(ctx, PLATFORM[ctx.invoked_subcommand])
     if config:
         os.environ["TASKMESH_CONFIG"] = config
+    # Into the environment, where each command's own --url and --api-key (which win) read their default.
+    if url:
+        os.environ["TASKMESH_URL"] = url
     if api_key:
         os.environ["TASKMESH_API_KEY"] = api_key
     if ctx.invoked_subcommand is None:
         instance.run()
+
+
+def _refuse_connection_flags(ctx: typer.Context, command: str) -> None:
+    """Refuse ``--url`` and ``--api-key`` on the command line of a command that runs the platform: it
+    would not use them (from the environment they are left alone: exported for the other commands).
+
+    :raises typer.BadParameter: either flag given (exit 2).
+    """
+    for name, flag in (("url", "--url"), ("api_key", "--api-key")):
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name == "COMMANDLINE":
+            raise typer.BadParameter(
+                f"{flag} is for the commands that talk to an instance's API (tasks, queues, dlq, workers, bulk, "
+                f"schedules, keys); `taskmesh {command}` runs the platform on the stores of its configuration",
+                param_hint=f"'{flag}'",
+            )
 
 
 app.command("run")(instance.run)

@@ -19,10 +19,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from taskmesh.cli import common
 from taskmesh.cli.api import Api, operation_path
+from taskmesh.cli.apps import App
 from taskmesh.cli.exit_codes import EPILOG, ExitCode
 from taskmesh.cli.output import note, print_json, say, stderr_console
 
-app = typer.Typer(
+app = App(
     help="Retry, replay, cancel or delete every task a filter matches, with a dry run and a progress bar.",
     epilog=EPILOG,
     rich_markup_mode="markdown",
@@ -46,6 +47,7 @@ Reason = Annotated[
         "--reason",
         "-r",
         help="Why (needed to act; kept with the operation and in the audit log; up to 500 characters).",
+        metavar="TEXT",
     ),
 ]
 
@@ -216,7 +218,8 @@ def _make(action: str) -> None:
         reason: Reason = None,
         yes: Yes = False,
         no_wait: NoWait = False,
-        url: common.Url = common.UrlDefault,
+        url: common.Url = None,
+        api_key: common.ApiKey = None,
         json: common.Json = False,
     ) -> None:
         flt = common.SearchFilter(
@@ -232,7 +235,7 @@ def _make(action: str) -> None:
             finished_before,
             payload,
         )
-        with Api(url) as api:
+        with Api(url, api_key) as api:
             run_action(api, action, flt.body(), dry_run=dry_run, reason=reason, yes=yes, no_wait=no_wait, json=json)
 
     example_filter = {
@@ -267,7 +270,8 @@ def show(
     follow_it: Annotated[
         bool, typer.Option("--follow", "-f", help="Follow it with a progress bar until it ends.")
     ] = False,
-    url: common.Url = common.UrlDefault,
+    url: common.Url = None,
+    api_key: common.ApiKey = None,
     json: common.Json = False,
 ) -> None:
     """Show a bulk operation's progress: done, skipped, and how it ended.
@@ -278,7 +282,7 @@ def show(
     taskmesh bulk show 6a1f0c9e-8b2d-4e3f-a1b2-c3d4e5f6a7b8 --follow
     ```
     """
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         op = api.get(operation_path(operation_id)).body
         if follow_it and op["status"] == "running":
             op = follow(api, operation_id, None, show=not json)

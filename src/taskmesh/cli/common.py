@@ -1,4 +1,4 @@
-"""Options every operator verb shares (``--url``, ``--json``) and the search filter flags.
+"""Options the operator verbs share (``--url``, ``--api-key``, ``--json``) and the search filter flags.
 
 The filter flags are the search's filters of ``GET /api/v1/tasks`` under their flag
 names; ``tasks list`` and the ``bulk`` verbs both take them, so one filter finds the
@@ -15,17 +15,45 @@ import typer
 
 from taskmesh.cli.api import DEFAULT_URL
 
+CONNECTION = "Connection"
+"""The help panel of ``--url`` and ``--api-key``: taken before the command (``taskmesh --url URL tasks
+list``) or after it (``taskmesh tasks list --url URL``), the one after it winning."""
+
 Url = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--url",
         envvar="TASKMESH_URL",
-        help="Base URL of a taskmesh instance's HTTP API.",
-        show_default=True,
+        show_envvar=True,
+        help=f"Base URL of the instance's HTTP API (default: {DEFAULT_URL}).",
         metavar="URL",
+        rich_help_panel=CONNECTION,
     ),
 ]
-UrlDefault = DEFAULT_URL
+ApiOrStoresUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="TASKMESH_URL",
+        show_envvar=True,
+        help="Go through the HTTP API of the instance at this URL, as the API key may; without a URL, "
+        "through the stores directly (DATABASE_URL).",
+        metavar="URL",
+        rich_help_panel=CONNECTION,
+    ),
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="TASKMESH_API_KEY",
+        show_envvar=True,
+        help="The API key sent to the API (tmk_ID_SECRET, as taskmesh keys create printed it); better in "
+        "TASKMESH_API_KEY than on a command line others can read.",
+        metavar="KEY",
+        rich_help_panel=CONNECTION,
+    ),
+]
 
 Json = Annotated[
     bool,

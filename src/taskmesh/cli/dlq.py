@@ -8,10 +8,11 @@ import typer
 
 from taskmesh.cli import bulk, common
 from taskmesh.cli.api import Api, ApiError, queue_path, task_path
+from taskmesh.cli.apps import App
 from taskmesh.cli.exit_codes import EPILOG, ExitCode
 from taskmesh.cli.output import note, one_line, print_json, print_table, say, when
 
-app = typer.Typer(
+app = App(
     help="See a queue's dead-lettered tasks and replay or discard them, one, some or all.",
     epilog=EPILOG,
     rich_markup_mode="markdown",
@@ -32,9 +33,10 @@ All = Annotated[
 def list_dlq(
     queue: QueueName,
     count: Annotated[
-        int, typer.Option("--count", "-c", min=1, max=1000, help="How many, oldest first (1 to 1000).")
+        int, typer.Option("--count", "-c", min=1, max=1000, help="How many, oldest first (1 to 1000).", metavar="N")
     ] = 50,
-    url: common.Url = common.UrlDefault,
+    url: common.Url = None,
+    api_key: common.ApiKey = None,
     json: common.Json = False,
 ) -> None:
     """List a queue's dead-lettered tasks, oldest first, with their last attempt and error.
@@ -46,7 +48,7 @@ def list_dlq(
     taskmesh dlq list emails --count 500 --json | jq -r '.tasks[].id'
     ```
     """
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         answer = api.get(queue_path(queue, "/dlq"), [("count", str(count))]).body
     if json:
         print_json(answer)
@@ -65,19 +67,21 @@ def replay(
     queue: QueueName,
     task_ids: Ids = None,
     count: Annotated[
-        int | None, typer.Option("--count", "-c", min=1, max=1000, help="Replay the oldest COUNT (default 1).")
+        int | None, typer.Option("--count", "-c", min=1, max=1000, help="Replay the oldest N (default 1).", metavar="N")
     ] = None,
     all_: All = False,
     priority: Annotated[
-        int | None, typer.Option("--priority", min=0, max=1000, help="Replay at this priority (0 to 1000).")
+        int | None,
+        typer.Option("--priority", min=0, max=1000, help="Replay at this priority (0 to 1000).", metavar="PRIORITY"),
     ] = None,
     yes: YesAll = False,
     reason: bulk.Reason = None,
-    url: common.Url = common.UrlDefault,
+    url: common.Url = None,
+    api_key: common.ApiKey = None,
     json: common.Json = False,
 ) -> None:
     """Move dead-lettered tasks back to ready with a fresh retry budget: the given ids, the oldest
-    COUNT, or --all.
+    N (--count), or --all.
 
     Ids that are not dead-lettered in QUEUE are named and the command exits 1.
 
@@ -91,7 +95,7 @@ def replay(
     """
     if sum((bool(task_ids), count is not None, all_)) > 1:
         raise typer.BadParameter("give ids, --count or --all, not several", param_hint="'ID'")
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         if all_:
             if priority is not None:
                 raise typer.BadParameter("--all replays at each task's own priority", param_hint="'--priority'")
@@ -124,7 +128,8 @@ def discard(
     all_: All = False,
     yes: YesAll = False,
     reason: bulk.Reason = None,
-    url: common.Url = common.UrlDefault,
+    url: common.Url = None,
+    api_key: common.ApiKey = None,
     json: common.Json = False,
 ) -> None:
     """Delete dead-lettered tasks of QUEUE and their runs: the given ids, or --all; saying why.
@@ -143,7 +148,7 @@ def discard(
     if bool(task_ids) == all_:
         raise typer.BadParameter("give the ids to discard, or --all", param_hint="'ID'")
     why = "" if all_ else bulk.required_reason(reason, "discarding")  # --all asks after counting
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         if all_:
             bulk.run_action(
                 api, "delete", {"status": ["failed"], "queue": queue},

@@ -1,8 +1,13 @@
-"""``taskmesh keys create|list|revoke|rotate``: API keys, made in PostgreSQL directly (``DATABASE_URL``).
+"""``taskmesh keys create|list|revoke|rotate``: API keys, over an instance's API or in PostgreSQL directly.
 
-Through the database rather than the API, so that the first admin key can be made
-before any key exists (whoever holds the database URL holds the deployment anyway).
-A key is printed once, at creation, and never again: only its hash is stored.
+Given an instance's URL (``--url`` or ``TASKMESH_URL``, before or after the command),
+they go through its ``/api/v1/keys`` routes with an API key holding ``keys:admin``
+(which can give only what it holds, within its tenant and queues; the audit log names
+it). Without one they work in the database directly (``DATABASE_URL``), so that the
+first admin key can be made before any key exists (whoever holds the database URL
+holds the deployment anyway); the audit log names the OS user. Both ways print the
+same answers. A key is printed once, at creation, and never again: only its hash is
+stored.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import anyio
 import typer
 
 from taskmesh.cli import common
+from taskmesh.cli.api import Api, given_url, segment
+from taskmesh.cli.apps import App
 from taskmesh.cli.exit_codes import EPILOG, ExitCode
 from taskmesh.cli.output import note, print_json, print_table, say, when
 from taskmesh.errors import ConfigError, StoreError
@@ -24,8 +31,9 @@ from taskmesh.errors import ConfigError, StoreError
 if TYPE_CHECKING:
     from taskmesh.store import PgStore
 
-app = typer.Typer(
-    help="Make, list, revoke and rotate API keys (talks to the database: DATABASE_URL).",
+app = App(
+    help="Make, list, revoke and rotate API keys: through an instance's API given --url or TASKMESH_URL, "
+    "else in the database (DATABASE_URL).",
     epilog=EPILOG,
     rich_markup_mode="markdown",
     no_args_is_help=True,
@@ -60,7 +68,7 @@ def _with_pg(action: Callable[[PgStore], Awaitable[T]], audit_as: str | None = N
     :param audit_as: record the action in the audit log under this name, as the ``cli`` actor
         with the OS user (what ``action`` notes, and how it ended).
 
-    :raises ConfigError: ``DATABASE_URL`` missing (exit 2).
+    :raises ConfigError: ``DATABASE_URL`` missing (exit 2), naming ``--url`` too.
     :raises StoreError: PostgreSQL refused or is down (exit 1 or 5).
     """
     from taskmesh.config import load_settings
@@ -70,7 +78,10 @@ def _with_pg(action: Callable[[PgStore], Awaitable[T]], audit_as: str | None = N
     settings = load_settings()
     configure("warning", settings.log_format)
     if not settings.database_url:
-        raise ConfigError("keys needs DATABASE_URL (the deployment's database, as the instances have it)")
+        raise ConfigError(
+            "keys needs an instance's API (--url or TASKMESH_URL, with a key holding keys:admin) or the "
+            "deployment's database (DATABASE_URL, as the instances have it)"
+        )
     database_url = settings.database_url
 
     async def go() -> T:
@@ -91,6 +102,17 @@ def _with_pg(action: Callable[[PgStore], Awaitable[T]], audit_as: str | None = N
                 "`taskmesh migrate` first"
             ) from None
         raise
+
+
+def _through_api(url: str | None, api_key: str | None, call: Callable[[Api], T]) -> T | None:
+    """``call`` on the API when a URL is given (:func:`~taskmesh.cli.api.given_url`), else ``None``.
+
+    :raises ApiError: the API refused or could not be reached (its exit status: 3 for no such key).
+    """
+    if given_url(url) is None:
+        return None
+    with Api(url, api_key) as api:
+        return call(api)
 
 
 def _rates(given: list[str]) -> dict[str, float]:
@@ -118,25 +140,41 @@ async def _audited(pg: PgStore, action: Callable[[PgStore], Awaitable[T]], name:
 
 @app.command("create")
 def create(
-    name: Annotated[str, typer.Option("--name", help="Who the key is for (a person, a service); 1 to 128 characters.")],
+    name: Annotated[
+        str,
+        typer.Option("--name", help="Who the key is for (a person, a service); 1 to 128 characters.", metavar="NAME"),
+    ],
     role: Annotated[
         str | None,
-        typer.Option("--role", help="viewer, operator or admin: a named set of scopes (see the README)."),
+        typer.Option(
+            "--role", help="viewer, operator or admin: a named set of scopes (see the README).", metavar="ROLE"
+        ),
     ] = None,
     scope: Annotated[
         list[str] | None,
-        typer.Option("--scope", help="A scope (tasks:read, tasks:write, ...); repeat for several; adds to --role."),
+        typer.Option(
+            "--scope",
+            help="A scope (tasks:read, tasks:write, ...); repeat for several; adds to --role.",
+            metavar="SCOPE",
+        ),
     ] = None,
     expires_in: Annotated[
-        str | None, typer.Option("--expires-in", help="The key stops working after this: 90d, 12h, 30m.")
+        str | None,
+        typer.Option("--expires-in", help="The key stops working after this: 90d, 12h, 30m.", metavar="DURATION"),
     ] = None,
     tenant_id: Annotated[
         str | None,
-        typer.Option("--tenant-id", help="Bind the key to this tenant: it sees and makes only the tenant's tasks."),
+        typer.Option(
+            "--tenant-id",
+            help="Bind the key to this tenant: it sees and makes only the tenant's tasks.",
+            metavar="TENANT",
+        ),
     ] = None,
     queue: Annotated[
         list[str] | None,
-        typer.Option("--queue", help="Bind the key to this queue; repeat for several (default: every queue)."),
+        typer.Option(
+            "--queue", help="Bind the key to this queue; repeat for several (default: every queue).", metavar="QUEUE"
+        ),
     ] = None,
     rate_limit: Annotated[
         list[str] | None,
@@ -144,8 +182,11 @@ def create(
             "--rate-limit",
             help="The key's own requests per second of a class, instead of the settings': write=5; repeat for "
             "read, write, admin.",
+            metavar="CLASS=RATE",
         ),
     ] = None,
+    url: common.ApiOrStoresUrl = None,
+    api_key: common.ApiKey = None,
     json: common.StoresJson = False,
 ) -> None:
     """Make an API key and print it once (only its hash is kept).
@@ -156,6 +197,7 @@ def create(
     taskmesh keys create --name admin --role admin
     taskmesh keys create --name grafana --scope tasks:read --scope workers:read --expires-in 90d
     taskmesh keys create --name acme-app --scope tasks:read --scope tasks:write --tenant-id acme
+    taskmesh --url http://tm.internal:8080 keys create --name ci --role operator   # TASKMESH_API_KEY: keys:admin
     ```
     """
     from taskmesh import api_keys
@@ -164,37 +206,52 @@ def create(
     if role and role not in api_keys.ROLES:
         raise typer.BadParameter(f"{role!r} is not one of {', '.join(api_keys.ROLES)}", param_hint="'--role'")
     scopes += scope or []
-    expires_at = datetime.now(UTC) + duration(expires_in, "--expires-in") if expires_in else None
+    lifetime = duration(expires_in, "--expires-in") if expires_in else None
     rates = _rates(rate_limit) if rate_limit else None
+
+    def api_create(api: Api) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "scopes": scope or []}
+        optional = {"role": role, "tenant_id": tenant_id, "queues": queue, "rate_limits": rates}
+        body.update({k: v for k, v in optional.items() if v is not None})
+        if lifetime is not None:
+            body["expires_in_seconds"] = int(lifetime.total_seconds())
+        made: dict[str, Any] = api.post("/api/v1/keys", body).body
+        return made
 
     async def go(pg: PgStore) -> api_keys.NewKey:
         from taskmesh import audit
 
+        expires_at = datetime.now(UTC) + lifetime if lifetime is not None else None
         new = await api_keys.create(
             pg, name, scopes, tenant_id=tenant_id, queues=queue, expires_at=expires_at, rate_limits=rates
         )
         audit.note(resource_type="key", resource_id=new.record["key_id"], tenant_id=tenant_id)
         return new
 
-    new = _bad_input(lambda: _with_pg(go, "key.create"))
+    made = _through_api(url, api_key, api_create)
+    if made is None:
+        new = _bad_input(lambda: _with_pg(go, "key.create"))
+        made = {"key": new.key, **new.record, "state": "active"}
     if json:
-        print_json({"key": new.key, **new.record})
+        print_json(made)
         return
-    say(new.key)
+    say(made["key"])
     bound = "".join(
         [
-            f" in tenant {new.record['tenant_id']}" if new.record["tenant_id"] else "",
-            f" on queues {','.join(new.record['queues'])}" if new.record["queues"] else "",
+            f" in tenant {made['tenant_id']}" if made["tenant_id"] else "",
+            f" on queues {','.join(made['queues'])}" if made["queues"] else "",
         ]
     )
     note(
-        f"key {new.record['key_id']} for {name}{bound}: {', '.join(new.record['scopes'])}; it is shown once, "
+        f"key {made['key_id']} for {name}{bound}: {', '.join(made['scopes'])}; it is shown once, "
         "keep it now (Authorization: Bearer <key>, or TASKMESH_API_KEY for the CLI)"
     )
 
 
 @app.command("list")
-def list_keys(json: common.StoresJson = False) -> None:
+def list_keys(
+    url: common.ApiOrStoresUrl = None, api_key: common.ApiKey = None, json: common.StoresJson = False
+) -> None:
     """List the keys, newest first: name, scopes, tenant and queues, state, expiry, last use.
 
     Examples:
@@ -210,7 +267,9 @@ def list_keys(json: common.StoresJson = False) -> None:
         rows = await pg.keys.list(api_keys.LIST_MOST)
         return [{**api_keys.record(r), "state": api_keys.state(r)} for r in rows]
 
-    keys = _with_pg(go)
+    keys = _through_api(url, api_key, lambda api: list(api.get("/api/v1/keys").body["keys"]))
+    if keys is None:
+        keys = _with_pg(go)
     if json:
         print_json({"keys": keys})
         return
@@ -233,7 +292,9 @@ def list_keys(json: common.StoresJson = False) -> None:
 
 
 @app.command("revoke")
-def revoke(key_id: KeyId, json: common.StoresJson = False) -> None:
+def revoke(
+    key_id: KeyId, url: common.ApiOrStoresUrl = None, api_key: common.ApiKey = None, json: common.StoresJson = False
+) -> None:
     """Revoke a key: every instance refuses it within 5 seconds. Kept, as revoked, for the record.
 
     Examples:
@@ -252,12 +313,15 @@ def revoke(key_id: KeyId, json: common.StoresJson = False) -> None:
             audit.note(resource_type="key", resource_id=key_id, tenant_id=row["tenant_id"])
         return row
 
-    row = _with_pg(go, "key.revoke")
-    if row is None:
-        note(f"taskmesh: error: no key has id {key_id}")
-        raise typer.Exit(int(ExitCode.NOT_FOUND))
+    revoked = _through_api(url, api_key, lambda api: dict(api.post(f"/api/v1/keys/{segment(key_id)}/revoke").body))
+    if revoked is None:
+        row = _with_pg(go, "key.revoke")
+        if row is None:
+            note(f"taskmesh: error: no key has id {key_id}")
+            raise typer.Exit(int(ExitCode.NOT_FOUND))
+        revoked = {**api_keys.record(row), "state": "revoked"}
     if json:
-        print_json(api_keys.record(row))
+        print_json(revoked)
     else:
         say(f"{key_id}: revoked")
 
@@ -266,11 +330,15 @@ def revoke(key_id: KeyId, json: common.StoresJson = False) -> None:
 def rotate(
     key_id: KeyId,
     overlap: Annotated[
-        str, typer.Option("--overlap", help="How long the old key keeps working: 24h, 30m, 7d.")
+        str,
+        typer.Option("--overlap", help="How long the old key keeps working: 24h, 30m, 7d.", metavar="DURATION"),
     ] = "24h",
     expires_in: Annotated[
-        str | None, typer.Option("--expires-in", help="The new key stops working after this: 90d, 12h.")
+        str | None,
+        typer.Option("--expires-in", help="The new key stops working after this: 90d, 12h.", metavar="DURATION"),
     ] = None,
+    url: common.ApiOrStoresUrl = None,
+    api_key: common.ApiKey = None,
     json: common.StoresJson = False,
 ) -> None:
     """Make a new key like KEY_ID (name, scopes) and end the old one after --overlap (sooner if it expires).
@@ -287,11 +355,19 @@ def rotate(
     from taskmesh import api_keys
 
     window = duration(overlap, "--overlap")
-    expires_at = datetime.now(UTC) + duration(expires_in, "--expires-in") if expires_in else None
+    lifetime = duration(expires_in, "--expires-in") if expires_in else None
+
+    def api_rotate(api: Api) -> dict[str, Any]:
+        body: dict[str, Any] = {"overlap_seconds": int(window.total_seconds())}
+        if lifetime is not None:
+            body["expires_in_seconds"] = int(lifetime.total_seconds())
+        rotated: dict[str, Any] = api.post(f"/api/v1/keys/{segment(key_id)}/rotate", body).body
+        return rotated
 
     async def go(pg: PgStore) -> tuple[api_keys.NewKey, str | None] | None:
         from taskmesh import audit
 
+        expires_at = datetime.now(UTC) + lifetime if lifetime is not None else None
         try:
             rotated = await api_keys.rotate(pg, key_id, window, expires_at=expires_at)
         except LookupError:
@@ -299,17 +375,26 @@ def rotate(
         audit.note(resource_type="key", resource_id=key_id, details={"new_key_id": rotated[0].record["key_id"]})
         return rotated
 
-    rotated = _with_pg(go, "key.rotate")
-    if rotated is None:
-        note(f"taskmesh: error: no active key has id {key_id} (revoked, expired or unknown)")
-        raise typer.Exit(int(ExitCode.NOT_FOUND))
-    new, old_ends = rotated
+    made = _through_api(url, api_key, api_rotate)
+    if made is None:
+        rotated = _with_pg(go, "key.rotate")
+        if rotated is None:
+            note(f"taskmesh: error: no active key has id {key_id} (revoked, expired or unknown)")
+            raise typer.Exit(int(ExitCode.NOT_FOUND))
+        new, old_ends = rotated
+        made = {
+            "key": new.key,
+            **new.record,
+            "state": "active",
+            "replaces": key_id,
+            "replaced_key_expires_at": old_ends,
+        }
     if json:
-        print_json({"key": new.key, **new.record, "replaces": key_id, "replaced_key_expires_at": old_ends})
+        print_json(made)
         return
-    say(new.key)
+    say(made["key"])
     note(
-        f"key {new.record['key_id']} replaces {key_id}, which works until {when(old_ends)} UTC; "
+        f"key {made['key_id']} replaces {key_id}, which works until {when(made['replaced_key_expires_at'])} UTC; "
         "the new key is shown once"
     )
 

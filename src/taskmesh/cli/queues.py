@@ -8,10 +8,11 @@ import typer
 
 from taskmesh.cli import common
 from taskmesh.cli.api import Api, queue_path
+from taskmesh.cli.apps import App
 from taskmesh.cli.exit_codes import EPILOG
 from taskmesh.cli.output import ago, duration, note, print_fields, print_json, print_table, say, when
 
-app = typer.Typer(
+app = App(
     help="See queues (depth by state, age, workers, runs per minute) and pause or resume them.",
     epilog=EPILOG,
     rich_markup_mode="markdown",
@@ -26,7 +27,7 @@ def _state(q: dict[str, Any]) -> str:
 
 
 @app.command("list")
-def list_queues(url: common.Url = common.UrlDefault, json: common.Json = False) -> None:
+def list_queues(url: common.Url = None, api_key: common.ApiKey = None, json: common.Json = False) -> None:
     """List every queue that has tasks or is served: depth by state, oldest ready age, workers, runs.
 
     DONE/MIN and FAILED/MIN count the runs that ended in the last whole minute.
@@ -38,7 +39,7 @@ def list_queues(url: common.Url = common.UrlDefault, json: common.Json = False) 
     taskmesh queues list --json | jq '.queues[] | select(.paused)'
     ```
     """
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         answer = api.get("/api/v1/queues").body
     if json:
         print_json(answer)
@@ -84,7 +85,7 @@ def list_queues(url: common.Url = common.UrlDefault, json: common.Json = False) 
 
 
 @app.command("show")
-def show(queue: QueueName, url: common.Url = common.UrlDefault, json: common.Json = False) -> None:
+def show(queue: QueueName, url: common.Url = None, api_key: common.ApiKey = None, json: common.Json = False) -> None:
     """Show one queue: its state, depth by state, the instances serving it and its runs per minute.
 
     Examples:
@@ -93,7 +94,7 @@ def show(queue: QueueName, url: common.Url = common.UrlDefault, json: common.Jso
     taskmesh queues show emails
     ```
     """
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         q = api.get(queue_path(queue)).body
     if json:
         print_json(q)
@@ -127,9 +128,11 @@ def show(queue: QueueName, url: common.Url = common.UrlDefault, json: common.Jso
 def pause(
     queue: QueueName,
     reason: Annotated[
-        str | None, typer.Option("--reason", "-r", help="Why, shown with the queue (up to 500 characters).")
+        str | None,
+        typer.Option("--reason", "-r", help="Why, shown with the queue (up to 500 characters).", metavar="TEXT"),
     ] = None,
-    url: common.Url = common.UrlDefault,
+    url: common.Url = None,
+    api_key: common.ApiKey = None,
     json: common.Json = False,
 ) -> None:
     """Pause a queue on every instance: no new run starts; running ones finish; enqueue still works.
@@ -142,7 +145,7 @@ def pause(
     taskmesh queues pause emails --reason "provider outage"
     ```
     """
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         q = api.post(queue_path(queue, "/pause"), {"reason": reason} if reason is not None else None).body
     if json:
         print_json(q)
@@ -151,7 +154,7 @@ def pause(
 
 
 @app.command("resume")
-def resume(queue: QueueName, url: common.Url = common.UrlDefault, json: common.Json = False) -> None:
+def resume(queue: QueueName, url: common.Url = None, api_key: common.ApiKey = None, json: common.Json = False) -> None:
     """Resume a paused queue: every instance serving it starts claiming again within a second.
 
     Examples:
@@ -160,7 +163,7 @@ def resume(queue: QueueName, url: common.Url = common.UrlDefault, json: common.J
     taskmesh queues resume emails
     ```
     """
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         q = api.post(queue_path(queue, "/resume")).body
     if json:
         print_json(q)
@@ -168,7 +171,7 @@ def resume(queue: QueueName, url: common.Url = common.UrlDefault, json: common.J
         say(f"{queue}: active")
 
 
-def workers(url: common.Url = common.UrlDefault, json: common.Json = False) -> None:
+def workers(url: common.Url = None, api_key: common.ApiKey = None, json: common.Json = False) -> None:
     """List the instances: their queues and concurrency, runs in flight, heartbeat age and state.
 
     Also names queues that have ready tasks and no instance serving them, and paused queues.
@@ -180,7 +183,7 @@ def workers(url: common.Url = common.UrlDefault, json: common.Json = False) -> N
     taskmesh workers --json | jq '.workers[] | select(.state != "running")'
     ```
     """
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         answer = api.get("/api/v1/workers").body
     if json:
         print_json(answer)

@@ -1,9 +1,12 @@
 """``taskmesh schedules list|trigger|pause|resume``: the operator's verbs on cron schedules.
 
-Talks to PostgreSQL and Redis directly (``DATABASE_URL``, ``REDIS_URL``, as the
-instances have them), so it works whether or not an instance serves the API; the
-same operations as ``/api/v1/schedules``. A sleeping scheduler learns of a pause or
-resume through PostgreSQL ``NOTIFY`` at once.
+Given an instance's URL (``--url`` or ``TASKMESH_URL``, before or after the command),
+they go through its ``/api/v1/schedules`` routes with the API key (its scopes, tenant
+and queues apply, and the audit log names the key). Without one they talk to
+PostgreSQL and Redis directly (``DATABASE_URL``, ``REDIS_URL``, as the instances have
+them), so they work whether or not an instance serves the API, and the audit log
+names the OS user. Both ways print the same answers. A sleeping scheduler learns of a
+pause or resume through PostgreSQL ``NOTIFY`` at once.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import anyio
 import typer
 
 from taskmesh.cli import common
+from taskmesh.cli.api import Api, given_url, segment
+from taskmesh.cli.apps import App
 from taskmesh.cli.exit_codes import EPILOG, ExitCode
 from taskmesh.cli.output import note, print_json, print_table, say
 from taskmesh.errors import ConfigError, ScheduleNotFoundError
@@ -23,8 +28,9 @@ from taskmesh.errors import ConfigError, ScheduleNotFoundError
 if TYPE_CHECKING:
     from taskmesh.schedules import Schedules
 
-app = typer.Typer(
-    help="List, trigger, pause or resume cron schedules (talks to the stores: DATABASE_URL and REDIS_URL).",
+app = App(
+    help="List, trigger, pause or resume cron schedules: through an instance's API given --url or TASKMESH_URL, "
+    "else through the stores (DATABASE_URL and REDIS_URL).",
     epilog=EPILOG,
     rich_markup_mode="markdown",
     invoke_without_command=True,
@@ -34,13 +40,35 @@ ScheduleName = Annotated[str, typer.Argument(help="The schedule's name.", metava
 T = TypeVar("T")
 
 
+def _act(
+    url: str | None,
+    api_key: str | None,
+    through_api: Callable[[Api], T],
+    through_stores: Callable[[Schedules], Awaitable[T]],
+    audit_as: tuple[str, str] | None = None,
+) -> T:
+    """``through_api`` when a URL is given (:func:`~taskmesh.cli.api.given_url`), else ``through_stores``
+    (:func:`_with_schedules`, recording ``audit_as``).
+
+    :raises ApiError: the API refused or could not be reached (its exit status: 3 for no such schedule).
+    """
+    if given_url(url) is not None:
+        with Api(url, api_key) as api:
+            return through_api(api)
+    return _with_schedules(through_stores, audit_as)
+
+
+def _path(name: str, action: str) -> str:
+    return f"/api/v1/schedules/{segment(name)}/{action}"
+
+
 def _with_schedules(action: Callable[[Schedules], Awaitable[T]], audit_as: tuple[str, str] | None = None) -> T:
     """Open the stores, run ``action`` on the schedules, close them.
 
     :param audit_as: ``(action, schedule name)`` to record in the audit log as the ``cli`` actor with
         the OS user (in the change's own transaction where it has one).
 
-    :raises ConfigError: ``DATABASE_URL`` or ``REDIS_URL`` missing (exit 2).
+    :raises ConfigError: ``DATABASE_URL`` or ``REDIS_URL`` missing (exit 2), naming ``--url`` too.
     :raises StoreError: a store refused (a password, a role, a missing database) or is down (exit 1).
     :raises typer.Exit: 3 when the schedule does not exist.
     """
@@ -55,8 +83,8 @@ def _with_schedules(action: Callable[[Schedules], Awaitable[T]], audit_as: tuple
     configure("warning", settings.log_format)
     if not settings.database_url or not settings.redis_url:
         raise ConfigError(
-            "schedules needs DATABASE_URL and REDIS_URL (the deployment's stores, as the instances have them); "
-            "the dev profile prints its own as dev_stores when it starts"
+            "schedules needs an instance's API (--url or TASKMESH_URL) or the deployment's stores (DATABASE_URL "
+            "and REDIS_URL, as the instances have them; the dev profile prints its own as dev_stores when it starts)"
         )
     database_url, redis_url = settings.database_url, settings.redis_url
 
@@ -100,11 +128,13 @@ def _with_schedules(action: Callable[[Schedules], Awaitable[T]], audit_as: tuple
 def schedules(ctx: typer.Context) -> None:
     """List, trigger, pause or resume cron schedules; without a verb, list them."""
     if ctx.invoked_subcommand is None:
-        list_schedules(json=False)
+        list_schedules()
 
 
 @app.command("list")
-def list_schedules(json: common.StoresJson = False) -> None:
+def list_schedules(
+    url: common.ApiOrStoresUrl = None, api_key: common.ApiKey = None, json: common.StoresJson = False
+) -> None:
     """List the schedules: cron, zone, state, the last fire and the next one in the schedule's local time.
 
     Examples:
@@ -112,13 +142,14 @@ def list_schedules(json: common.StoresJson = False) -> None:
     ```
     taskmesh schedules list
     taskmesh schedules list --json | jq '.schedules[] | select(.paused)'
+    taskmesh --url http://tm.internal:8080 schedules list
     ```
     """
 
     async def go(s: Schedules) -> list[dict[str, Any]]:
         return await s.list()
 
-    items = _with_schedules(go)
+    items: list[dict[str, Any]] = _act(url, api_key, lambda api: api.get("/api/v1/schedules").body["schedules"], go)
     if json:
         print_json({"schedules": items})
         return
@@ -136,8 +167,12 @@ def trigger(
     name: ScheduleName,
     idempotency_key: Annotated[
         str | None,
-        typer.Option("--idempotency-key", help="The task's idempotency key, so a repeat makes no second task."),
+        typer.Option(
+            "--idempotency-key", help="The task's idempotency key, so a repeat makes no second task.", metavar="KEY"
+        ),
     ] = None,
+    url: common.ApiOrStoresUrl = None,
+    api_key: common.ApiKey = None,
     json: common.StoresJson = False,
 ) -> None:
     """Enqueue the schedule's task now, outside its cron times (the next fire is unchanged).
@@ -150,22 +185,31 @@ def trigger(
     ```
     """
 
-    async def go(s: Schedules) -> tuple[Any, str, bool]:
-        return await s.trigger(name, idempotency_key)
+    async def go(s: Schedules) -> dict[str, Any]:
+        task_id, key, created = await s.trigger(name, idempotency_key)
+        return {"schedule": name, "task_id": str(task_id), "idempotency_key": key, "created": created}
 
-    task_id, key, created = _with_schedules(go, ("schedule.trigger", name))
-    answer = {"schedule": name, "task_id": str(task_id), "idempotency_key": key, "created": created}
+    def api_trigger(api: Api) -> dict[str, Any]:
+        body = {"idempotency_key": idempotency_key} if idempotency_key is not None else None
+        answer: dict[str, Any] = api.post(_path(name, "trigger"), body).body
+        return answer
+
+    answer = _act(url, api_key, api_trigger, go, ("schedule.trigger", name))
     if json:
         print_json(answer)
     else:
-        say(f"{'created' if created else 'exists'} task {task_id} ({key})")
+        say(f"{'created' if answer['created'] else 'exists'} task {answer['task_id']} ({answer['idempotency_key']})")
 
 
-def _set_paused(name: str, paused: bool, json: bool) -> None:
+def _set_paused(name: str, paused: bool, url: str | None, api_key: str | None, json: bool) -> None:
     async def go(s: Schedules) -> dict[str, Any]:
         return await s.set_paused(name, paused)
 
-    item = _with_schedules(go, ("schedule.pause" if paused else "schedule.resume", name))
+    def api_set(api: Api) -> dict[str, Any]:
+        item: dict[str, Any] = api.post(_path(name, "pause" if paused else "resume")).body
+        return item
+
+    item = _act(url, api_key, api_set, go, ("schedule.pause" if paused else "schedule.resume", name))
     if json:
         print_json(item)
     else:
@@ -173,7 +217,12 @@ def _set_paused(name: str, paused: bool, json: bool) -> None:
 
 
 @app.command("pause")
-def pause(name: ScheduleName, json: common.StoresJson = False) -> None:
+def pause(
+    name: ScheduleName,
+    url: common.ApiOrStoresUrl = None,
+    api_key: common.ApiKey = None,
+    json: common.StoresJson = False,
+) -> None:
     """Pause a schedule until resumed (or until its config changes); fires while paused are not made.
 
     Examples:
@@ -182,11 +231,16 @@ def pause(name: ScheduleName, json: common.StoresJson = False) -> None:
     taskmesh schedules pause nightly-report
     ```
     """
-    _set_paused(name, True, json)
+    _set_paused(name, True, url, api_key, json)
 
 
 @app.command("resume")
-def resume(name: ScheduleName, json: common.StoresJson = False) -> None:
+def resume(
+    name: ScheduleName,
+    url: common.ApiOrStoresUrl = None,
+    api_key: common.ApiKey = None,
+    json: common.StoresJson = False,
+) -> None:
     """Resume a paused schedule from its next fire; fires missed while paused are not made.
 
     Examples:
@@ -195,4 +249,4 @@ def resume(name: ScheduleName, json: common.StoresJson = False) -> None:
     taskmesh schedules resume nightly-report
     ```
     """
-    _set_paused(name, False, json)
+    _set_paused(name, False, url, api_key, json)

@@ -10,6 +10,7 @@ import typer
 
 from taskmesh.cli import bulk, common
 from taskmesh.cli.api import Api, ApiError, task_path
+from taskmesh.cli.apps import App
 from taskmesh.cli.exit_codes import EPILOG
 from taskmesh.cli.output import (
     duration,
@@ -22,16 +23,14 @@ from taskmesh.cli.output import (
     when,
 )
 
-app = typer.Typer(
+app = App(
     help="Find tasks, show one with its runs, and retry, cancel or delete tasks.",
     epilog=EPILOG,
     rich_markup_mode="markdown",
     no_args_is_help=True,
 )
 
-TaskIds = Annotated[
-    list[str], typer.Argument(help="Task ids (UUIDs); several are acted on one by one.", metavar="ID...")
-]
+TaskIds = Annotated[list[str], typer.Argument(help="Task ids (UUIDs); several are acted on one by one.", metavar="ID")]
 
 
 @app.command("list")
@@ -48,11 +47,14 @@ def list_tasks(
     finished_before: common.FinishedBefore = None,
     payload: common.Payload = None,
     oldest_first: Annotated[bool, typer.Option("--oldest-first", help="Oldest first (default: newest first).")] = False,
-    limit: Annotated[int, typer.Option("--limit", "-l", min=1, max=500, help="Tasks per page (1 to 500).")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", "-l", min=1, max=500, help="Tasks per page (1 to 500).", metavar="N")
+    ] = 50,
     cursor: Annotated[
-        str | None, typer.Option("--cursor", help="Go on from a previous page (its next_cursor).")
+        str | None, typer.Option("--cursor", help="Go on from a previous page (its next_cursor).", metavar="CURSOR")
     ] = None,
-    url: common.Url = common.UrlDefault,
+    url: common.Url = None,
+    api_key: common.ApiKey = None,
     json: common.Json = False,
 ) -> None:
     """List tasks newest first, one page at a time, with their latest run's status and error.
@@ -85,7 +87,7 @@ def list_tasks(
     params = [*flt.query(), ("limit", str(limit)), ("order", "asc" if oldest_first else "desc")]
     if cursor:
         params.append(("cursor", cursor))
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         page = api.get("/api/v1/tasks", params).body
     if json:
         print_json(page)
@@ -127,7 +129,8 @@ def show(
             metavar="SECONDS",
         ),
     ] = 0,
-    url: common.Url = common.UrlDefault,
+    url: common.Url = None,
+    api_key: common.ApiKey = None,
     json: common.Json = False,
 ) -> None:
     """Show a task: its fields, payload, result and every run (attempt) with its error.
@@ -141,7 +144,7 @@ def show(
     taskmesh tasks show 0f8b2c1e-5a4d-4c3b-9f1e-2d7a6b5c4e3f --wait 30 --json
     ```
     """
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         params = [("wait", _seconds(wait))] if wait else None
         answer = api.get(task_path(task_id), params, wait_seconds=wait).body
         runs = api.get(task_path(task_id, "/runs")).body["runs"]
@@ -195,10 +198,13 @@ def show(
 def retry(
     task_ids: TaskIds,
     priority: Annotated[
-        int | None, typer.Option("--priority", min=0, max=1000, help="A new priority (0 to 1000).")
+        int | None, typer.Option("--priority", min=0, max=1000, help="A new priority (0 to 1000).", metavar="PRIORITY")
     ] = None,
-    queue: Annotated[str | None, typer.Option("--queue", "-q", help="Move the task to this queue.")] = None,
-    url: common.Url = common.UrlDefault,
+    queue: Annotated[
+        str | None, typer.Option("--queue", "-q", help="Move the task to this queue.", metavar="QUEUE")
+    ] = None,
+    url: common.Url = None,
+    api_key: common.ApiKey = None,
     json: common.Json = False,
 ) -> None:
     """Queue failed or cancelled tasks again, due now, with a fresh retry budget.
@@ -222,11 +228,11 @@ def retry(
         answer = api.post(task_path(task_id, "/retry"), body).body
         return answer, f"{task_id}: {answer['previous_status']} -> queued on {answer['queue_name']}"
 
-    _each(url, task_ids, json, one)
+    _each(url, api_key, task_ids, json, one)
 
 
 @app.command("cancel")
-def cancel(task_ids: TaskIds, url: common.Url = common.UrlDefault, json: common.Json = False) -> None:
+def cancel(task_ids: TaskIds, url: common.Url = None, api_key: common.ApiKey = None, json: common.Json = False) -> None:
     """Cancel tasks: a queued one never runs; a running one is cancelled on its worker.
 
     A finished task is refused (exit 4) and the others go on.
@@ -245,14 +251,15 @@ def cancel(task_ids: TaskIds, url: common.Url = common.UrlDefault, json: common.
             return answer, f"{task_id}: cancelled"
         return answer, f"{task_id}: running, its worker was asked to cancel it"
 
-    _each(url, task_ids, json, one)
+    _each(url, api_key, task_ids, json, one)
 
 
 @app.command("delete")
 def delete(
     task_ids: TaskIds,
     reason: bulk.Reason = None,
-    url: common.Url = common.UrlDefault,
+    url: common.Url = None,
+    api_key: common.ApiKey = None,
     json: common.Json = False,
 ) -> None:
     """Delete finished tasks (completed, failed or cancelled) and all their runs, saying why.
@@ -272,16 +279,16 @@ def delete(
         api.delete(task_path(task_id), [("reason", why)])
         return {"task_id": task_id, "deleted": True}, f"{task_id}: deleted"
 
-    _each(url, task_ids, json, one)
+    _each(url, api_key, task_ids, json, one)
 
 
-def _each(url: str, task_ids: list[str], json: bool, one: Any) -> None:
+def _each(url: str | None, api_key: str | None, task_ids: list[str], json: bool, one: Any) -> None:
     """Act on each id in turn; report each refusal and end with the first refusal's exit status.
 
     With ``--json`` each outcome is one line: the API's answer, or ``{"task_id", "error", "status"}``.
     """
     first_error: ApiError | None = None
-    with Api(url) as api:
+    with Api(url, api_key) as api:
         for task_id in task_ids:
             try:
                 answer, line = one(api, task_id)
