@@ -82,8 +82,9 @@ def test_schedules_and_keys_without_a_url_or_the_stores_say_what_to_set() -> Non
         ("schedules", "schedules needs an instance's API (--url or TASKMESH_URL) or the deployment's stores"),
         ("keys", "keys needs an instance's API (--url or TASKMESH_URL, with a key holding keys:admin) or the"),
     ):
-        ran = run_cli(verb, "list", environ=no_stores())
-        assert ran.code == 2 and ran.err.startswith(f"taskmesh: error: {needs}"), ran.err
+        for url in ({}, {"TASKMESH_URL": ""}):  # an empty TASKMESH_URL is none: the way to the stores when exported
+            ran = run_cli(verb, "list", environ=no_stores(**url))
+            assert ran.code == 2 and ran.err.startswith(f"taskmesh: error: {needs}"), (url, ran.err)
 
 
 @pytest.mark.anyio
