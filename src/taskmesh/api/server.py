@@ -27,9 +27,12 @@ handling: the supervisor owns signals) whose protocol enforces
   ``RLIMIT_NOFILE`` to its hard limit, so that a flood meets this cap and not
   the file-descriptor limit.
 
-A refused or cut connection is answered (when it can be), half-closed, and
-read and discarded for up to ``LINGER_SECONDS`` (2 s) so that the answer is not
-lost to a reset, then closed.
+A refused or cut connection is answered (when it can be), half-closed, read and
+discarded until the client closes or is quiet for 2 s, then closed
+(:mod:`taskmesh.api.linger`), so that the answer is not lost to a reset. So is
+a connection whose answer came before its request's body arrived and that is
+not kept alive (a 413 to a client that sent ``Connection: close``, as urllib
+does): uvicorn would close it with the body unread.
 
 Edges: a request pipelined behind one still being answered is refused by
 closing the connection, cutting that answer (nothing else can be written in
@@ -57,7 +60,7 @@ import resource
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import httptools
 import orjson
@@ -66,6 +69,7 @@ from prometheus_client import Counter
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from taskmesh.api.linger import CycleTransport, Linger
 from taskmesh.api.problems import PROBLEM_TYPE
 from taskmesh.errors import ConfigError
 from taskmesh.logs import get_logger
@@ -75,7 +79,6 @@ if TYPE_CHECKING:
     from taskmesh.config import Settings
 
 __all__ = [
-    "LINGER_SECONDS",
     "LOG_INTERVAL_SECONDS",
     "BoundedHttpProtocol",
     "HttpLimits",
@@ -87,8 +90,6 @@ __all__ = [
 
 log = get_logger("taskmesh.http")
 
-LINGER_SECONDS = 2.0
-"""Longest a refused connection is kept half-closed, reading and discarding, seconds."""
 LOG_INTERVAL_SECONDS = 10.0
 """Shortest time between two log lines of one refusal reason, seconds."""
 FD_HEADROOM = 100
@@ -199,7 +200,8 @@ class _Refused(Exception):
 
 
 class BoundedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header size limit, a read timeout and a connection cap.
+    """uvicorn's httptools protocol with a header size limit, a read timeout, a connection cap and
+    closes that do not lose their answer.
 
     uvicorn instantiates it per connection; :func:`make_server` subclasses it per
     server with ``guard`` bound. Byte accounting: while a request's head is
@@ -222,7 +224,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._completed = 0  # requests whose message ended
         self._received = 0  # bytes received since the current request's first byte
         self._read_timer: asyncio.TimerHandle | None = None
-        self._linger_timer: asyncio.TimerHandle | None = None
+        self._linger: Linger | None = None
 
     # -- connection ----------------------------------------------------------
 
@@ -246,15 +248,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return
         self.guard.open -= 1
         self._stop_read_clock()
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
-            self._linger_timer = None
+        if self._linger is not None:
+            self._linger.cancel()
         self._unset_keepalive_if_required()  # uvicorn leaves it armed when exc is set
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
-            return  # refused: read and discarded until the linger ends
+            if self._linger is not None:
+                self._linger.received()
+            return  # refused or answered early: read and discarded until the linger ends
         self._unset_keepalive_if_required()
         if self._read_timer is None:
             self._start_read_clock()
@@ -326,6 +329,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._in_body = True
         self._head_fed = 0
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:  # None, or not made: an upgrade
+            cycle.transport = cast(asyncio.Transport, CycleTransport(self.transport, self._close_after_answer))
 
     def on_message_complete(self) -> None:
         self._in_body = False
@@ -333,6 +339,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._completed += 1
         self._stop_read_clock()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if self._closing:  # lingering: no keep-alive timer, no pipelined request
+            self.server_state.total_requests += 1
+            return
+        super().on_response_complete()
 
     def _count_head(self, size: int) -> None:
         self._head_seen += size
@@ -404,19 +416,29 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 cycle.disconnected = True
                 cycle.body = bytearray()
                 cycle.message_event.set()
-        transport = self.transport
-        if transport.is_closing():
-            return
-        if answer:
-            transport.write(self._problem(status, title, detail))
-        if transport.can_write_eof():
-            # Half-close and keep reading: closing with unread input would reset the
-            # connection and could destroy the answer before the client reads it.
-            transport.write_eof()
-            self.flow.resume_reading()
-            self._linger_timer = self.loop.call_later(LINGER_SECONDS, transport.abort)
+        if answer and not self.transport.is_closing():
+            self.transport.write(self._problem(status, title, detail))
+        self._linger_close()
+
+    def _close_after_answer(self) -> None:
+        """uvicorn closes the connection after an answer (not kept alive) or an app error."""
+        if self._closing:
+            return  # lingering already (it ends the connection), or closed
+        if self._in_body:
+            # The body is still arriving: closing with it unread would reset the connection,
+            # and the client, still sending, would never read the answer (a 413, say).
+            self._closing = True
+            self._stop_read_clock()
+            self._unset_keepalive_if_required()
+            self._linger_close()
         else:
-            transport.close()
+            self.transport.close()
+
+    def _linger_close(self) -> None:
+        """Half-close, then read and discard until the client is done (:class:`~taskmesh.api.linger.Linger`)."""
+        self._linger = Linger.start(self.loop, self.transport)
+        if self._linger is not None:
+            self.flow.resume_reading()
 
     def _problem(self, status: int, title: str, detail: str) -> bytes:
         body = orjson.dumps({"type": PROBLEM_TYPE, "title": title, "status": status, "detail": detail})
