@@ -344,6 +344,13 @@ class Settings(BaseSettings):
         default=1000, ge=1, le=1_000_000, validation_alias=_aliases("http_max_connections")
     )
     """Open HTTP connections an instance keeps; one more is closed as soon as it is accepted."""
+    http_max_connections_per_address: int = Field(
+        default=100, ge=1, le=1_000_000, validation_alias=_aliases("http_max_connections_per_address")
+    )
+    """Open HTTP connections one client address keeps (an IPv6 one by its /64); one more is closed as
+    soon as it is accepted, so one host cannot hold every connection of ``http_max_connections``.
+    Behind a proxy every connection is the proxy's: raise it to ``http_max_connections`` there and let
+    the proxy limit each client (the README's Deployment section)."""
     queue_names: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["default"], validation_alias=_aliases("queue_names", "QUEUE_NAMES")
     )

@@ -73,7 +73,12 @@ DURATION_BUCKETS = (
 HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 """HTTP request latency buckets, seconds."""
 
-HTTP_REFUSAL_REASONS = ("headers_too_large", "read_timeout", "too_many_connections")
+HTTP_REFUSAL_REASONS = (
+    "headers_too_large",
+    "read_timeout",
+    "too_many_connections",
+    "too_many_connections_from_address",
+)
 """Values of the ``reason`` label of ``taskmesh_http_refused_total`` (see ``taskmesh.api.server``)."""
 
 OUTCOME_LABELS = {"retry": "retrying"}
@@ -259,7 +264,8 @@ class Metrics:
             "taskmesh_http_refused",
             "HTTP connections refused or cut by the server's limits, by reason: headers_too_large (431), "
             "read_timeout (request not received in time, 408 when nothing was answered yet), "
-            "too_many_connections (closed at accept, over http_max_connections).",
+            "too_many_connections (closed at accept, over http_max_connections), "
+            "too_many_connections_from_address (closed at accept, over http_max_connections_per_address).",
             "reason",
         )
         for reason in HTTP_REFUSAL_REASONS:  # at 0 from the start, so rate() and alerts see them

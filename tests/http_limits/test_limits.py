@@ -319,3 +319,86 @@ async def test_a_new_connection_that_sends_nothing_is_closed_after_the_keep_aliv
         await served.wait_open(0)
     assert closed and 0.9 <= waited < 1.8
     assert served.refused("read_timeout") == 0
+
+
+def connect_from(source: str, port: int) -> socket.socket:
+    """A connection to the server from ``source``, another loopback address (127.0.0.0/8 is all local)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5.0, source_address=(source, 0))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def get_ok(sock: socket.socket) -> int:
+    """Send ``GET /ok`` on ``sock`` and return the answer's status."""
+    sock.sendall(request("/ok"))
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before an answer; got {answer!r}")
+        answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+async def test_one_address_over_its_cap_is_closed_at_once_and_other_addresses_are_served() -> None:
+    async with serving(HttpLimits(max_connections=20, max_connections_per_address=5)) as served:
+        with structlog.testing.capture_logs() as logs:
+            held = [connect_from("127.0.0.1", served.port) for _ in range(5)]
+            await served.wait_open(5)
+            extra = connect_from("127.0.0.1", served.port)
+            started = time.monotonic()
+            closed = await anyio.to_thread.run_sync(closed_by_server, extra, 1.0)
+            refused_after = time.monotonic() - started
+            extra.close()
+            with connect_from("127.0.0.2", served.port) as other:
+                other_status = await anyio.to_thread.run_sync(get_ok, other)
+            held.pop().close()
+            await served.wait_open(4)
+            with connect_from("127.0.0.1", served.port) as again:
+                again_status = await anyio.to_thread.run_sync(get_ok, again)
+            for sock in held:
+                sock.close()
+            await served.wait_open(0)
+    assert closed and refused_after < 0.5
+    assert (other_status, again_status) == (200, 200)
+    assert served.refused("too_many_connections_from_address") == 1
+    assert served.refused("too_many_connections") == 0
+    [line] = events(logs, "http_address_connections_capped")
+    assert (line["address"], line["open"], line["limit"], line["count"]) == ("127.0.0.1", 5, 5, 1)
+
+
+async def test_slow_connections_from_one_address_cannot_take_the_instance_from_the_others() -> None:
+    # One address opens three times the instance's cap of slow requests (heads never ended, as a
+    # slowloris sends them); another address must still be served at once, every time.
+    limits = HttpLimits(max_connections=30, max_connections_per_address=10)
+
+    def flood(port: int) -> list[socket.socket]:
+        socks = []
+        for _ in range(90):
+            sock = connect_from("127.0.0.1", port)
+            try:
+                sock.sendall(b"GET /ok HTTP/1.1\r\nHost: test\r\n")
+            except OSError:  # closed at accept: over the cap
+                pass
+            socks.append(sock)
+        return socks
+
+    def others(port: int) -> list[int]:
+        statuses = []
+        for _ in range(5):
+            with connect_from("127.0.0.2", port) as sock:
+                statuses.append(get_ok(sock))
+        return statuses
+
+    async with serving(limits) as served:
+        with structlog.testing.capture_logs() as logs:
+            socks = await anyio.to_thread.run_sync(flood, served.port)
+            await served.wait_open(10)
+            statuses = await anyio.to_thread.run_sync(others, served.port)
+            for sock in socks:
+                sock.close()
+            await served.wait_open(0)
+    assert statuses == [200] * 5
+    assert served.refused("too_many_connections_from_address") == 80
+    assert served.refused("too_many_connections") == 0
+    assert [line["count"] for line in events(logs, "http_address_connections_capped")][:1] == [1]

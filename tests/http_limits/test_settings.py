@@ -6,6 +6,7 @@ import resource
 
 import pytest
 
+from taskmesh.api.connections import address_key
 from taskmesh.api.server import HttpLimits, raise_open_files_limit
 from taskmesh.config import load_settings
 from taskmesh.errors import ConfigError
@@ -39,3 +40,31 @@ def test_the_soft_open_files_limit_is_raised_to_the_hard_one() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_per_address_cap_is_read_from_the_environment_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().http_max_connections_per_address == 100
+    monkeypatch.setenv("TASKMESH_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "7")
+    assert HttpLimits.from_settings(load_settings()).max_connections_per_address == 7
+    for bad in ("0", "many"):
+        monkeypatch.setenv("TASKMESH_HTTP_MAX_CONNECTIONS_PER_ADDRESS", bad)
+        with pytest.raises(ConfigError, match="http_max_connections_per_address"):
+            load_settings()
+    with pytest.raises(ValueError, match="max_connections_per_address must be positive"):
+        HttpLimits(max_connections_per_address=0)
+
+
+@pytest.mark.parametrize(
+    ("host", "key"),
+    [
+        ("203.0.113.7", "203.0.113.7"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff:1:2:3", "2001:db8:1:2::/64"),
+        ("2001:db8:1:3::1", "2001:db8:1:3::/64"),
+        ("::ffff:203.0.113.7", "203.0.113.7"),
+        ("fe80::1%eth0", "fe80::/64"),
+        (None, None),
+    ],
+)
+def test_a_client_counts_by_its_ipv4_address_or_its_ipv6_64(host: str | None, key: str | None) -> None:
+    assert address_key(host) == key

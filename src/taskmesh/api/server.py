@@ -26,6 +26,10 @@ handling: the supervisor owns signals) whose protocol enforces
   listen backlog does not fill. :func:`make_server` raises the process's soft
   ``RLIMIT_NOFILE`` to its hard limit, so that a flood meets this cap and not
   the file-descriptor limit.
+- ``max_connections_per_address`` (default 100;
+  ``http_max_connections_per_address``): open connections of one client address
+  (an IPv6 one by its /64), so that one host cannot take the instance's cap from
+  the others; one more is closed at once too (:mod:`taskmesh.api.connections`).
 
 A refused or cut connection is answered (when it can be), half-closed, read and
 discarded until the client closes or is quiet for 2 s, then closed
@@ -44,12 +48,14 @@ Log events (warning; each at most once per reason every 10 s, ``count`` being
 the refusals the line stands for, the other keys those of the last one):
 ``http_headers_too_large`` (peer, bytes_received, fields, limit),
 ``http_read_timeout`` (peer, bytes_received, timeout_s, answered),
-``http_connections_capped`` (open, limit). At debug: ``fd_limit`` (soft_before,
-soft, hard); at warning ``fd_limit_low`` when the open-files limit stays below
-the connection cap plus room for the rest of the instance.
+``http_connections_capped`` (open, limit), ``http_address_connections_capped``
+(address, open, limit). At debug: ``fd_limit`` (soft_before, soft, hard); at
+warning ``fd_limit_low`` when the open-files limit stays below the connection
+cap plus room for the rest of the instance.
 
 Metrics: ``taskmesh_http_refused_total{reason}``, reason one of
-``headers_too_large``, ``read_timeout``, ``too_many_connections``.
+``headers_too_large``, ``read_timeout``, ``too_many_connections``,
+``too_many_connections_from_address``.
 """
 
 from __future__ import annotations
@@ -65,21 +71,21 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import httptools
 import orjson
 import uvicorn
-from prometheus_client import Counter
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.utils import get_remote_addr
 
+from taskmesh.api.connections import ConnectionGuard, address_key
 from taskmesh.api.linger import CycleTransport, Linger
 from taskmesh.api.problems import PROBLEM_TYPE
 from taskmesh.errors import ConfigError
 from taskmesh.logs import get_logger
-from taskmesh.metrics import HTTP_REFUSAL_REASONS, Metrics
+from taskmesh.metrics import Metrics
 
 if TYPE_CHECKING:
     from taskmesh.config import Settings
 
 __all__ = [
-    "LOG_INTERVAL_SECONDS",
     "BoundedHttpProtocol",
     "HttpLimits",
     "Server",
@@ -90,8 +96,6 @@ __all__ = [
 
 log = get_logger("taskmesh.http")
 
-LOG_INTERVAL_SECONDS = 10.0
-"""Shortest time between two log lines of one refusal reason, seconds."""
 FD_HEADROOM = 100
 """File descriptors kept for the rest of the instance (store pools, listening socket, logs) when
 checking the open-files limit against ``max_connections``. An idle instance with the default
@@ -109,6 +113,8 @@ class HttpLimits:
         A parsed field costs over 100 bytes of Python objects: without this bound, 50
         connections sending 64 KiB of ``ab:c`` lines took 66 MiB, with it under 1 MiB
         (``pytest tests/http_limits -s -k tiny_fields``, first run on asyncio).
+    :param max_connections_per_address: open connections of one client address (an IPv6 one by
+        its /64); more are closed when accepted.
     :raises ValueError: a limit is not positive.
     """
 
@@ -116,83 +122,29 @@ class HttpLimits:
     read_timeout_seconds: float = 30.0
     max_connections: int = 1000
     max_header_fields: int = 100
+    max_connections_per_address: int = 100
 
     def __post_init__(self) -> None:
-        for name in ("max_header_bytes", "read_timeout_seconds", "max_connections", "max_header_fields"):
+        for name in (
+            "max_header_bytes",
+            "read_timeout_seconds",
+            "max_connections",
+            "max_header_fields",
+            "max_connections_per_address",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)!r}")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HttpLimits:
-        """The limits the settings ``http_max_header_bytes``, ``http_read_timeout_seconds``
-        and ``http_max_connections`` name."""
+        """The limits the settings ``http_max_header_bytes``, ``http_read_timeout_seconds``,
+        ``http_max_connections`` and ``http_max_connections_per_address`` name."""
         return cls(
             max_header_bytes=settings.http_max_header_bytes,
             read_timeout_seconds=settings.http_read_timeout_seconds,
             max_connections=settings.http_max_connections,
+            max_connections_per_address=settings.http_max_connections_per_address,
         )
-
-
-class _Throttle:
-    """One log event logged at most once per ``LOG_INTERVAL_SECONDS``, with the count it stands for.
-
-    The first occurrence after a quiet interval is logged at once; later ones are
-    counted and logged together when the interval ends (a timer), so a flood makes
-    one line per interval and no count is lost when it stops.
-    """
-
-    def __init__(self, event: str) -> None:
-        self.event = event
-        self.pending = 0
-        self.fields: dict[str, Any] = {}
-        self.quiet_from = float("-inf")
-        self.timer: asyncio.TimerHandle | None = None
-
-    def record(self, loop: asyncio.AbstractEventLoop, **fields: Any) -> None:
-        self.pending += 1
-        self.fields = fields
-        now = loop.time()
-        if now >= self.quiet_from:
-            self.flush(loop)
-        elif self.timer is None:
-            self.timer = loop.call_at(self.quiet_from, self.flush, loop)
-
-    def flush(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.pending:
-            log.warning(self.event, count=self.pending, **self.fields)
-            self.pending = 0
-            if loop is not None:
-                self.quiet_from = loop.time() + LOG_INTERVAL_SECONDS
-
-
-class _Guard:
-    """State one server's connections share: the limits, the open count, counters, log throttles."""
-
-    def __init__(self, limits: HttpLimits, metrics: Metrics | None) -> None:
-        self.limits = limits
-        self.open = 0
-        self.counters: dict[str, Counter] = (
-            {} if metrics is None else {reason: metrics.http_refused.labels(reason) for reason in HTTP_REFUSAL_REASONS}
-        )
-        self.throttles = {
-            "headers_too_large": _Throttle("http_headers_too_large"),
-            "read_timeout": _Throttle("http_read_timeout"),
-            "too_many_connections": _Throttle("http_connections_capped"),
-        }
-
-    def refused(self, loop: asyncio.AbstractEventLoop, reason: str, **fields: Any) -> None:
-        counter = self.counters.get(reason)
-        if counter is not None:
-            counter.inc()
-        self.throttles[reason].record(loop, **fields)
-
-    def close(self) -> None:
-        """Log what the throttles still hold (the server stops)."""
-        for throttle in self.throttles.values():
-            throttle.flush()
 
 
 class _Refused(Exception):
@@ -200,7 +152,7 @@ class _Refused(Exception):
 
 
 class BoundedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header size limit, a read timeout, a connection cap and
+    """uvicorn's httptools protocol with a header size limit, a read timeout, connection caps and
     closes that do not lose their answer.
 
     uvicorn instantiates it per connection; :func:`make_server` subclasses it per
@@ -211,11 +163,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     previous request's body is metered by its parser callbacks instead.
     """
 
-    guard: ClassVar[_Guard]
+    guard: ClassVar[ConnectionGuard]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._over_cap = False
+        self._address: str | None = None  # what the connection counts against (connections.address_key)
+        self._admitted = False
         self._closing = False
         self._in_body = False  # the current request's headers are complete, its body is not
         self._head_fed = 0  # bytes of the current head fed to the parser (from a known start)
@@ -229,24 +182,23 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     # -- connection ----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows it too
-        guard = self.guard
-        if guard.open >= guard.limits.max_connections:
+        remote = get_remote_addr(transport)
+        self._address = address_key(None if remote is None else remote[0])
+        if not self.guard.admit(self._address):
             # Accepted, then closed: leaving it in the backlog would fill the queue for
             # everyone, and refusing is all a flood should cost.
-            self._over_cap = True
             transport.close()
-            guard.refused(self.loop, "too_many_connections", open=guard.open, limit=guard.limits.max_connections)
             return
-        guard.open += 1
+        self._admitted = True
         super().connection_made(transport)
         # uvicorn arms no timer before the first request: an idle new connection gets the
         # keep-alive timeout, like an idle one between requests.
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._over_cap:
+        if not self._admitted:
             return
-        self.guard.open -= 1
+        self.guard.release(self._address)
         self._stop_read_clock()
         if self._linger is not None:
             self._linger.cancel()
@@ -366,7 +318,6 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def _refuse_headers(self, detail: str | None = None) -> None:
         limit = self.guard.limits.max_header_bytes
         self.guard.refused(
-            self.loop,
             "headers_too_large",
             peer=self._peer(),
             bytes_received=self._received,
@@ -382,7 +333,6 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         timeout = self.guard.limits.read_timeout_seconds
         answered = self._can_answer()
         self.guard.refused(
-            self.loop,
             "read_timeout",
             peer=self._peer(),
             bytes_received=self._received,
@@ -464,7 +414,7 @@ class Server(uvicorn.Server):
         pending log counts are written when the server shuts down.
     """
 
-    def __init__(self, config: uvicorn.Config, guard: _Guard | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, guard: ConnectionGuard | None = None) -> None:
         super().__init__(config)
         self.guard = guard
 
@@ -526,7 +476,7 @@ def make_server(
     soft = raise_open_files_limit()
     if soft is not None and soft < limits.max_connections + FD_HEADROOM:
         log.warning("fd_limit_low", soft=soft, max_connections=limits.max_connections, headroom=FD_HEADROOM)
-    guard = _Guard(limits, metrics)
+    guard = ConnectionGuard(limits, metrics)
 
     class Protocol(BoundedHttpProtocol):
         pass
