@@ -8,6 +8,7 @@ import asyncpg
 import httpx
 import pytest
 
+from taskmesh import api_keys
 from taskmesh.config import load_settings
 from taskmesh.errors import ConfigError
 from tests.integration.test_api_bad_input import PROBLEM
@@ -85,18 +86,20 @@ PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-He
 
 async def test_no_cors_unless_configured_then_only_for_the_listed_origins(start_instance: Any) -> None:
     page = {"Origin": "https://ops.example.com"}
+    keyed = {**page, "Authorization": "Bearer tmk_any_key"}  # an open instance takes any key
     async with start_instance(workers_enabled=False) as inst, raw(inst) as client:
-        closed_read = await client.get(TASKS, headers=page)
+        closed_read = await client.get(TASKS, headers=keyed)
         closed_preflight = await client.options(TASKS, headers={**page, **PREFLIGHT})
     assert closed_read.status_code == 200 and "access-control-allow-origin" not in closed_read.headers
-    assert closed_preflight.status_code == 405
+    assert closed_preflight.status_code == 403  # refused as another site's request: preflights carry no key
     assert not any(h.startswith("access-control-") for h in closed_preflight.headers)
 
     async with start_instance(workers_enabled=False, cors_allowed_origins="https://ops.example.com") as inst:
         async with raw(inst) as client:
             preflight = await client.options(TASKS, headers={**page, **PREFLIGHT})
-            read = await client.get(TASKS, headers=page)
-            form = await client.post(TASKS, content=b"name=x", headers={**page, "Content-Type": "text/plain"})
+            read = await client.get(TASKS, headers=keyed)
+            form = await client.post(TASKS, content=b"name=x", headers={**keyed, "Content-Type": "text/plain"})
+            unkeyed = await client.get(TASKS, headers=page)
             stranger = await client.options(TASKS, headers={"Origin": "https://evil.example", **PREFLIGHT})
             stranger_read = await client.get(TASKS, headers={"Origin": "https://evil.example"})
     assert preflight.status_code == 200
@@ -105,12 +108,15 @@ async def test_no_cors_unless_configured_then_only_for_the_listed_origins(start_
     assert {"authorization", "content-type"} <= set(
         preflight.headers["access-control-allow-headers"].lower().split(", ")
     )
+    assert read.status_code == 200
     assert read.headers["access-control-allow-origin"] == "https://ops.example.com"
     assert "RateLimit" in read.headers["access-control-expose-headers"]
     # CORS lets a listed page read answers; it never lets a body through that is not JSON.
     assert form.status_code == 415 and form.headers["access-control-allow-origin"] == "https://ops.example.com"
+    # A listed page still needs a key: CORS says who may read answers, not who may act.
+    assert unkeyed.status_code == 403 and unkeyed.headers["access-control-allow-origin"] == "https://ops.example.com"
     assert stranger.status_code == 400 and "access-control-allow-origin" not in stranger.headers
-    assert stranger_read.status_code == 200 and "access-control-allow-origin" not in stranger_read.headers
+    assert stranger_read.status_code == 403 and "access-control-allow-origin" not in stranger_read.headers
 
 
 @pytest.mark.parametrize(
@@ -126,3 +132,120 @@ def test_a_cors_origin_that_is_not_an_origin_is_a_config_error(value: str, messa
     assert str(caught.value) == (
         f"invalid configuration: cors_allowed_origins: {message}: give scheme://host[:port] (no path), or *"
     )
+
+
+PAUSE = "/api/v1/queues/default/pause"
+KEY_NEEDED = "a page of another site may not call the API without an API key (Authorization: Bearer, or X-API-Key)"
+
+
+def cross_site(field: str, detail: str, message: str) -> dict[str, Any]:
+    return {
+        "type": "about:blank",
+        "title": "Cross-site request refused",
+        "status": 403,
+        "detail": f"{field}: {detail}",
+        "errors": [{"field": field, "message": message}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("headers", "field", "detail", "message"),
+    [
+        (
+            {"Sec-Fetch-Site": "cross-site"},
+            "Sec-Fetch-Site",
+            f"cross-site: {KEY_NEEDED}",
+            "cross-site: another site's page, without an API key",
+        ),
+        (
+            {"Sec-Fetch-Site": "cross-site", "Authorization": "Basic dXNlcjpwYXNz"},  # remembered by the browser
+            "Sec-Fetch-Site",
+            f"cross-site: {KEY_NEEDED}",
+            "cross-site: another site's page, without an API key",
+        ),
+        (
+            {"Sec-Fetch-Site": "same-site"},
+            "Sec-Fetch-Site",
+            f"same-site: {KEY_NEEDED}",
+            "same-site: another site's page, without an API key",
+        ),
+        (
+            {"Origin": "https://evil.example"},
+            "Origin",
+            f"https://evil.example is not this host (127.0.0.1:{{port}}): {KEY_NEEDED}",
+            "another host's page, without an API key",
+        ),
+        (
+            {"Origin": "http://127.0.0.1:1"},
+            "Origin",
+            f"http://127.0.0.1:1 is not this host (127.0.0.1:{{port}}): {KEY_NEEDED}",
+            "another host's page, without an API key",
+        ),
+        (
+            {"Origin": "null"},  # a sandboxed frame's, or a page's after a cross-site redirect
+            "Origin",
+            f"null is not this host (127.0.0.1:{{port}}): {KEY_NEEDED}",
+            "another host's page, without an API key",
+        ),
+    ],
+    ids=[
+        "cross-site",
+        "cross-site-with-basic-credentials",
+        "same-site",
+        "origin-of-another-host",
+        "origin-of-another-port",
+        "origin-null",
+    ],
+)
+async def test_a_request_from_another_sites_page_without_a_key_is_refused_with_403_on_an_open_instance(
+    start_instance: Any, headers: dict[str, str], field: str, detail: str, message: str
+) -> None:
+    # The attack: an open instance (no key made yet, as after `make run`) and a page on another site
+    # that POSTs with no body, which a browser sends without asking (no preflight).
+    async with start_instance(workers_enabled=False) as inst, raw(inst) as client:
+        refused = await client.post(PAUSE, headers=headers)
+        read = await client.get("/api/v1/queues/default", headers=headers)
+        queue = await client.get("/api/v1/queues/default")
+    assert (refused.status_code, refused.headers["content-type"]) == (403, PROBLEM)
+    assert refused.json() == cross_site(field, detail.format(port=inst.port), message)
+    assert read.status_code == 403
+    assert queue.json()["paused"] is False
+
+
+async def test_a_request_from_this_origin_a_cli_or_one_with_a_key_is_let_through(start_instance: Any) -> None:
+    async with start_instance(workers_enabled=False) as inst, raw(inst) as client:
+        this = f"http://127.0.0.1:{inst.port}"
+        codes = {
+            "same-origin": (await client.post(PAUSE, headers={"Sec-Fetch-Site": "same-origin", "Origin": this})),
+            "typed-in": (await client.get("/api/v1/queues/default", headers={"Sec-Fetch-Site": "none"})),
+            "by-name": (
+                await client.post(
+                    PAUSE, headers={"Host": f"localhost:{inst.port}", "Origin": f"http://LOCALHOST:{inst.port}"}
+                )
+            ),
+            "cli": (await client.post(PAUSE)),
+            "bearer": (
+                await client.post(
+                    PAUSE, headers={"Sec-Fetch-Site": "cross-site", "Authorization": "Bearer tmk_any_key"}
+                )
+            ),
+            "x-api-key": (
+                await client.post(PAUSE, headers={"Origin": "https://ops.example", "X-API-Key": "tmk_any_key"})
+            ),
+        }
+    assert {name: r.status_code for name, r in codes.items()} == dict.fromkeys(codes, 200)
+
+
+async def test_a_keyed_instance_refuses_another_sites_page_without_a_key_and_serves_it_with_one(
+    start_instance: Any, stores: Any, pool: asyncpg.Pool
+) -> None:
+    key = (await api_keys.create(stores.pg, "ops", ["tasks:read", "queues:admin"])).key
+    page = {"Sec-Fetch-Site": "cross-site", "Origin": "https://ops.example"}
+    try:
+        async with start_instance(workers_enabled=False) as inst, raw(inst) as client:
+            without = await client.post(PAUSE, headers=page)
+            with_key = await client.post(PAUSE, headers={**page, "Authorization": f"Bearer {key}"})
+    finally:
+        await pool.execute("TRUNCATE api_keys, console_sessions")
+    assert (without.status_code, without.json()["errors"][0]["field"]) == (403, "Sec-Fetch-Site")
+    assert with_key.status_code == 200 and with_key.json()["paused"] is True
