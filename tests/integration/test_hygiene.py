@@ -249,3 +249,14 @@ async def test_a_keyed_instance_refuses_another_sites_page_without_a_key_and_ser
         await pool.execute("TRUNCATE api_keys, console_sessions")
     assert (without.status_code, without.json()["errors"][0]["field"]) == (403, "Sec-Fetch-Site")
     assert with_key.status_code == 200 and with_key.json()["paused"] is True
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/docs/oauth2-redirect"])
+async def test_the_api_docs_pages_may_not_be_framed_by_another_page(start_instance: Any, path: str) -> None:
+    async with start_instance(workers_enabled=False) as inst, raw(inst) as client:
+        page = await client.get(path)
+        api = await client.get("/api/v1/queues/default")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.headers["content-security-policy"] == "frame-ancestors 'none'"
+    assert page.headers["x-frame-options"] == "DENY"
+    assert "content-security-policy" not in api.headers

@@ -1,5 +1,5 @@
 """ASGI middleware for what a browser can be made to send (issue 12): a ``Host`` not allowed, a
-request from another site's page, and a body that is not JSON.
+request from another site's page, and a body that is not JSON; and pages no other page may frame.
 
 - **Host** (DNS rebinding): a page on ``evil.example`` whose name is made to resolve to
   127.0.0.1 reaches an instance on loopback with ``Host: evil.example``. Only the names of
@@ -18,6 +18,9 @@ request from another site's page, and a body that is not JSON.
   ``application/x-www-form-urlencoded``, ``multipart/form-data`` or ``text/plain`` without
   the browser asking first. The API's bodies are JSON, so a body of any other type, or one
   without a type, is refused with 415 before it is read.
+- **Framing** (clickjacking): an HTML page outside the console (``/docs``, ``/redoc``) is
+  answered with ``Content-Security-Policy: frame-ancestors 'none'`` and ``X-Frame-Options:
+  DENY`` (the console sets its own, stricter policy).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taskmesh.api.problems import problem
 
@@ -35,6 +38,7 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 _WITH_BODY = ("POST", "PUT", "PATCH")
 _OTHER_SITE = ("cross-site", "same-site")
 _KEY_NEEDED = "a page of another site may not call the API without an API key (Authorization: Bearer, or X-API-Key)"
+_NO_FRAMING = [(b"content-security-policy", b"frame-ancestors 'none'"), (b"x-frame-options", b"DENY")]
 
 
 def host_name(value: str) -> str:
@@ -100,7 +104,8 @@ def _cross_site(field: str, detail: str, message: str) -> Response:
 
 class BrowserGuard:
     """Refuses a ``Host`` outside ``allowed_hosts`` (400), an ``/api/`` request from another site's
-    page without a key (403) and an ``/api/`` body that is not JSON (415).
+    page without a key (403) and an ``/api/`` body that is not JSON (415); keeps pages outside the
+    console out of other pages' frames.
 
     :param allowed_hosts: as :func:`host_allowed`; ``/healthz`` and ``/readyz`` are answered
         whatever the ``Host`` (probes name an instance by its address).
@@ -132,6 +137,8 @@ class BrowserGuard:
             if refused is not None:
                 await refused(scope, receive, send)
                 return
+        elif not path.startswith("/console"):
+            send = _unframed(send)
         if scope["method"] in _WITH_BODY and path.startswith("/api/"):
             media = headers.get(b"content-type", "").split(";", 1)[0].strip().lower()
             has_body = headers.get(b"content-length", "0") not in ("", "0") or b"transfer-encoding" in headers
@@ -145,3 +152,18 @@ class BrowserGuard:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _unframed(send: Send) -> Send:
+    """``send`` adding :data:`_NO_FRAMING` to an HTML answer that sets no policy of its own."""
+
+    async def unframed(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = message.get("headers", [])
+            names = {name.lower() for name, _ in headers}
+            media = next((value for name, value in headers if name.lower() == b"content-type"), b"")
+            if media.startswith(b"text/html") and b"content-security-policy" not in names:
+                message["headers"] = [*headers, *_NO_FRAMING]
+        await send(message)
+
+    return unframed
