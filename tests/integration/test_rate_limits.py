@@ -3,16 +3,20 @@ through Redis, refused with 429 and the IETF RateLimit fields."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
+import structlog
+from redis import exceptions as redis_errors
 
 from taskmesh import api_keys
 from taskmesh.errors import InvalidTaskError
-from tests.conftest import http
+from tests.conftest import http, redis_server
 
 pytestmark = pytest.mark.anyio
 
@@ -106,3 +110,26 @@ async def test_a_key_rate_over_the_api_must_be_a_number(start_instance: Any, sto
         (422, "rate_limits.read"),
         (422, "rate_limits.read"),
     ]
+
+
+async def test_while_redis_is_down_keyed_requests_go_through_and_one_line_stands_for_the_unchecked_ones(
+    start_instance: Any, stores: Any
+) -> None:
+    made = await api_keys.create(stores.pg, "app", ["tasks:read"])
+    headers = {"Authorization": f"Bearer {made.key}"}
+    with redis_server() as port:
+        url = f"redis://127.0.0.1:{port}/0"
+        settings = {"redis_url": url, "redis_mode": "standalone", "workers_enabled": False}
+        async with start_instance(**settings) as inst, http(inst) as client:
+            before = await client.get("/api/v1/tasks", headers=headers)
+            down = aioredis.from_url(url)
+            with contextlib.suppress(redis_errors.ConnectionError):
+                await down.shutdown(nosave=True)
+            await down.aclose()
+            with structlog.testing.capture_logs() as logs:
+                codes = [(await client.get("/api/v1/tasks", headers=headers)).status_code for _ in range(20)]
+    assert before.status_code == 200
+    assert codes == [200] * 20  # the limit protects the platform: an outage does not refuse everyone
+    lines = [line for line in logs if line["event"] == "rate_limit_unchecked"]
+    assert [line["count"] for line in lines] == [1], "one line per interval, not one per request"
+    assert lines[0]["bucket"] == f"read:{made.record['key_id']}"

@@ -121,7 +121,8 @@ async def _spend(state: AppState, principal: Principal, name: str) -> None:
     The key's own rate of the class (``rate_limits``) wins over the settings'. A tenant's budget
     holds however many keys the tenant has.
 
-    A Redis that does not answer lets the request through (logged): the limit protects the
+    A Redis that does not answer lets the request through (logged as ``rate_limit_unchecked``, at
+    most once per 10 s with the count of requests it stands for): the limit protects the
     platform, and refusing everything during an outage would not.
 
     :raises RateLimitedError: a budget is spent (429).
@@ -147,7 +148,7 @@ async def _spend_bucket(state: AppState, bucket: str, who: str, name: str, polic
     try:
         allowed, _, retry_after, reset = await state.stores.redis.rate_limit(bucket, policy.per_second, policy.burst)
     except StoreError as exc:
-        log.warning("rate_limit_unchecked", bucket=bucket, error=str(exc))
+        state.rate_unchecked.record(bucket=bucket, error=str(exc))
         return
     if not allowed:
         raise RateLimitedError(

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from taskmesh.api.principals import KeyCache, RatePolicy
 from taskmesh.api.quotas import Quotas
 from taskmesh.clock import Waker
+from taskmesh.log_throttle import ThrottledLog
+from taskmesh.logs import get_logger
 from taskmesh.metrics import Metrics
 from taskmesh.schedules import Schedules
 from taskmesh.services.finished_feed import FinishedWaiters
@@ -81,6 +83,10 @@ class AppState:
     """Per-key rate limits by class (``read``, ``write``, ``admin``); empty: none (issue 12)."""
     rate_burst_seconds: float = 2.0
     """A key's own rates (its ``rate_limits``) allow bursts of this many seconds of them."""
+    rate_unchecked: ThrottledLog = field(
+        default_factory=lambda: ThrottledLog(get_logger("taskmesh.auth"), "rate_limit_unchecked")
+    )
+    """Requests let through unlimited while Redis does not answer: one line per 10 s with their count."""
     quotas: Quotas = field(default_factory=Quotas)
     """Tenants' quotas (issue 12)."""
     metrics_protected: bool = False
