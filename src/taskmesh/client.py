@@ -24,7 +24,7 @@ from taskmesh.store import Stores
 from taskmesh.store.redis_clients import RedisMode
 from taskmesh.task_actions import Cancelled, Retried
 from taskmesh.tasks import Tasks
-from taskmesh.validation import parse_task_spec, parse_task_specs
+from taskmesh.validation import MAX_DELAY_SECONDS, parse_task_spec
 
 
 class Client:
@@ -39,6 +39,8 @@ class Client:
         as the instances' ``pg_pooler``.
     :param redis_mode: ``cluster`` when ``redis_url`` names a Redis Cluster node, as the
         instances' ``redis_mode`` (a ``redis+sentinel://`` URL needs nothing more).
+    :param max_delay_seconds: how far ahead a task may be delayed, as the instances'
+        ``max_delay_seconds`` (default one year); any past ``run_at`` means now.
 
     Use as ``async with Client(db, redis) as client: ...``; the pools open on
     entry and close on exit.
@@ -55,6 +57,7 @@ class Client:
         pool_size: int = 4,
         pg_pooler: str = "none",
         redis_mode: RedisMode = "standalone",
+        max_delay_seconds: float = MAX_DELAY_SECONDS,
     ) -> None:
         self._database_url = database_url
         self._redis_url = redis_url
@@ -64,6 +67,7 @@ class Client:
         self._pool_size = pool_size
         self._pg_pooler = pg_pooler
         self._redis_mode: RedisMode = redis_mode
+        self._max_delay_seconds = max_delay_seconds
         self._stores: Stores | None = None
         self._tasks: Tasks | None = None
 
@@ -95,6 +99,7 @@ class Client:
             self._stores.redis,
             registry=self._registry,
             default_max_retries=self._default_max_retries,
+            max_delay_seconds=self._max_delay_seconds,
         )
         return self
 
@@ -134,8 +139,8 @@ class Client:
         :param payload: any JSON-serialisable value (default ``{}``).
         :param priority: 0..1000, higher runs first.
         :param delay_seconds: run no earlier than this many seconds from now.
-        :param run_at: run no earlier than this time (aware datetime or RFC 3339), within 365 days
-            of now either way (a past time means now).
+        :param run_at: run no earlier than this time (aware datetime or RFC 3339), at most
+            ``max_delay_seconds`` ahead; any past time means now.
         :param connection: the application's own asyncpg connection, inside a transaction: the
             task is stored in that transaction (rolled back, it never existed; committed, an
             instance pushes it within a second, with no further call). See :meth:`enqueue_many`.
@@ -186,7 +191,7 @@ class Client:
             "trace_id": trace_id,
         }
         data.update({k: v for k, v in optional.items() if v is not None})
-        spec = parse_task_spec(data)
+        spec = parse_task_spec(data, max_delay_seconds=self.tasks.max_delay_seconds)
         if connection is not None:
             [enqueued] = await self.tasks.enqueue_in_transaction(connection, [spec])
             return enqueued
@@ -212,7 +217,7 @@ class Client:
         # Only read, never changed: a dict goes as it is (a copy per task fed the garbage collector).
         items = [task if type(task) is dict else dict(task) for task in tasks]
         if connection is not None:
-            return await self.tasks.enqueue_in_transaction(connection, parse_task_specs(items))
+            return await self.tasks.enqueue_in_transaction(connection, self.tasks.parse(items))
         return await self.tasks.enqueue_mappings(items)
 
     async def get(self, task_id: TaskRef) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -46,6 +46,7 @@ from pydantic_settings import (
 from taskmesh.cron import CronSpec, load_zone
 from taskmesh.errors import ConfigError, CronSpecError, InvalidTaskError
 from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
+from taskmesh.validation import MAX_DELAY_LIMIT, MAX_DELAY_SECONDS
 
 MAX_WORKER_PROCESSES = 256
 """The most processes ``worker_processes`` may ask for."""
@@ -384,6 +385,11 @@ class Settings(BaseSettings):
     """Length of a run's lease, seconds; the heartbeat renews it every third of that."""
     default_max_retries: int = Field(default=3, ge=0, le=100, validation_alias=_aliases("default_max_retries"))
     """Retries of a task whose request and handler name none."""
+    max_delay_seconds: float = Field(
+        default=MAX_DELAY_SECONDS, gt=0, le=MAX_DELAY_LIMIT, validation_alias=_aliases("max_delay_seconds")
+    )
+    """How far ahead a task may be delayed (``delay_seconds``, ``run_at``), seconds; a past ``run_at``
+    is always allowed and means now."""
     delayed_poll_seconds: float = Field(default=0.1, gt=0, le=60, validation_alias=_aliases("delayed_poll_seconds"))
     """How often the delayed mover looks for due tasks, seconds."""
     reconcile_interval_seconds: float = Field(

@@ -591,6 +591,7 @@ async def _serve(
         registry=registry,
         default_max_retries=settings.default_max_retries,
         metrics=metrics,
+        max_delay_seconds=settings.max_delay_seconds,
     )
     state.stores, state.tasks = stores, tasks
     state.schedules = Schedules(tasks, settings.schedules)

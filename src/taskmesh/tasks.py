@@ -31,7 +31,7 @@ from taskmesh.states import TaskStatus, TaskType
 from taskmesh.store import PgStore, RedisStore
 from taskmesh.task_actions import TaskActions
 from taskmesh.tracing import new_trace_ids
-from taskmesh.validation import TaskSpec, dump_json, parse_task_specs
+from taskmesh.validation import MAX_DELAY_SECONDS, TaskSpec, dump_json, parse_task_specs
 
 log = get_logger("taskmesh.tasks")
 
@@ -59,6 +59,8 @@ class Tasks(TaskActions):
     :param registry: handlers, for per-name defaults (``max_retries``, ``queue``).
     :param default_max_retries: retries when neither request nor handler says.
     :param metrics: the instance's metrics (``None`` in the client and the CLI).
+    :param max_delay_seconds: how far ahead a task may be delayed (the ``max_delay_seconds`` setting);
+        what the API and the client validate with (:func:`~taskmesh.validation.parse_task_spec`).
     """
 
     def __init__(
@@ -69,12 +71,14 @@ class Tasks(TaskActions):
         registry: Registry | None = None,
         default_max_retries: int = 3,
         metrics: Metrics | None = None,
+        max_delay_seconds: float = MAX_DELAY_SECONDS,
     ) -> None:
         self.pg = pg
         self.redis = redis
         self.registry = registry
         self.default_max_retries = default_max_retries
         self.metrics = metrics
+        self.max_delay_seconds = max_delay_seconds
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -120,14 +124,18 @@ class Tasks(TaskActions):
         :raises StoreError: PostgreSQL failed; nothing was written.
         """
         if len(items) < COPY_MIN_TASKS or not all(copyable_mapping(item) for item in items):
-            return await self.enqueue_many(parse_task_specs(items))
+            return await self.enqueue_many(self.parse(items))
         async with self.pg.changing() as pg:
             out, targets, tenants = await copy_many(
-                self, pg, len(items), lambda a, b: parse_task_specs(items[a:b], first=a), "tasks[{i}].", None
+                self, pg, len(items), lambda a, b: self.parse(items[a:b], first=a), "tasks[{i}].", None
             )
             _note_created(out, tenants)
         await self.push(targets)
         return out
+
+    def parse(self, items: Sequence[Any], *, first: int = 0) -> list[TaskSpec]:
+        """:func:`~taskmesh.validation.parse_task_specs` with this facade's ``max_delay_seconds``."""
+        return parse_task_specs(items, first=first, max_delay_seconds=self.max_delay_seconds)
 
     async def enqueue_in_transaction(self, connection: asyncpg.Connection, specs: Sequence[TaskSpec]) -> list[Enqueued]:
         """Store tasks inside the caller's own transaction on ``connection`` (transactional enqueue).

@@ -3,12 +3,17 @@
 Design.md principle 7: bad input is refused at the edge, before anything is
 written. Limits (issue 2): names and queue names match
 ``[A-Za-z0-9_.:-]{1,128}``; priority 0..1000 (higher runs first); max_retries
-0..100; delay_seconds 0..31,536,000 (one year) and run_at within the same year
-of now, either way (issue 10, break 2: a past run_at means "now"; one older
-than a year is almost surely a mistake); payload any JSON value nested at most
-64 levels, its integers within 64 bits (-2^63 .. 2^64-1: orjson, which writes
-and reads payloads, rounds wider ones to floats); no string anywhere may hold a
-NUL character (PostgreSQL text and jsonb cannot store it).
+0..100; delay_seconds from 0 and run_at at most ``max_delay_seconds`` ahead
+(a setting, default 31,536,000: one year); any past run_at means "now", as in
+every peer (a client computing it from an old record must not break); payload
+any JSON value nested at most 64 levels, its integers within 64 bits (-2^63 ..
+2^64-1: orjson, which writes and reads payloads, rounds wider ones to floats);
+no string anywhere may hold a NUL character (PostgreSQL text and jsonb cannot
+store it); a tenant_id only printable characters, as an API key's tenant.
+
+The bound on delays comes from the validation context (``{"max_delay_seconds": s}``,
+see :func:`parse_task_spec`), so that an instance's setting applies; without one it is
+:data:`MAX_DELAY_SECONDS`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pydantic import (
     Strict,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -35,12 +41,16 @@ from taskmesh.store.keys import PRIORITY_MAX
 MAX_PAYLOAD_DEPTH = 64
 MAX_RETRIES_LIMIT = 100
 MAX_DELAY_SECONDS = 365 * 24 * 3600
+"""The default of the ``max_delay_seconds`` setting: how far ahead a task may be delayed."""
+MAX_DELAY_LIMIT = 10 * MAX_DELAY_SECONDS
+"""The most ``max_delay_seconds`` may be set to (ten years)."""
+PAST_FLOOR = datetime(1970, 1, 1, tzinfo=UTC)
+"""A past ``run_at`` before this is kept as this (it means now all the same), so that year 1 with an
+offset, which Python cannot shift to UTC, is stored as an ordinary instant."""
 NAME_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
-RUN_AT_RANGE = (
-    "must be within 365 days of now: at most 365 days ago (a past time means now) "
-    "and at most 365 days ahead, as delay_seconds"
-)
-"""The message of a ``run_at`` outside ``now ± MAX_DELAY_SECONDS``."""
+TENANT_CHARACTERS = "must be 1 to 128 printable characters"
+"""The message of a ``tenant_id`` holding a control, zero-width, direction or other unprintable character
+(Python's :meth:`str.isprintable`: categories C and Z but the space), as for an API key's tenant."""
 INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
 BIG_INTEGER = "integer beyond 64 bits (-2^63 .. 2^64-1); send it as a string"
@@ -138,12 +148,27 @@ class TaskSpec(BaseModel):
     payload: Any = Field(default_factory=dict, description="Any JSON value, at most 64 levels deep.")
     dedup_key: str | None = Field(default=None, min_length=1, max_length=512)
     max_retries: StrictInt | None = Field(default=None, ge=0, le=MAX_RETRIES_LIMIT)
-    delay_seconds: float | None = Field(default=None, ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
+    delay_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds from now, at most the max_delay_seconds setting (default 31536000, 365 days).",
+    )
     run_at: datetime | None = Field(
-        default=None, description="RFC 3339 time with an offset, within 365 days of now (a past time means now)."
+        default=None,
+        description="RFC 3339 time with an offset, at most max_delay_seconds ahead; any past time means now.",
     )
     tenant_id: str | None = Field(default=None, min_length=1, max_length=128)
     trace_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @field_validator("tenant_id")
+    @classmethod
+    def _printable_tenant(cls, value: str | None) -> str | None:
+        # What an API key's tenant may hold: a task's tenant that no key could name (a zero-width
+        # space, a right-to-left override) would look like another tenant in every list.
+        if value is not None and not value.isprintable():
+            raise ValueError(TENANT_CHARACTERS)
+        return value
 
     @field_validator("delay_seconds", mode="before")
     @classmethod
@@ -167,20 +192,31 @@ class TaskSpec(BaseModel):
             raise ValueError("must be an RFC 3339 date-time string")
         return parsed
 
+    @field_validator("delay_seconds")
+    @classmethod
+    def _not_too_long(cls, value: float | None, info: ValidationInfo) -> float | None:
+        most = max_delay_of(info)
+        if value is not None and value > most:
+            raise ValueError(f"Input should be less than or equal to {_seconds(most)}")
+        return value
+
     @field_validator("run_at")
     @classmethod
-    def _aware_and_near(cls, value: datetime | None) -> datetime | None:
+    def _aware_and_near(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("must carry a UTC offset (RFC 3339), e.g. 2026-01-01T12:00:00Z")
+        most = max_delay_of(info)
         try:
-            ahead = (value - datetime.now(UTC)).total_seconds()
-        except OverflowError:  # year 1 or 9999 shifted by its offset: far outside the range anyway
-            raise ValueError(RUN_AT_RANGE) from None
-        if abs(ahead) > MAX_DELAY_SECONDS:
-            raise ValueError(RUN_AT_RANGE)
-        return value
+            when = value.astimezone(UTC)
+        except OverflowError:  # year 1 or 9999 shifted by its offset beyond Python's range
+            if value.year > 1:
+                raise ValueError(run_at_range(most)) from None
+            return PAST_FLOOR
+        if (when - datetime.now(UTC)).total_seconds() > most:
+            raise ValueError(run_at_range(most))
+        return max(value, PAST_FLOOR)
 
     @model_validator(mode="after")
     def _one_delay(self) -> TaskSpec:
@@ -199,6 +235,24 @@ class TaskSpec(BaseModel):
         return None
 
 
+def max_delay_of(info: ValidationInfo) -> float:
+    """The ``max_delay_seconds`` of the validation context, else :data:`MAX_DELAY_SECONDS`."""
+    context = info.context
+    most = context.get("max_delay_seconds") if isinstance(context, dict) else None
+    return float(most) if most is not None else float(MAX_DELAY_SECONDS)
+
+
+def run_at_range(most: float) -> str:
+    """The message of a ``run_at`` more than ``most`` seconds ahead."""
+    span = f"{_seconds(most / 86400)} days" if most % 86400 == 0 else f"{_seconds(most)} seconds"
+    return f"must be at most {span} ahead (max_delay_seconds, as delay_seconds); any past time means now"
+
+
+def _seconds(value: float) -> str:
+    """``31536000`` rather than ``3.1536e+07``; a fraction as it is."""
+    return str(int(value)) if value == int(value) else str(value)
+
+
 def field_errors(exc: ValidationError) -> list[tuple[str, str]]:
     """``(field, message)`` pairs of a pydantic error, fields as dotted paths."""
     out = []
@@ -213,10 +267,13 @@ def field_errors(exc: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
-def parse_task_specs(items: Sequence[Any], *, first: int = 0) -> list[TaskSpec]:
+def parse_task_specs(
+    items: Sequence[Any], *, first: int = 0, max_delay_seconds: float = MAX_DELAY_SECONDS
+) -> list[TaskSpec]:
     """Validate decoded JSON objects as :class:`TaskSpec` s, all at once (one pydantic call for the batch).
 
     :param first: the index of ``items[0]`` in the whole batch, when ``items`` is a slice of it.
+    :param max_delay_seconds: how far ahead a task may be delayed (the setting).
     :raises InvalidTaskError: the first invalid item's first problem, its field prefixed with
         ``tasks[i].`` (``tasks[3].priority``); ``errors`` lists that item's problems.
     """
@@ -227,20 +284,22 @@ def parse_task_specs(items: Sequence[Any], *, first: int = 0) -> list[TaskSpec]:
             for key in _JSON_CHECKED:
                 if key in item:
                     check_json(item[key], key)
-        return _TASK_SPECS.validate_python(items)
+        return _TASK_SPECS.validate_python(items, context=_context(max_delay_seconds))
     except (InvalidTaskError, ValidationError):
         pass
     for i, item in enumerate(items, first):  # rare: find the first invalid item and say what parse_task_spec says
         try:
-            parse_task_spec(item)
+            parse_task_spec(item, max_delay_seconds=max_delay_seconds)
         except InvalidTaskError as exc:
             errors = [(f"tasks[{i}].{f}", m) for f, m in exc.errors]
             raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
     raise AssertionError("a batch pydantic refused has an item parse_task_spec refuses")  # pragma: no cover
 
 
-def parse_task_spec(data: Any) -> TaskSpec:
+def parse_task_spec(data: Any, *, max_delay_seconds: float = MAX_DELAY_SECONDS) -> TaskSpec:
     """Validate a decoded JSON object as a :class:`TaskSpec`.
+
+    :param max_delay_seconds: how far ahead a task may be delayed (the setting).
 
     :raises InvalidTaskError: the first problem, naming its field; ``errors``
         on the exception lists every ``(field, message)``.
@@ -251,11 +310,16 @@ def parse_task_spec(data: Any) -> TaskSpec:
         if key in data:
             check_json(data[key], key)
     try:
-        return TaskSpec.model_validate(data)
+        return TaskSpec.model_validate(data, context=_context(max_delay_seconds))
     except ValidationError as exc:
         errors = field_errors(exc)
         field, message = errors[0]
         raise InvalidTaskError(field, message, errors) from None
+
+
+def _context(max_delay_seconds: float) -> dict[str, float] | None:
+    """The validation context of a bound (none for the default: the validators' fallback)."""
+    return None if max_delay_seconds == MAX_DELAY_SECONDS else {"max_delay_seconds": max_delay_seconds}
 
 
 _JSON_CHECKED = ("payload", "dedup_key", "tenant_id", "trace_id", "name", "queue_name")

@@ -34,10 +34,8 @@ NOT_INT = "Input should be a valid integer"
 RFC3339 = "must be an RFC 3339 date-time string"
 NUL = "contains a NUL character"
 DELAYED = "type 'delayed' needs delay_seconds or run_at"
-RUN_AT_RANGE = (
-    "must be within 365 days of now: at most 365 days ago (a past time means now) "
-    "and at most 365 days ahead, as delay_seconds"
-)
+PRINTABLE = "must be 1 to 128 printable characters"
+RUN_AT_AHEAD = "must be at most 365 days ahead (max_delay_seconds, as delay_seconds); any past time means now"
 IN_AN_HOUR = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
 UNKNOWN_ID = "00000000-0000-0000-0000-000000000000"
 TASKS = "/api/v1/tasks"
@@ -205,6 +203,11 @@ BAD_TASKS = [
     bad_task("NUL in name", {"name": "x\x00"}, "name", NUL),
     bad_task("NUL in queue_name", {"name": "x", "queue_name": "q\x00"}, "queue_name", NUL),
     bad_task("NUL in tenant_id", {"name": "x", "tenant_id": "t\x00"}, "tenant_id", NUL),
+    # What an API key's tenant may not hold: each would look like "acme" in a list and be another tenant.
+    bad_task("zero-width space in tenant_id", {"name": "x", "tenant_id": "ac\u200bme"}, "tenant_id", PRINTABLE),
+    bad_task("right-to-left override in tenant_id", {"name": "x", "tenant_id": "\u202eemca"}, "tenant_id", PRINTABLE),
+    bad_task("escape character in tenant_id", {"name": "x", "tenant_id": "acme\x1b[0m"}, "tenant_id", PRINTABLE),
+    bad_task("line break in tenant_id", {"name": "x", "tenant_id": "acme\n"}, "tenant_id", PRINTABLE),
     bad_task("NUL in trace_id", {"name": "x", "trace_id": "t\x00"}, "trace_id", NUL),
     bad_task("unknown extra field", {"name": "x", "bogus": 1}, "bogus", "unknown field"),
     bad_task("unknown extra field with a NUL in its name", {"name": "x", "bogus\x00": 1}, "bogus\x00", "unknown field"),
@@ -439,16 +442,10 @@ DEEPER_THAN_ORJSON_ALLOWS = [
 # Each of these once answered 500 or 200; they are kept as a group so that the regression stays visible.
 EDGE_CASES = [
     bad_task(
-        "run_at year 1 with a positive offset",
-        {"name": "x", "run_at": "0001-01-01T00:00:00+01:00"},
-        "run_at",
-        RUN_AT_RANGE,
-    ),
-    bad_task(
         "run_at year 9999 with a negative offset",
         {"name": "x", "run_at": "9999-12-31T23:59:59-01:00"},
         "run_at",
-        RUN_AT_RANGE,
+        RUN_AT_AHEAD,
     ),
     invalid(
         "dlq count superscript two", "GET", DLQ, "count", "must be an integer between 1 and 1000", params={"count": "²"}

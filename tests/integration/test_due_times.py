@@ -1,12 +1,12 @@
-"""Due times (issue 10, break 2): one range for ``run_at`` and ``delay_seconds``, and rows no one validated.
+"""Due times: one future bound for ``run_at`` and ``delay_seconds``, any past time means now, and rows no one validated.
 
-``run_at`` must lie within one year of now, in either direction: a past time
-means "now", one older than a year is refused as a mistake, and one more than a
-year ahead is refused like ``delay_seconds`` over 31,536,000. The refusal is a
-422 naming ``run_at`` with the range in its message, from the API and from the
-Python client alike, and nothing is written. A task whose ``run_at`` is
-``-infinity`` (a row taskmesh did not write, inserted by hand) is claimed and
-run by a live instance, which keeps serving.
+A ``run_at`` in the past, however old (year 1, with any offset), means "now", as in every
+peer: the task is ready at once and stored due at its creation. One more than
+``max_delay_seconds`` ahead (a setting, default a year) is refused like a ``delay_seconds``
+over it: a 422 naming ``run_at`` with the bound in its message, from the API and from the
+Python client alike, and nothing is written. A task whose ``run_at`` is ``-infinity`` (a row
+taskmesh did not write, inserted by hand) is claimed and run by a live instance, which keeps
+serving.
 """
 
 from __future__ import annotations
@@ -30,10 +30,7 @@ from tests.integration.test_api_bad_input import assert_nothing_written, assert_
 
 pytestmark = pytest.mark.anyio
 
-RANGE = (
-    "must be within 365 days of now: at most 365 days ago (a past time means now) "
-    "and at most 365 days ahead, as delay_seconds"
-)
+AHEAD = "must be at most 365 days ahead (max_delay_seconds, as delay_seconds); any past time means now"
 TASKS = "/api/v1/tasks"
 
 
@@ -42,38 +39,38 @@ def at(delta: timedelta) -> str:
     return (datetime.now(UTC) + delta).isoformat().replace("+00:00", "Z")
 
 
-def out_of_range_cases() -> list[Any]:
+def too_far_ahead_cases() -> list[Any]:
     year = timedelta(days=365)
     return [
-        bad_task(
-            "run_at year 1 (was stored as -infinity)", {"name": "x", "run_at": "0001-01-01T00:00:00Z"}, "run_at", RANGE
-        ),
         bad_task(
             "run_at year 9999 (parked for 8,000 years)",
             {"name": "x", "run_at": "9999-12-31T23:59:59Z"},
             "run_at",
-            RANGE,
+            AHEAD,
         ),
         bad_task(
-            "run_at a year and a day ahead", {"name": "x", "run_at": at(year + timedelta(days=1))}, "run_at", RANGE
+            "run_at year 9999 with a negative offset",
+            {"name": "x", "run_at": "9999-12-31T23:59:59-01:00"},
+            "run_at",
+            AHEAD,
         ),
         bad_task(
-            "run_at a year and a day ago", {"name": "x", "run_at": at(-year - timedelta(days=1))}, "run_at", RANGE
+            "run_at a year and a day ahead", {"name": "x", "run_at": at(year + timedelta(days=1))}, "run_at", AHEAD
         ),
         bad_task(
             "type delayed, run_at too far ahead",
             {"name": "x", "type": "delayed", "run_at": "2999-01-01T00:00:00Z"},
             "run_at",
-            RANGE,
+            AHEAD,
         ),
     ]
 
 
-async def test_run_at_outside_one_year_of_now_is_refused_with_the_range_and_nothing_is_written(
+async def test_run_at_beyond_the_future_bound_is_refused_with_the_bound_and_nothing_is_written(
     start_instance: Any, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     async with start_instance(workers_enabled=False) as inst, http(inst) as client:
-        for bad in out_of_range_cases():
+        for bad in too_far_ahead_cases():
             r = await client.request(bad.method, bad.path, **bad.request)
             assert_problem(r, bad)
             await assert_nothing_written(pool, redis_client, keys, bad.case)
@@ -81,42 +78,95 @@ async def test_run_at_outside_one_year_of_now_is_refused_with_the_range_and_noth
             f"{TASKS}:batch", json={"tasks": [{"name": "x", "run_at": "9999-12-31T23:59:59Z"}], "atomic": True}
         )
         assert r.status_code == 422, r.text
-        assert r.json()["errors"] == [{"field": "tasks[0].run_at", "message": RANGE}]
+        assert r.json()["errors"] == [{"field": "tasks[0].run_at", "message": AHEAD}]
         await assert_nothing_written(pool, redis_client, keys, "atomic batch")
 
 
-async def test_run_at_within_a_year_either_way_is_accepted_and_a_past_one_is_ready_now(
+PAST = [
+    "0001-01-01T00:00:00Z",  # was refused, and before that stored as -infinity
+    "0001-01-01T00:00:00+01:00",  # Python cannot shift it to UTC
+    "1999-12-31T23:59:59-05:00",
+    at(-timedelta(days=366)),  # a year and a day ago: a client computing run_at from an old record
+    at(-timedelta(days=3650)),
+    at(-timedelta(seconds=1)),
+]
+
+
+async def test_any_past_run_at_means_now_however_old(
     start_instance: Any, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     async with start_instance(workers_enabled=False) as inst, http(inst) as client:
-        past = await client.post(TASKS, json={"name": "x", "run_at": at(-timedelta(days=364))})
+        made = [await client.post(TASKS, json={"name": "x", "run_at": run_at}) for run_at in PAST]
+        batch = await client.post(f"{TASKS}:batch", json={"tasks": [{"name": "x", "run_at": r} for r in PAST]})
+    assert [m.status_code for m in made] == [201] * len(PAST), [m.text for m in made]
+    assert batch.status_code == 200 and batch.json()["created"] == len(PAST), batch.text
+    ids = [m.json()["task_id"] for m in made] + [r["task_id"] for r in batch.json()["results"]]
+    assert sorted(await redis_client.zrange(keys.ready("default"), 0, -1)) == sorted(ids)
+    assert await redis_client.zcard(keys.delayed("default")) == 0
+    # Stored due at its creation: the task waited no year, and sorts as new.
+    late = await pool.fetchval("SELECT count(*) FROM tasks WHERE run_at < created_at")
+    assert late == 0 and await pool.fetchval("SELECT count(*) FROM tasks") == 2 * len(PAST)
+
+
+async def test_run_at_within_a_year_ahead_is_accepted_and_delayed(
+    start_instance: Any, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
         ahead = await client.post(TASKS, json={"name": "x", "run_at": at(timedelta(days=364))})
         most = await client.post(TASKS, json={"name": "x", "delay_seconds": 31_536_000})
-    assert (past.status_code, ahead.status_code, most.status_code) == (201, 201, 201), (past.text, ahead.text)
-    ready = await redis_client.zrange(keys.ready("default"), 0, -1)
+    assert (ahead.status_code, most.status_code) == (201, 201), (ahead.text, most.text)
     delayed = await redis_client.zrange(keys.delayed("default"), 0, -1)
-    assert ready == [past.json()["task_id"]]
     assert sorted(delayed) == sorted([ahead.json()["task_id"], most.json()["task_id"]])
-    assert await pool.fetchval("SELECT count(*) FROM tasks") == 3
-    # A past run_at is stored as the creation time: the task waited no year, and sorts as new.
-    row = await pool.fetchrow("SELECT run_at, created_at FROM tasks WHERE id = $1", uuid.UUID(past.json()["task_id"]))
-    assert row is not None and row["run_at"] >= row["created_at"]
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 2
 
 
-async def test_the_client_refuses_run_at_out_of_range_with_the_same_message(
+async def test_the_max_delay_seconds_setting_moves_the_future_bound_of_both_fields(
+    start_instance: Any, pool: asyncpg.Pool
+) -> None:
+    async with start_instance(workers_enabled=False, max_delay_seconds=3600) as inst, http(inst) as client:
+        long_delay = await client.post(TASKS, json={"name": "x", "delay_seconds": 3601})
+        late = await client.post(TASKS, json={"name": "x", "run_at": at(timedelta(hours=2))})
+        in_batch = await client.post(f"{TASKS}:batch", json={"tasks": [{"name": "x", "delay_seconds": 7200}]})
+        fits = await client.post(TASKS, json={"name": "x", "run_at": at(timedelta(minutes=30))})
+    assert (long_delay.status_code, long_delay.json()["detail"]) == (
+        422,
+        "delay_seconds: Input should be less than or equal to 3600",
+    )
+    assert (late.status_code, late.json()["detail"]) == (
+        422,
+        "run_at: must be at most 3600 seconds ahead (max_delay_seconds, as delay_seconds); any past time means now",
+    )
+    assert in_batch.json()["results"][0]["errors"] == [
+        {"field": "tasks[0].delay_seconds", "message": "Input should be less than or equal to 3600"}
+    ]
+    assert fits.status_code == 201
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 1
+
+
+async def test_the_client_refuses_run_at_too_far_ahead_with_the_same_message_and_takes_any_past_one(
     database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     async with Client(
         database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, registry=Registry()
     ) as client:
-        for run_at in ("0001-01-01T00:00:00Z", datetime(9999, 12, 31, tzinfo=UTC)):
+        for run_at in ("9999-12-31T23:59:59Z", datetime(9999, 12, 31, tzinfo=UTC)):
             with pytest.raises(InvalidTaskError) as caught:
                 await client.enqueue("x", run_at=run_at)
-            assert (caught.value.field, caught.value.message) == ("run_at", RANGE)
+            assert (caught.value.field, caught.value.message) == ("run_at", AHEAD)
         with pytest.raises(InvalidTaskError) as caught:
             await client.enqueue_many([{"name": "x"}, {"name": "x", "run_at": "2999-01-01T00:00:00Z"}])
-        assert (caught.value.field, caught.value.message) == ("tasks[1].run_at", RANGE)
-    await assert_nothing_written(pool, redis_client, keys, "client")
+        assert (caught.value.field, caught.value.message) == ("tasks[1].run_at", AHEAD)
+        await assert_nothing_written(pool, redis_client, keys, "client")
+        old = await client.enqueue("x", run_at=datetime(2001, 1, 1, tzinfo=UTC))
+        await client.enqueue_many([{"name": "x", "run_at": "0001-01-01T00:00:00+01:00"}])
+    assert await redis_client.zscore(keys.ready("default"), str(old)) is not None
+    assert await redis_client.zcard(keys.ready("default")) == 2
+    async with Client(
+        database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, max_delay_seconds=60
+    ) as short:
+        with pytest.raises(InvalidTaskError) as caught:
+            await short.enqueue("x", delay_seconds=61)
+    assert (caught.value.field, caught.value.message) == ("delay_seconds", "Input should be less than or equal to 60")
 
 
 async def test_hand_inserted_tasks_due_at_minus_infinity_are_run_and_the_instance_keeps_serving(

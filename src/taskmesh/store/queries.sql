@@ -11,7 +11,7 @@
 -- Bulk enqueue: every task in one statement (issue 4). No run row yet: the first claim writes
 -- it (issue 15; until then the task shows a pending run built from its row).
 -- Repeated idempotency keys (in the table or within the batch) insert nothing.
--- run_at: the given instant (a past one means now: validation allows up to a year ago), else
+-- run_at: the given instant (a past one, however old, means now), else
 -- now() + the delay (0 for an immediate task), so an instance whose clock runs ahead cannot
 -- park a task in the future.
 WITH input AS (

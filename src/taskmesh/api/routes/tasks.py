@@ -87,7 +87,8 @@ async def create_task(request: Request, tasks: TasksDep, state: StateDep) -> Res
     The 201 answer carries ``warnings`` when no live instance serves the task's queue or has a
     handler for its name there.
     """
-    spec = with_trace(parse_task_spec(await read_json(request, "payload")), request)
+    data = await read_json(request, "payload")
+    spec = with_trace(parse_task_spec(data, max_delay_seconds=tasks.max_delay_seconds), request)
     spec = bind_to_reach(spec, reach_of(request), tasks)
     await state.quotas.check(tasks.pg, tasks.redis, [spec])
     result = await tasks.enqueue(spec)
@@ -152,7 +153,7 @@ def _parse_batch(data: Any, tasks: Tasks) -> tuple[list[TaskSpec], list[int], li
     results: list[dict[str, Any]] = [{} for _ in items]
     for i, item in enumerate(items):
         try:
-            spec = parse_task_spec(item)
+            spec = parse_task_spec(item, max_delay_seconds=tasks.max_delay_seconds)
             tasks.check_payload(spec)
             specs.append(spec)
             positions.append(i)
