@@ -25,6 +25,7 @@ from taskmesh.errors import (
     ConfigError,
     InvalidTaskError,
     NonRetryableError,
+    QuotaExceededError,
     Retry,
     StoreError,
     TaskCancelledError,
@@ -39,6 +40,7 @@ from taskmesh.errors import (
 if TYPE_CHECKING:
     from taskmesh.client import Client
     from taskmesh.models import TaskContext
+    from taskmesh.queued_quota import QueuedLimits
     from taskmesh.registry import Registry, default_registry, task
     from taskmesh.sync_client import SyncClient
 
@@ -46,6 +48,7 @@ _LAZY = {
     "Client": "taskmesh.client",
     "SyncClient": "taskmesh.sync_client",
     "TaskContext": "taskmesh.models",
+    "QueuedLimits": "taskmesh.queued_quota",
     "Registry": "taskmesh.registry",
     "default_registry": "taskmesh.registry",
     "task": "taskmesh.registry",
@@ -70,6 +73,8 @@ __all__ = [
     "ConfigError",
     "InvalidTaskError",
     "NonRetryableError",
+    "QueuedLimits",
+    "QuotaExceededError",
     "Registry",
     "Retry",
     "StoreError",

@@ -18,6 +18,7 @@ import asyncpg
 
 from taskmesh.errors import InvalidTaskError, StoreError, TaskCancelledError, TaskFailedError, WaitTimeoutError
 from taskmesh.models import Enqueued
+from taskmesh.queued_quota import QueuedLimits
 from taskmesh.registry import Registry, default_registry
 from taskmesh.states import TaskStatus
 from taskmesh.store import Stores
@@ -41,6 +42,9 @@ class Client:
         instances' ``redis_mode`` (a ``redis+sentinel://`` URL needs nothing more).
     :param max_delay_seconds: how far ahead a task may be delayed, as the instances'
         ``max_delay_seconds`` (default one year); any past ``run_at`` means now.
+    :param queued_limits: tenants' ``max_queued`` quotas to hold on this client's creates too,
+        exactly as the instances do (``QueuedLimits.of_settings(load_settings())``); default none:
+        the application's own creates are not counted against them.
 
     Use as ``async with Client(db, redis) as client: ...``; the pools open on
     entry and close on exit.
@@ -58,6 +62,7 @@ class Client:
         pg_pooler: str = "none",
         redis_mode: RedisMode = "standalone",
         max_delay_seconds: float = MAX_DELAY_SECONDS,
+        queued_limits: QueuedLimits | None = None,
     ) -> None:
         self._database_url = database_url
         self._redis_url = redis_url
@@ -68,6 +73,7 @@ class Client:
         self._pg_pooler = pg_pooler
         self._redis_mode: RedisMode = redis_mode
         self._max_delay_seconds = max_delay_seconds
+        self._queued_limits = queued_limits
         self._stores: Stores | None = None
         self._tasks: Tasks | None = None
 
@@ -100,6 +106,7 @@ class Client:
             registry=self._registry,
             default_max_retries=self._default_max_retries,
             max_delay_seconds=self._max_delay_seconds,
+            queued_limits=self._queued_limits,
         )
         return self
 

@@ -12,6 +12,7 @@ per task runs beside PostgreSQL's rather than before it.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -113,8 +114,15 @@ def copyable_mapping(item: Mapping[str, Any]) -> bool:
 
 
 async def copy_many(
-    tasks: Tasks, pg: PgStore, count: int, specs: SpecSlice, field_prefix: str, task_type: str | None
-) -> tuple[list[Enqueued], ReadyTargets, set[str]]:
+    tasks: Tasks,
+    pg: PgStore,
+    count: int,
+    specs: SpecSlice,
+    field_prefix: str,
+    task_type: str | None,
+    *,
+    quota: bool = False,
+) -> tuple[list[Enqueued], ReadyTargets, Counter[str]]:
     """Copy ``count`` copyable tasks into ``tasks`` (``COPY``), in one transaction on ``pg``.
 
     This coroutine validates the tasks a slice of :data:`PREPARE_SLICE_TASKS` at a time and
@@ -130,15 +138,18 @@ async def copy_many(
         :func:`copyable`.
     :param field_prefix: how an error names task ``i`` (``tasks[{i}].``).
     :param task_type: overrides the ``type`` column.
+    :param quota: hold the tenants' ``max_queued`` quotas (:meth:`~taskmesh.tasks.Tasks.enforce_queued`)
+        once the rows are copied, in the same transaction.
     :returns: one :class:`Enqueued` per task, in order; the push targets for after the commit;
-        the tenants the tasks belong to (each slice's specs are let go once prepared).
+        the tasks per tenant (each slice's specs are let go once prepared).
     :raises InvalidTaskError: a task is invalid, its payload does not fit its handler or is not
         JSON-serialisable; the transaction is rolled back.
+    :raises QuotaExceededError: a tenant would hold more than its ``max_queued``; rolled back.
     :raises StoreError: PostgreSQL failed; nothing was written.
     """
     out: list[Enqueued] = []
     targets = ReadyTargets()
-    tenants: set[str] = set()
+    tenants: Counter[str] = Counter()
     traces = new_trace_ids(count)
     defaults: Defaults = {}  # by handler, not by task
     queued = TaskStatus.QUEUED
@@ -156,7 +167,7 @@ async def copy_many(
                     targets.add(queue, text_id, spec.priority)
                     out.append(Enqueued(task_id, queued, True, trace, queue))
                     if spec.tenant_id is not None:
-                        tenants.add(spec.tenant_id)
+                        tenants[spec.tenant_id] += 1
                 slices.put_nowait("".join(lines).encode())
                 await asyncio.sleep(0)  # the COPY sends this slice; other requests go on meanwhile
                 if copying.done():  # PostgreSQL failed: stop preparing, raise its error below
@@ -172,6 +183,8 @@ async def copy_many(
         except BaseException:
             await _settle(copying)  # the rollback needs the connection free
             raise
+        if quota:
+            await tasks.enforce_queued(tx, tenants)
     if tasks.metrics:
         for queue, n in targets.counts().items():
             tasks.metrics.task_created(queue, n)

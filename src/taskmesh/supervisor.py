@@ -54,6 +54,7 @@ from taskmesh.loop_monitor import LoopMonitor
 from taskmesh.metrics import Metrics, current_metrics
 from taskmesh.models import Outcome, RunResult
 from taskmesh.process_pool import ProcessPool
+from taskmesh.queued_quota import QueuedLimits
 from taskmesh.registry import Registry
 from taskmesh.schedules import NOTIFY_CHANNEL, Schedules
 from taskmesh.services import (
@@ -592,6 +593,7 @@ async def _serve(
         default_max_retries=settings.default_max_retries,
         metrics=metrics,
         max_delay_seconds=settings.max_delay_seconds,
+        queued_limits=QueuedLimits.of_settings(settings),
     )
     state.stores, state.tasks = stores, tasks
     state.schedules = Schedules(tasks, settings.schedules)

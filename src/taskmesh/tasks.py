@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +24,7 @@ from taskmesh.ids import uuid7
 from taskmesh.logs import get_logger
 from taskmesh.metrics import Metrics
 from taskmesh.models import ClaimedTask, Enqueued, PushTarget, RunResult
+from taskmesh.queued_quota import QueuedLimits, created_by_tenant
 from taskmesh.records import run_to_dict as _run_to_dict
 from taskmesh.records import task_and_latest_run, task_summary_to_dict
 from taskmesh.registry import Registry
@@ -61,6 +62,8 @@ class Tasks(TaskActions):
     :param metrics: the instance's metrics (``None`` in the client and the CLI).
     :param max_delay_seconds: how far ahead a task may be delayed (the ``max_delay_seconds`` setting);
         what the API and the client validate with (:func:`~taskmesh.validation.parse_task_spec`).
+    :param queued_limits: tenants' ``max_queued`` quotas, held exactly by every create
+        (``queued_quota.py``); ``None``: none.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class Tasks(TaskActions):
         default_max_retries: int = 3,
         metrics: Metrics | None = None,
         max_delay_seconds: float = MAX_DELAY_SECONDS,
+        queued_limits: QueuedLimits | None = None,
     ) -> None:
         self.pg = pg
         self.redis = redis
@@ -79,6 +83,7 @@ class Tasks(TaskActions):
         self.default_max_retries = default_max_retries
         self.metrics = metrics
         self.max_delay_seconds = max_delay_seconds
+        self.queued_limits = queued_limits
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -95,20 +100,31 @@ class Tasks(TaskActions):
         return result
 
     async def enqueue_many(
-        self, specs: Sequence[TaskSpec], *, field_prefix: str = "tasks[{i}].", task_type: str | None = None
+        self,
+        specs: Sequence[TaskSpec],
+        *,
+        field_prefix: str = "tasks[{i}].",
+        task_type: str | None = None,
+        quota: bool = True,
     ) -> list[Enqueued]:
         """Store many tasks in one transaction (see :meth:`insert_many`) and push them to Redis at once.
 
         :param task_type: overrides the ``type`` column (``cron`` for schedule fires);
             by default ``delayed`` when the spec has a delay, else ``immediate``.
+        :param quota: hold the tenants' ``max_queued`` quotas (:attr:`queued_limits`).
         :returns: one :class:`Enqueued` per spec, in order; ``created=False``
             for an idempotency key that already existed (in the table or
             earlier in the same batch), with the existing task's id.
         :raises InvalidTaskError: a payload is not JSON-serialisable (nothing written).
+        :raises QuotaExceededError: a tenant would hold more than its ``max_queued`` (nothing written).
         :raises StoreError: PostgreSQL failed; nothing was written.
         """
-        async with self.pg.changing() as pg:
-            out, targets = await self.insert_many(pg, specs, field_prefix=field_prefix, task_type=task_type)
+        limited = quota and self.queued_limits is not None and self.queued_limits.limited(s.tenant_id for s in specs)
+        # A quota is counted and held in the transaction of the insert; without one a lone statement commits alone.
+        async with self.pg.atomic() if limited else self.pg.changing() as pg:
+            out, targets = await self.insert_many(
+                pg, specs, field_prefix=field_prefix, task_type=task_type, quota=limited
+            )
         await self.push(targets)
         return out
 
@@ -127,7 +143,13 @@ class Tasks(TaskActions):
             return await self.enqueue_many(self.parse(items))
         async with self.pg.changing() as pg:
             out, targets, tenants = await copy_many(
-                self, pg, len(items), lambda a, b: self.parse(items[a:b], first=a), "tasks[{i}].", None
+                self,
+                pg,
+                len(items),
+                lambda a, b: self.parse(items[a:b], first=a),
+                "tasks[{i}].",
+                None,
+                quota=self.queued_limits is not None,
             )
             _note_created(out, tenants)
         await self.push(targets)
@@ -146,7 +168,10 @@ class Tasks(TaskActions):
         touches Redis: the commit is the caller's.
 
         :raises InvalidTaskError: a task is invalid (``tasks[i].…``), or ``connection`` is not
-            inside a transaction (``connection: must be inside a transaction``).
+            inside a transaction (``connection: must be inside a transaction``), or not a READ
+            COMMITTED one while a tenant's ``max_queued`` quota applies.
+        :raises QuotaExceededError: a tenant would hold more than its ``max_queued``; the caller's
+            transaction must then be rolled back.
         :raises StoreError: PostgreSQL failed (the caller's transaction is then aborted).
         """
         if not connection.is_in_transaction():
@@ -156,7 +181,7 @@ class Tasks(TaskActions):
         pg = PgStore(self.pg.pool, connection)
         # Never COPY here: a COPY encodes with the connection's codecs, and an application's
         # connection may have its own for jsonb; the INSERT sends payloads as text.
-        out, targets = await self.insert_many(pg, specs, copy=False)
+        out, targets = await self.insert_many(pg, specs, copy=False, quota=True)
         ids = [str(t.task_id) for t in targets]
         for start in range(0, len(ids), ENQUEUED_IDS_PER_NOTIFY):
             await pg.notify(ENQUEUED_CHANNEL, " ".join(ids[start : start + ENQUEUED_IDS_PER_NOTIFY]))
@@ -220,6 +245,7 @@ class Tasks(TaskActions):
         field_prefix: str = "tasks[{i}].",
         task_type: str | None = None,
         copy: bool = True,
+        quota: bool = False,
     ) -> tuple[list[Enqueued], Collection[PushTarget]]:
         """The PostgreSQL half of :meth:`enqueue_many`, on ``pg`` (a transaction's store, or the pool's).
 
@@ -228,12 +254,16 @@ class Tasks(TaskActions):
         :data:`COPY_MIN_TASKS` or more immediate tasks without a dedup key are copied
         (:func:`~taskmesh.copy_enqueue.copy_many`) unless ``copy`` is false; others go in one ``task_insert_many``
         statement.
+
+        :param quota: hold the tenants' ``max_queued`` quotas (:meth:`enforce_queued`); ``pg`` must then be
+            a transaction (a schedule's fires do not: the operator's config made them).
+        :raises QuotaExceededError: with ``quota``, a tenant would hold more than its ``max_queued``.
         """
         if not specs:
             return [], []
         if copy and len(specs) >= COPY_MIN_TASKS and all(copyable(s) for s in specs):
             copied, pushes, tenants = await copy_many(
-                self, pg, len(specs), lambda a, b: specs[a:b], field_prefix, task_type
+                self, pg, len(specs), lambda a, b: specs[a:b], field_prefix, task_type, quota=quota
             )
             _note_created(copied, tenants)
             return copied, pushes
@@ -287,8 +317,21 @@ class Tasks(TaskActions):
                 out.append(Enqueued(found_id, status, created=False, trace_id=found_trace))
                 if self.metrics:
                     self.metrics.task_deduplicated(queue)
+        if quota:
+            made = created_by_tenant(s.tenant_id for s, o in zip(specs, out, strict=True) if o.created)
+            await self.enforce_queued(pg, made)
         _note_created(out, {s.tenant_id for s in specs if s.tenant_id is not None})
         return out, targets
+
+    async def enforce_queued(self, pg: PgStore, created: Mapping[str, int]) -> None:
+        """Refuse the transaction on ``pg`` when a tenant holds more than its ``max_queued`` quota
+        (:meth:`~taskmesh.queued_quota.QueuedLimits.enforce`); nothing at all without a quota.
+
+        :param created: the tasks the transaction created, per tenant.
+        :raises QuotaExceededError: a tenant holds more; the caller rolls the transaction back.
+        """
+        if self.queued_limits is not None:
+            await self.queued_limits.enforce(pg, created)
 
     async def push(self, targets: Collection[PushTarget]) -> None:
         """Push committed tasks' ids to Redis; a failure is logged and left to the reconciler."""
@@ -439,7 +482,7 @@ class Tasks(TaskActions):
             log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))
 
 
-def _note_created(out: Sequence[Enqueued], tenants: set[str]) -> None:
+def _note_created(out: Sequence[Enqueued], tenants: Collection[str]) -> None:
     """What a create tells the audit log (before its transaction commits; nothing outside a request).
 
     :param tenants: the tenants the created tasks belong to.

@@ -3,16 +3,25 @@ names its quota and tenant, stores nothing, and leaves other tenants alone."""
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 import asyncpg
+import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from taskmesh import api_keys
+from taskmesh.client import Client
 from taskmesh.config import TenantQuota
-from tests.conftest import http
+from taskmesh.errors import QuotaExceededError
+from taskmesh.queued_quota import QueuedLimits
+from taskmesh.store.keys import Keys
+from tests.conftest import REDIS_MODE, http
 
 pytestmark = pytest.mark.anyio
 
@@ -121,3 +130,111 @@ async def test_a_tenants_request_budget_holds_however_many_keys_it_has(start_ins
         refused.json()["detail"],
     )
     assert theirs.status_code == 200
+
+
+def refused_max_queued(tenant: str, held: int, most: int, more: int) -> dict[str, Any]:
+    """The exact problem of a create ``max_queued`` refuses."""
+    return {
+        "type": "about:blank",
+        "title": "Quota exceeded",
+        "status": 429,
+        "detail": f"tenant {tenant!r} has {held} tasks queued or running and its max_queued quota is {most}: "
+        f"{more} more would exceed it",
+        "quota": "max_queued",
+        "tenant_id": tenant,
+    }
+
+
+async def concurrently(calls: list[Callable[[], Awaitable[httpx.Response]]]) -> list[httpx.Response]:
+    """Every call started at once (the creates race for the last places); their answers in order."""
+    answers: list[httpx.Response | None] = [None] * len(calls)
+
+    async def one(i: int) -> None:
+        answers[i] = await calls[i]()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(calls)):
+            tg.start_soon(one, i)
+    return [a for a in answers if a is not None]
+
+
+async def test_max_queued_is_exact_under_concurrent_creates_on_two_instances(
+    start_instance: Any, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    settings = {"workers_enabled": False, "tenant_quotas": {"acme": TenantQuota(max_queued=20)}}
+    async with start_instance(**settings) as first, start_instance(**settings) as second:
+        async with http(first) as one, http(second) as two:
+            body = {"name": "x", "tenant_id": "acme"}
+            answers = await concurrently(
+                [functools.partial((one, two)[i % 2].post, "/api/v1/tasks", json=body) for i in range(60)]
+            )
+    codes = Counter(a.status_code for a in answers)
+    assert codes == {201: 20, 429: 40}, codes
+    for refused in (a for a in answers if a.status_code == 429):
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json() == refused_max_queued("acme", 20, 20, 1)
+    assert await pool.fetchval("SELECT count(*) FROM tasks WHERE tenant_id = 'acme'") == 20
+    assert await redis_client.zcard(keys.ready("default")) == 20
+
+
+async def test_max_queued_is_exact_for_copied_and_inserted_batches_on_two_instances(
+    start_instance: Any, pool: asyncpg.Pool
+) -> None:
+    settings = {"workers_enabled": False, "tenant_quotas": {"acme": TenantQuota(max_queued=200)}}
+    async with start_instance(**settings) as first, start_instance(**settings) as second:
+        async with http(first) as one, http(second) as two:
+            # 64 immediate tasks without dedup keys are copied (COPY): room for three batches of eight.
+            copied = {"tasks": [{"name": "x", "tenant_id": "acme"}] * 64}
+            big = await concurrently(
+                [functools.partial((one, two)[i % 2].post, "/api/v1/tasks:batch", json=copied) for i in range(8)]
+            )
+            # Batches with dedup keys are inserted (INSERT): the 8 places left take two of these.
+            small = await concurrently(
+                [
+                    functools.partial(
+                        (one, two)[i % 2].post,
+                        "/api/v1/tasks:batch",
+                        json={"tasks": [{"name": "x", "tenant_id": "acme", "dedup_key": f"{i}-{k}"} for k in range(4)]},
+                    )
+                    for i in range(8)
+                ]
+            )
+    assert Counter(a.status_code for a in big) == {200: 3, 429: 5}
+    assert [a.json() for a in big if a.status_code == 429] == [refused_max_queued("acme", 192, 200, 64)] * 5
+    assert Counter(a.status_code for a in small) == {200: 2, 429: 6}
+    assert [a.json() for a in small if a.status_code == 429] == [refused_max_queued("acme", 200, 200, 4)] * 6
+    assert await pool.fetchval("SELECT count(*) FROM tasks WHERE tenant_id = 'acme'") == 200
+
+
+async def test_max_queued_is_exact_for_transactional_creates_of_two_clients(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool
+) -> None:
+    limits = QueuedLimits({"acme": 5})
+    options: dict[str, Any] = {"redis_prefix": prefix, "redis_mode": REDIS_MODE, "queued_limits": limits}
+    outcomes: list[str] = []
+    async with Client(database_url, redis_url, **options) as first, Client(database_url, redis_url, **options) as two:
+
+        async def create(client: Client) -> None:
+            app = await asyncpg.connect(database_url)
+            try:
+                async with app.transaction():
+                    await client.enqueue("x", tenant_id="acme", connection=app)
+                outcomes.append("stored")
+            except QuotaExceededError as exc:
+                assert str(exc) == refused_max_queued("acme", 5, 5, 1)["detail"]
+                outcomes.append("refused")
+            finally:
+                await app.close()
+
+        async with anyio.create_task_group() as tg:
+            for i in range(16):
+                tg.start_soon(create, (first, two)[i % 2])
+        # The client's own creates (one INSERT, or COPY for 64 or more) hold the same count.
+        with pytest.raises(QuotaExceededError):
+            await first.enqueue("x", tenant_id="acme")
+        with pytest.raises(QuotaExceededError):
+            await two.enqueue_many([{"name": "x", "tenant_id": "acme"}] * 64)
+        untenanted = await first.enqueue_many([{"name": "x"}] * 64)
+    assert Counter(outcomes) == {"stored": 5, "refused": 11}
+    assert await pool.fetchval("SELECT count(*) FROM tasks WHERE tenant_id = 'acme'") == 5
+    assert len(untenanted) == 64

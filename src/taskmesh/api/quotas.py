@@ -1,11 +1,12 @@
 """Tenants' quotas (issue 12): most tasks queued or running, most payload bytes, tasks per second.
 
-Checked before a create through the API stores anything, for each tenant the request's
-tasks belong to (whichever key makes them: a quota is the tenant's, not a key's). The
-rate is a GCRA bucket in Redis shared by every instance, charged one unit per task; the
-count of open tasks reads at most the quota's number of index entries. Concurrent creates
-on several instances may pass the count together: ``max_queued`` can be overshot by the
-creates in flight at one moment, never by more.
+Payload bytes and the rate are checked here, before a create through the API stores anything,
+for each tenant the request's tasks belong to (whichever key makes them: a quota is the
+tenant's, not a key's). The rate is a GCRA bucket in Redis shared by every instance, charged one
+unit per task (also for a create ``max_queued`` then refuses). ``max_queued`` is held exactly, in
+the transaction that stores the tasks (``taskmesh/queued_quota.py``, through
+:class:`~taskmesh.tasks.Tasks`), so that concurrent creates on any number of instances never
+store one task more than it allows.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ class Quotas:
     async def check(
         self, pg: PgStore, redis: RedisStore, specs: Sequence[TaskSpec], prefixes: Sequence[str] | None = None
     ) -> None:
-        """Refuse the creates when one of their tenants' quotas would be exceeded.
+        """Refuse the creates when one of their tenants' payload or rate quotas would be exceeded
+        (``max_queued`` is held by the store's transaction, see the module docs).
 
         :param prefixes: each spec's field prefix (``tasks[3].`` in a batch; default none).
         :raises QuotaExceededError: naming the quota and tenant (413 for payload bytes, else 429).
-        :raises StoreError: PostgreSQL failed counting (503); a Redis failure lets the rate through.
         """
         counts = Counter(s.tenant_id for s in specs if s.tenant_id is not None)
         for tenant, n in counts.items():
@@ -53,15 +54,6 @@ class Quotas:
                 continue
             if quota.max_payload_bytes is not None:
                 self._check_payloads(tenant, quota.max_payload_bytes, specs, prefixes or [""] * len(specs))
-            if quota.max_queued is not None:
-                open_tasks = await pg.tasks.count_open_of_tenant(tenant, quota.max_queued)
-                if open_tasks + n > quota.max_queued:
-                    raise QuotaExceededError(
-                        tenant,
-                        "max_queued",
-                        f"tenant {tenant!r} has {open_tasks} tasks queued or running and its max_queued quota is "
-                        f"{quota.max_queued}: {n} more would exceed it",
-                    )
             if quota.enqueue_per_second is not None:
                 await self._spend(redis, tenant, quota.enqueue_per_second, n)
 

@@ -66,10 +66,22 @@ WHERE t.id = $1;
 -- name: task_exists
 SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1);
 
--- name: task_count_open_of_tenant
--- A tenant's queued or running tasks, counted up to $2 (its max_queued quota) through
--- tasks_tenant_open_idx: a create reads at most that many index entries.
-SELECT count(*) FROM (SELECT 1 FROM tasks WHERE tenant_id = $1 AND status IN ('queued', 'running') LIMIT $2) s;
+-- name: task_lock_tenants
+-- The transaction-scoped advisory locks of tenants whose max_queued quota a create must hold
+-- (queued_quota.py), one per tenant (class 29805, 'tm'; key the tenant's hash: two tenants that
+-- share one only wait for each other), taken in one order so that two batches cannot deadlock.
+-- Returns the transaction's isolation: only READ COMMITTED counts what committed meanwhile.
+SELECT current_setting('transaction_isolation') AS isolation, count(pg_advisory_xact_lock(29805, k)) AS locked
+FROM (SELECT DISTINCT hashtext(t) AS k FROM unnest($1::text[]) AS t ORDER BY k) s;
+
+-- name: task_count_open_of_tenants
+-- Each tenant's queued or running tasks (its own transaction's new ones included), counted up
+-- to its $2 through tasks_tenant_open_idx.
+SELECT t.tenant,
+       (SELECT count(*) FROM (SELECT 1 FROM tasks
+                              WHERE tenant_id = t.tenant AND status IN ('queued', 'running')
+                              LIMIT t.most) s)::int AS open
+FROM unnest($1::text[], $2::int[]) AS t(tenant, most);
 
 -- name: task_owner
 -- Whose a task is (issue 12): its tenant and queue, for a key bound to a tenant or queues.

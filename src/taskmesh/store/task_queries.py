@@ -91,9 +91,19 @@ class TaskQueries(Queries):
         """``task_exists``."""
         return bool(await self._fetchval("task_exists", task_id))
 
-    async def count_open_of_tenant(self, tenant_id: str, most: int) -> int:
-        """``task_count_open_of_tenant``: the tenant's queued or running tasks, at most ``most``."""
-        return int(await self._fetchval("task_count_open_of_tenant", tenant_id, most))
+    async def lock_tenants(self, tenant_ids: Sequence[str]) -> str:
+        """``task_lock_tenants``: the tenants' advisory locks until the transaction ends (call inside one).
+
+        :returns: the transaction's isolation level (``read committed``, ``repeatable read``, ``serializable``).
+        """
+        row = await self._fetchrow("task_lock_tenants", list(tenant_ids))
+        assert row is not None  # an aggregate answers one row
+        return str(row["isolation"])
+
+    async def count_open_of_tenants(self, tenant_ids: Sequence[str], most: Sequence[int]) -> dict[str, int]:
+        """``task_count_open_of_tenants``: each tenant's queued or running tasks, at most its ``most``."""
+        rows = await self._fetch("task_count_open_of_tenants", list(tenant_ids), list(most))
+        return {r["tenant"]: r["open"] for r in rows}
 
     async def owner(self, task_id: uuid.UUID) -> asyncpg.Record | None:
         """``task_owner``: ``tenant_id, queue`` of the task (``None``: no task has this id)."""
