@@ -42,6 +42,7 @@ from typing import Any
 import anyio
 
 from taskmesh import __version__, emergency, notify, worker_processes
+from taskmesh.advertised import AdvertisedHandlers, handler_options
 from taskmesh.api.listeners import HttpListener, bind_listeners, is_loopback
 from taskmesh.api.principals import KeyCache, RatePolicy
 from taskmesh.api.quotas import Quotas
@@ -494,6 +495,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
             cancel=p.cancel_run,
             metrics=p.metrics,
             handlers=handled_names(p.registry),
+            handler_options=handler_options(p.registry),
         )
         table.append(ServiceSpec("heartbeat", beat, critical=True))
     table += [
@@ -594,6 +596,7 @@ async def _serve(
         metrics=metrics,
         max_delay_seconds=settings.max_delay_seconds,
         queued_limits=QueuedLimits.of_settings(settings),
+        advertised=AdvertisedHandlers(fresh_seconds=3 * settings.lease_seconds),
     )
     state.stores, state.tasks = stores, tasks
     state.schedules = Schedules(tasks, settings.schedules)
@@ -651,6 +654,7 @@ async def _serve(
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,
                 handlers=handled_names(registry),
+                handler_options=handler_options(registry),
             )
 
         await call_until_done("heartbeat", register)

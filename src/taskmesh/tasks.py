@@ -18,6 +18,7 @@ import asyncpg
 import orjson
 
 from taskmesh import audit
+from taskmesh.advertised import AdvertisedHandlers, Advertisement
 from taskmesh.copy_enqueue import COPY_MIN_TASKS, ReadyTargets, copy_many, copyable, copyable_mapping
 from taskmesh.errors import InvalidTaskError, StoreError, TaskNotFoundError
 from taskmesh.ids import uuid7
@@ -27,7 +28,7 @@ from taskmesh.models import ClaimedTask, Enqueued, PushTarget, RunResult
 from taskmesh.queued_quota import QueuedLimits, created_by_tenant
 from taskmesh.records import run_to_dict as _run_to_dict
 from taskmesh.records import task_and_latest_run, task_summary_to_dict
-from taskmesh.registry import Registry
+from taskmesh.registry import Handler, Registry
 from taskmesh.states import TaskStatus, TaskType
 from taskmesh.store import PgStore, RedisStore
 from taskmesh.task_actions import TaskActions
@@ -64,6 +65,8 @@ class Tasks(TaskActions):
         what the API and the client validate with (:func:`~taskmesh.validation.parse_task_spec`).
     :param queued_limits: tenants' ``max_queued`` quotas, held exactly by every create
         (``queued_quota.py``); ``None``: none.
+    :param advertised: what live instances advertise about their handlers, for names this process
+        has no handler of (``advertised.py``); default a new reader.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class Tasks(TaskActions):
         metrics: Metrics | None = None,
         max_delay_seconds: float = MAX_DELAY_SECONDS,
         queued_limits: QueuedLimits | None = None,
+        advertised: AdvertisedHandlers | None = None,
     ) -> None:
         self.pg = pg
         self.redis = redis
@@ -84,6 +88,7 @@ class Tasks(TaskActions):
         self.metrics = metrics
         self.max_delay_seconds = max_delay_seconds
         self.queued_limits = queued_limits
+        self.advertised = advertised if advertised is not None else AdvertisedHandlers()
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -139,6 +144,7 @@ class Tasks(TaskActions):
             nothing is written then.
         :raises StoreError: PostgreSQL failed; nothing was written.
         """
+        await self.learn()
         if len(items) < COPY_MIN_TASKS or not all(copyable_mapping(item) for item in items):
             return await self.enqueue_many(self.parse(items))
         async with self.pg.changing() as pg:
@@ -199,43 +205,72 @@ class Tasks(TaskActions):
         )
         return len(rows)
 
+    async def learn(self) -> None:
+        """Read what live instances advertise about their handlers, when the last read is stale
+        (``advertised.py``; never raises). Every create does it first; then the checks below use it."""
+        await self.advertised.refresh(self.pg)
+
+    def _handler(self, name: str) -> tuple[Handler | None, Advertisement | None]:
+        """This process's own handler of ``name`` (a fallback is none), else what a live instance advertises."""
+        if self.registry is not None and name in self.registry:
+            return self.registry.get(name), None
+        return None, self.advertised.get(name)
+
     def check_payload(self, spec: TaskSpec, field_prefix: str = "") -> None:
         """Refuse ``spec`` when its payload does not fit its handler's declared type (issue 11).
 
-        Only when this process has the handler registered; fields are named under
-        ``field_prefix`` (``tasks[3].payload.customer_id``).
+        By this process's own handler of the name; else by the payload schema a live instance
+        advertises for it (``payload_schema.py``: it never refuses what the handler would take);
+        a name no live instance advertises is stored unchecked and logged
+        (``task_name_unadvertised``). Fields are named under ``field_prefix``
+        (``tasks[3].payload.customer_id``).
 
         :raises InvalidTaskError: it does not fit.
         """
-        if self.registry is None:
-            return
+        own, advertised = self._handler(spec.name)
         try:
-            self.registry.check_payload(spec.name, spec.payload)
+            if own is not None:
+                assert self.registry is not None
+                self.registry.check_payload(spec.name, spec.payload)
+            elif advertised is not None:
+                if advertised.payload is not None:
+                    advertised.payload.check(spec.payload)
+            else:
+                self.advertised.note_unknown(spec.name)
         except InvalidTaskError as exc:
             raise exc.under(field_prefix) from None
 
     def queue_for(self, name: str, queue: str | None = None) -> str:
-        """The queue a task named ``name`` goes to: ``queue`` when given, else its handler's, else ``default``."""
+        """The queue a task named ``name`` goes to: ``queue`` when given, else its handler's (this
+        process's own, else as a live instance advertises it), else ``default``."""
         if queue is not None:
             return queue
-        handler = self.registry.get(name) if self.registry else None
-        return handler.queue if handler is not None and handler.queue else DEFAULT_QUEUE
+        own, advertised = self._handler(name)
+        found = own.queue if own is not None else advertised.queue if advertised is not None else None
+        return found or DEFAULT_QUEUE
 
     def resolve_defaults(self, spec: TaskSpec) -> tuple[str, int, str]:
         """A spec's defaults resolved: ``(queue, max_retries, type)``.
 
-        The queue and max_retries are the request's, else its handler's, else the defaults;
-        the type is ``delayed`` when it has a delay or a ``run_at``, else ``immediate``.
+        The queue and max_retries are the request's, else its handler's (this process's own, else
+        as advertised), else the defaults; the type is ``delayed`` when it has a delay or a
+        ``run_at``, else ``immediate``.
         """
-        handler = self.registry.get(spec.name) if self.registry else None
+        own, advertised = self._handler(spec.name)
         max_retries = spec.max_retries
-        if max_retries is None and handler is not None:
-            max_retries = handler.max_retries
+        if max_retries is None:
+            max_retries = own.max_retries if own is not None else advertised.max_retries if advertised else None
         if max_retries is None:
             max_retries = self.default_max_retries
         queue = self.queue_for(spec.name, spec.queue_name if "queue_name" in spec.model_fields_set else None)
         delayed = spec.run_at is not None or bool(spec.delay_seconds)
         return queue, max_retries, TaskType.DELAYED if delayed else TaskType.IMMEDIATE
+
+    async def advertised_handler(self, name: str) -> Advertisement | None:
+        """The handler of ``name`` a live instance advertises (read again when stale), for a fallback
+        handler that must leave such a name alone (``services/executor.py``)."""
+        await self.learn()
+        return self.advertised.get(name)
 
     async def insert_many(
         self,
@@ -261,15 +296,15 @@ class Tasks(TaskActions):
         """
         if not specs:
             return [], []
+        await self.learn()
         if copy and len(specs) >= COPY_MIN_TASKS and all(copyable(s) for s in specs):
             copied, pushes, tenants = await copy_many(
                 self, pg, len(specs), lambda a, b: specs[a:b], field_prefix, task_type, quota=quota
             )
             _note_created(copied, tenants)
             return copied, pushes
-        if self.registry is not None:
-            for i, spec in enumerate(specs):
-                self.check_payload(spec, field_prefix.format(i=i))
+        for i, spec in enumerate(specs):
+            self.check_payload(spec, field_prefix.format(i=i))
         ids = [uuid7() for _ in specs]  # time-ordered: each insert lands at the primary key's right edge
         fresh = new_trace_ids(len(specs))
         traces = [s.trace_id or fresh[i] for i, s in enumerate(specs)]  # every task can be followed in the logs

@@ -13,9 +13,11 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
+from taskmesh.advertised import AdvertisedHandlers
 from taskmesh.errors import NonRetryableError, Retry
 from taskmesh.models import TaskContext
 from taskmesh.registry import Registry
+from taskmesh.store import PgStore
 from taskmesh.store.keys import Keys
 from taskmesh.supervisor import Instance
 from taskmesh.tasks import Tasks
@@ -143,6 +145,13 @@ async def test_exhausted_retries_dead_letter_the_task_and_replay_starts_a_fresh_
     assert statuses == ["retrying", "failed", "retrying", "failed", "succeeded"]
 
 
+class Blind(AdvertisedHandlers):
+    """Reads no advertisements (as a version before them)."""
+
+    async def refresh(self, pg: PgStore) -> None:
+        return None
+
+
 async def test_non_retryable_outcomes_fail_at_once(start_instance: Any, registry: Registry) -> None:
     @registry.task("refuses")
     async def refuses(payload: Any) -> None:
@@ -155,8 +164,10 @@ async def test_non_retryable_outcomes_fail_at_once(start_instance: Any, registry
     async with start_instance() as inst:
         a = await enqueue(inst, name="refuses", max_retries=5)
         b = await enqueue(inst, name="nobody.handles.this", max_retries=5)
-        # Enqueued where the handler is not registered (an enqueue here is refused: test_payload_models).
-        elsewhere = Tasks(facade(inst).pg, facade(inst).redis, registry=None)
+        # Enqueued where the handler is not registered, by a client of a version that reads no
+        # advertised payload schema (an enqueue here is refused: test_payload_models, and so is
+        # one through an up-to-date client: test_advertised_handlers).
+        elsewhere = Tasks(facade(inst).pg, facade(inst).redis, registry=None, advertised=Blind())
         c = str(
             (
                 await elsewhere.enqueue(

@@ -17,6 +17,12 @@ cancels the caller). Outcomes (design.md section 3):
 - no handler and no fallback, a payload the handler's type cannot decode, a
   row this version cannot read, or :class:`~taskmesh.errors.NonRetryableError`:
   ``failed`` at once;
+- a name only the fallback (the dev profile's demo) would run while a live instance
+  advertises a handler for it (``advertised.py``): ``failed`` at once, naming that
+  instance and the handler's queue to retry it on. The demo must not "complete" a task
+  a real handler was waiting for; handing it back could loop for ever when that
+  instance does not serve the task's queue, and a failed task is in sight, one retry
+  (with ``queue_name``) away from its handler;
 - cancelled by an operator (through the heartbeat): ``cancelled``.
 
 :func:`run_loop` is one executor slot of a queue (see ``worker_pool``): it
@@ -40,6 +46,7 @@ from typing import Any
 
 import anyio
 
+from taskmesh.advertised import Advertisement
 from taskmesh.errors import NonRetryableError, PayloadDecodeError, Retry
 from taskmesh.logs import current_run, get_logger, run_keys
 from taskmesh.metrics import Metrics
@@ -56,6 +63,7 @@ from taskmesh.storable import (
     storable_result,
     storable_text,
 )
+from taskmesh.tasks import DEFAULT_QUEUE
 
 log = get_logger("taskmesh.executor")
 
@@ -86,12 +94,15 @@ async def execute(
     registry: Registry,
     cancels: dict[uuid.UUID, anyio.CancelScope] | None = None,
     sync: SyncHandlers | None = None,
+    advertised: Advertised | None = None,
 ) -> RunResult:
     """Run one claimed task's handler and decide its outcome (see module docs; never raises).
 
     :param cancels: shared map task id -> the run's cancel scope, through which
         the heartbeat cancels a run whose task an operator cancelled (outcome ``cancelled``).
     :param sync: how ``def`` handlers run (a process pool, or threads; default threads).
+    :param advertised: what a live instance advertises for a task name
+        (:meth:`~taskmesh.tasks.Tasks.advertised_handler`), asked before the fallback runs a name.
     """
     # Named so that the event-loop monitor can tell which run blocks the loop (loop_monitor.py).
     _taskmesh_run = task
@@ -100,6 +111,10 @@ async def execute(
     handler = registry.get(task.name)
     if handler is None:
         return RunResult(task, Outcome.FAILED, error=f"no handler registered for task name {task.name!r}")
+    if advertised is not None and task.name not in registry:
+        theirs = await advertised(task.name)
+        if theirs is not None:
+            return RunResult(task, Outcome.FAILED, error=_not_for_the_fallback(task, theirs))
     sync = sync or _THREADS
     if not handler.is_async:
         ref = sync.ref(handler)
@@ -159,6 +174,19 @@ async def execute(
     finally:
         if cancels is not None:
             cancels.pop(task.task_id, None)
+
+
+Advertised = Callable[[str], Awaitable[Advertisement | None]]
+"""What a live instance advertises for a task name (``None``: none does)."""
+
+
+def _not_for_the_fallback(task: ClaimedTask, theirs: Advertisement) -> str:
+    queue = theirs.queue or DEFAULT_QUEUE
+    return (
+        f"not run by the fallback handler: live instance {theirs.worker_id} has a handler for {task.name!r} "
+        f"(queue {queue!r}); retry it there: POST /api/v1/tasks/{task.task_id}/retry "
+        f'{{"queue_name": "{queue}"}}'
+    )
 
 
 _THREADS = SyncHandlers(None, default="thread")
@@ -257,6 +285,7 @@ async def run_one(
     debug: bool,
     log_payloads: bool,
     now: Callable[[], float] = time.time,
+    advertised: Advertised | None = None,
 ) -> RunResult:
     """Execute ``task`` with its bookkeeping (metrics, the log context, the end line).
 
@@ -265,6 +294,7 @@ async def run_one(
 
     :param now: PostgreSQL's time in epoch seconds (``StoreClock.timestamp``): the task's
         ``ready_at`` is its ``run_at``, by PostgreSQL's clock, so its wait is measured on that one.
+    :param advertised: as :func:`execute`'s (given when the registry has a fallback).
     """
     try:
         if metrics is not None:
@@ -274,7 +304,7 @@ async def run_one(
         # logs.py adds them from this context variable (threads of sync handlers inherit it).
         token = current_run.set((task, worker_id))
         try:
-            result = await execute(task, registry, cancels, sync)
+            result = await execute(task, registry, cancels, sync, advertised)
         finally:
             current_run.reset(token)
         if metrics is not None:

@@ -45,11 +45,14 @@ async def run_once(
     cancel: Callable[[uuid.UUID], bool] | None = None,
     metrics: Metrics | None = None,
     handlers: Collection[str] | None = None,
+    handler_options: str | None = None,
 ) -> list[uuid.UUID]:
     """One beat; returns the ids of held tasks to cancel (and cancels them via ``cancel``).
 
     :param held: run ids whose leases to extend.
     :param handlers: the task names this instance has handlers for (``None``: any, a fallback).
+    :param handler_options: what it advertises of its registered handlers (JSON,
+        :func:`~taskmesh.advertised.handler_options`).
     :raises StoreError: PostgreSQL failed.
     """
     to_cancel = await pg.workers.heartbeat(
@@ -62,6 +65,7 @@ async def run_once(
         lease_seconds,
         list(held),
         None if handlers is None else sorted(handlers),
+        handler_options,
     )
     if metrics is not None:
         metrics.heartbeats.inc()
@@ -83,8 +87,10 @@ async def run(
     cancel: Callable[[uuid.UUID], bool],
     metrics: Metrics | None = None,
     handlers: Collection[str] | None = None,
+    handler_options: str | None = None,
 ) -> None:
-    """Beat for ever (cancelled by the supervisor after deregistering); ``handlers`` as :func:`run_once`."""
+    """Beat for ever (cancelled by the supervisor after deregistering); ``handlers`` and
+    ``handler_options`` as :func:`run_once`."""
 
     async def beat() -> Counts:
         await run_once(
@@ -97,6 +103,7 @@ async def run(
             cancel=cancel,
             metrics=metrics,
             handlers=handlers,
+            handler_options=handler_options,
         )
         return {}
 

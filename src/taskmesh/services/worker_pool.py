@@ -285,6 +285,7 @@ class QueueWorkers:
                     debug=debug,
                     log_payloads=self.log_payloads,
                     now=self.now,
+                    advertised=self.tasks.advertised_handler if self.registry.fallback is not None else None,
                 )
                 await self.committer.submit(result)
                 if self.tally is not None:

@@ -466,10 +466,11 @@ LIMIT $2;
 -- waiting made the two deadlock (PostgreSQL then ends one after deadlock_timeout). It is
 -- being finished; should that write fail, the next beat, a third of a lease later, extends it.
 WITH w AS (
-    INSERT INTO workers (id, host, pid, queues, version, state, handlers)
-    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $9::text[])
+    INSERT INTO workers (id, host, pid, queues, version, state, handlers, handler_options)
+    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $9::text[], $10::text::jsonb)
     ON CONFLICT (id) DO UPDATE
-    SET heartbeat_at = now(), state = EXCLUDED.state, stopped_at = NULL, handlers = EXCLUDED.handlers
+    SET heartbeat_at = now(), state = EXCLUDED.state, stopped_at = NULL, handlers = EXCLUDED.handlers,
+        handler_options = EXCLUDED.handler_options
     RETURNING id
 ), held AS (
     SELECT id FROM task_runs
@@ -521,6 +522,22 @@ WHERE w.state IN ('running', 'draining')
 GROUP BY q.queue
 ORDER BY q.queue
 LIMIT $1;
+
+-- name: worker_list_advertised_handlers
+-- The handlers live instances (running or draining, a heartbeat within $1 seconds) advertise:
+-- per task name the options of the most recently started one; plus one row with a NULL name when
+-- a live instance runs any name (handlers NULL: a fallback, or an older version). At most $2 rows.
+(SELECT DISTINCT ON (h.name) h.name, h.options::text AS options, w.id AS worker_id
+ FROM workers w CROSS JOIN LATERAL jsonb_each(w.handler_options) AS h(name, options)
+ WHERE w.state IN ('running', 'draining') AND w.heartbeat_at > now() - make_interval(secs => $1)
+   AND jsonb_typeof(w.handler_options) = 'object'
+ ORDER BY h.name, w.started_at DESC
+ LIMIT $2)
+UNION ALL
+(SELECT NULL, NULL, w.id FROM workers w
+ WHERE w.state IN ('running', 'draining') AND w.heartbeat_at > now() - make_interval(secs => $1)
+   AND w.handlers IS NULL
+ LIMIT 1);
 
 -- name: worker_list_served_queues
 -- The queues live instances (running or draining) work, at most $1 of them.

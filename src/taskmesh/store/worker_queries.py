@@ -24,10 +24,12 @@ class WorkerQueries(Queries):
         lease_seconds: float,
         held_run_ids: Sequence[uuid.UUID],
         handlers: Sequence[str] | None = None,
+        handler_options: str | None = None,
     ) -> list[uuid.UUID]:
         """``worker_heartbeat``: upsert the row, extend the held runs' leases.
 
         :param handlers: the task names this instance has handlers for; ``None``: any name.
+        :param handler_options: what it advertises of its registered handlers (JSON, ``advertised.py``).
         :returns: ids of held runs' tasks whose cancellation was requested.
         """
         rows = await self._fetch(
@@ -41,6 +43,7 @@ class WorkerQueries(Queries):
             lease_seconds,
             list(held_run_ids),
             None if handlers is None else list(handlers),
+            handler_options,
         )
         return [r["id"] for r in rows]
 
@@ -71,6 +74,11 @@ class WorkerQueries(Queries):
         """
         rows = await self._fetch("worker_list_served_handlers", limit)
         return {r["queue"]: None if r["any_name"] else frozenset(r["names"]) for r in rows}
+
+    async def advertised_handlers(self, fresh_seconds: float, limit: int) -> Sequence[asyncpg.Record]:
+        """``worker_list_advertised_handlers``: ``name, options`` (JSON text), ``worker_id`` per advertised
+        name, plus a row with ``name`` NULL when a live instance runs any name."""
+        return await self._fetch("worker_list_advertised_handlers", fresh_seconds, limit)
 
     async def served_queues(self, limit: int) -> Sequence[str]:
         """``worker_list_served_queues``: the queues live (running or draining) instances work, at most ``limit``."""

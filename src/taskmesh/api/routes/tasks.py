@@ -89,6 +89,7 @@ async def create_task(request: Request, tasks: TasksDep, state: StateDep) -> Res
     """
     data = await read_json(request, "payload")
     spec = with_trace(parse_task_spec(data, max_delay_seconds=tasks.max_delay_seconds), request)
+    await tasks.learn()  # the queue and payload check of a name only another instance has a handler for
     spec = bind_to_reach(spec, reach_of(request), tasks)
     await state.quotas.check(tasks.pg, tasks.redis, [spec])
     result = await tasks.enqueue(spec)
@@ -178,7 +179,9 @@ async def create_batch(request: Request, tasks: TasksDep, state: StateDep) -> Re
 
     A created item no live instance will run carries ``warnings``, as a single create.
     """
-    specs, positions, results, atomic = _parse_batch(await read_json(request, "tasks"), tasks)
+    data = await read_json(request, "tasks")
+    await tasks.learn()
+    specs, positions, results, atomic = _parse_batch(data, tasks)
     reach = reach_of(request)
     specs = [bind_to_reach(s, reach, tasks, f"tasks[{i}].") for s, i in zip(specs, positions, strict=True)]
     rejected = len(results) - len(specs)
