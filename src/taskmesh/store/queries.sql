@@ -70,8 +70,9 @@ SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1);
 -- The transaction-scoped advisory locks of tenants whose max_queued quota a create must hold
 -- (queued_quota.py), one per tenant (class 29805, 'tm'; key the tenant's hash: two tenants that
 -- share one only wait for each other), taken in one order so that two batches cannot deadlock.
--- Returns the transaction's isolation: only READ COMMITTED counts what committed meanwhile.
-SELECT current_setting('transaction_isolation') AS isolation, count(pg_advisory_xact_lock(29805, k)) AS locked
+-- Returns the transaction's isolation ($2: the setting's name): only READ COMMITTED counts
+-- what committed meanwhile.
+SELECT current_setting($2) AS isolation, count(pg_advisory_xact_lock(29805, k)) AS locked
 FROM (SELECT DISTINCT hashtext(t) AS k FROM unnest($1::text[]) AS t ORDER BY k) s;
 
 -- name: task_count_open_of_tenants
@@ -530,7 +531,7 @@ LIMIT $1;
 (SELECT DISTINCT ON (h.name) h.name, h.options::text AS options, w.id AS worker_id
  FROM workers w CROSS JOIN LATERAL jsonb_each(w.handler_options) AS h(name, options)
  WHERE w.state IN ('running', 'draining') AND w.heartbeat_at > now() - make_interval(secs => $1)
-   AND jsonb_typeof(w.handler_options) = 'object'
+   AND w.handler_options @> '{}'  -- an object (jsonb_each refuses anything else)
  ORDER BY h.name, w.started_at DESC
  LIMIT $2)
 UNION ALL

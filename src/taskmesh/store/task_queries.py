@@ -96,7 +96,7 @@ class TaskQueries(Queries):
 
         :returns: the transaction's isolation level (``read committed``, ``repeatable read``, ``serializable``).
         """
-        row = await self._fetchrow("task_lock_tenants", list(tenant_ids))
+        row = await self._fetchrow("task_lock_tenants", list(tenant_ids), "transaction_isolation")
         assert row is not None  # an aggregate answers one row
         return str(row["isolation"])
 
