@@ -33,6 +33,22 @@ templates = Environment(
     lstrip_blocks=True,
 )
 
+ID_TAIL = 12
+"""Hex digits of a task id shown in lists: its last group."""
+
+
+def id_tail(task_id: str) -> str:
+    """The part of a task id that tells it from its neighbours: its last :data:`ID_TAIL` hex digits.
+
+    A UUIDv7 begins with its creation time in milliseconds, so the ids of tasks made in the same
+    minute share their first 8 hex digits; the last group is 48 random bits. A value that is not
+    a UUID's text is returned whole.
+    """
+    return task_id[-ID_TAIL:] if len(task_id) == 36 and task_id.count("-") == 4 else task_id
+
+
+templates.filters["id_tail"] = id_tail
+
 
 @dataclass
 class Visitor:

@@ -1,0 +1,65 @@
+"""What the console's pages say, read in a real browser: ids that tell tasks apart, charts that draw what
+they scale to, axes with dates, fire times to the second, no age for an empty queue, and a favicon.
+
+Headless Chromium against a real instance on real stores, as in ``test_console_browser.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+
+from taskmesh import api_keys
+from taskmesh.api_keys import SCOPES
+from tests.conftest import http
+from tests.console.conftest import go, in_browser, screenshot
+from tests.console.test_console_browser import bearer, sign_in
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_task_ids_in_lists_the_bulk_sample_titles_and_the_audit_log_show_the_part_that_differs(
+    start_instance: Any, stores: Any, pool: asyncpg.Pool, page: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    admin = (await api_keys.create(stores.pg, "admin", list(SCOPES))).key
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        made = await client.post(
+            "/api/v1/tasks:batch",
+            json={"tasks": [{"name": "report.build", "queue_name": "reports"} for _ in range(6)]},
+            headers=bearer(admin),
+        )
+        assert made.status_code in (200, 201), made.text
+        ids = [str(r["id"]) for r in await pool.fetch("SELECT id FROM tasks ORDER BY id")]
+        for task_id in ids[:2]:  # two audit rows naming a task
+            assert (await client.post(f"/api/v1/tasks/{task_id}/cancel", headers=bearer(admin))).status_code == 200
+        base = f"http://127.0.0.1:{inst.port}"
+
+        def shown(css: str) -> dict[str, str]:
+            """Each task link's full id (its target) and the text it shows."""
+            links = page.find_elements(By.CSS_SELECTOR, css)
+            return {str(a.get_attribute("href")).rsplit("/", 1)[-1]: str(a.text) for a in links}
+
+        def steps() -> None:
+            sign_in(page, base, admin)
+            page.get(f"{base}/console/tasks?queue=reports")
+            listed = shown("#tasks td.id a")
+            assert sorted(listed) == ids
+            assert all(label == f"…{task_id[-12:]}" for task_id, label in listed.items()), listed
+            assert len(set(listed.values())) == len(ids)  # made in the same millisecond, told apart
+            screenshot(page, "legibility-ids")
+            page.find_element(By.CSS_SELECTOR, "#bulk select[name=action] option[value=delete]").click()
+            go(page, page.find_element(By.CSS_SELECTOR, "#bulk button[name=dry_run]"))
+            sample = shown("#dry-run a.id")
+            assert sample and all(label == f"…{task_id[-12:]}" for task_id, label in sample.items()), sample
+            page.get(f"{base}/console/audit?action=task.cancel")
+            audited = shown("#audit a.id")
+            assert sorted(audited) == sorted(ids[:2])
+            assert all(label == f"…{task_id[-12:]}" for task_id, label in audited.items()), audited
+            page.get(f"{base}/console/tasks/{ids[0]}")
+            assert page.title == f"Task …{ids[0][-12:]} · taskmesh"
+
+        await in_browser(steps)
