@@ -6,6 +6,7 @@ Headless Chromium against a real instance on real stores, as in ``test_console_b
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -15,7 +16,7 @@ from taskmesh import api_keys
 from taskmesh.api_keys import SCOPES
 from tests.conftest import http
 from tests.console.conftest import go, in_browser, screenshot
-from tests.console.test_console_browser import bearer, sign_in
+from tests.console.test_console_browser import bearer, sign_in, text
 
 pytestmark = pytest.mark.anyio
 
@@ -63,3 +64,47 @@ async def test_task_ids_in_lists_the_bulk_sample_titles_and_the_audit_log_show_t
             assert page.title == f"Task …{ids[0][-12:]} · taskmesh"
 
         await in_browser(steps)
+
+
+def _drawn_heights(page: Any, figure: int) -> list[float]:
+    """The y of every point and dot drawn in the overview's ``figure``-th chart (0 is the chart's top)."""
+    from selenium.webdriver.common.by import By
+
+    chart = page.find_elements(By.CSS_SELECTOR, "#charts figure.chart")[figure]
+    ys = [float(c.get_attribute("cy")) for c in chart.find_elements(By.CSS_SELECTOR, "circle")]
+    for line in chart.find_elements(By.CSS_SELECTOR, "polyline"):
+        ys += [float(p.split(",")[1]) for p in str(line.get_attribute("points")).split()]
+    return ys
+
+
+async def test_a_chart_draws_the_minute_still_going_and_the_day_views_axis_has_dates(
+    start_instance: Any, stores: Any, pool: asyncpg.Pool, page: Any
+) -> None:
+    admin = (await api_keys.create(stores.pg, "admin", list(SCOPES))).key
+    # Ten runs a minute for the past hour; a hundred in the minute still going: the top of the scale.
+    await pool.execute(
+        """INSERT INTO queue_minutes (queue, minute, succeeded, failed, wait_counts)
+           SELECT '*', date_trunc('minute', now()) - m * interval '1 minute', CASE WHEN m = 0 THEN 100 ELSE 10 END,
+                  0, ARRAY[]::bigint[]
+           FROM generate_series(0, 59) m"""
+    )
+    async with start_instance(workers_enabled=False) as inst:
+        base = f"http://127.0.0.1:{inst.port}"
+
+        def steps() -> str:
+            sign_in(page, base, admin)
+            page.get(f"{base}/console/overview")
+            assert "top: 100 runs" in text(page, "#charts figure.chart .scale")
+            heights = _drawn_heights(page, 0)
+            screenshot(page, "legibility-chart-now")
+            assert min(heights) < 3, sorted(heights)[:5]  # the hundred is drawn, at the top
+            page.get(f"{base}/console/overview?window=day")
+            return text(page, "#charts figure.chart .scale")
+
+        scale = await in_browser(steps)
+    now = datetime.now(UTC)
+    firsts = [
+        datetime.fromtimestamp((t.timestamp() // 300 - 287) * 300, UTC) for t in (now - timedelta(seconds=30), now)
+    ]
+    assert any(f"{first.day} {first:%b} {first:%H:%M}" in scale for first in firsts), scale
+    assert f"{now.day} {now:%b}" in scale, scale
