@@ -6,6 +6,7 @@ Headless Chromium against a real instance on real stores, as in ``test_console_b
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,9 +15,11 @@ import pytest
 
 from taskmesh import api_keys
 from taskmesh.api_keys import SCOPES
+from taskmesh.config import ScheduleSettings
+from taskmesh.registry import Registry
 from tests.conftest import http
 from tests.console.conftest import go, in_browser, screenshot
-from tests.console.test_console_browser import bearer, sign_in, text
+from tests.console.test_console_browser import bearer, sign_in, text, texts
 
 pytestmark = pytest.mark.anyio
 
@@ -108,3 +111,60 @@ async def test_a_chart_draws_the_minute_still_going_and_the_day_views_axis_has_d
     ]
     assert any(f"{first.day} {first:%b} {first:%H:%M}" in scale for first in firsts), scale
     assert f"{now.day} {now:%b}" in scale, scale
+
+
+async def test_an_empty_queue_has_no_oldest_age_and_a_schedule_with_seconds_shows_its_fires_to_the_second(
+    start_instance: Any, stores: Any, registry: Registry, page: Any
+) -> None:
+    @registry.task("report.build", queue="elsewhere")  # a queue no instance serves: the fires wait there
+    async def build(payload: Any) -> None:
+        return None
+
+    admin = (await api_keys.create(stores.pg, "admin", list(SCOPES))).key
+    every10 = ScheduleSettings(name="every-10s", cron="*/10 * * * * *", task="report.build")
+    nightly = ScheduleSettings(name="nightly", cron="30 2 * * *", timezone="Europe/Paris", task="report.build")
+    async with start_instance(queue_names=["work"], schedules=[every10, nightly]) as inst:
+        base = f"http://127.0.0.1:{inst.port}"
+
+        def steps() -> None:
+            sign_in(page, base, admin)
+            page.get(f"{base}/console/queues")
+            assert text(page, "tr[data-queue=work] td.oldest") == "–"
+            page.get(f"{base}/console/overview")
+            assert text(page, "#overview-queues tr[data-queue=work] td.oldest") == "–"
+            page.get(f"{base}/console/schedules")
+            fires = texts(page, "tr[data-schedule=every-10s] .fires > div")
+            screenshot(page, "legibility-schedules")
+            assert len(fires) == 3 and len(set(fires)) == 3, fires
+            for fire in fires:
+                assert re.fullmatch(r"\S+ (\d\d:\d\d:\d0) · \S+ \1 UTC", fire), fire
+            for fire in texts(page, "tr[data-schedule=nightly] .fires > div"):  # no seconds in the spec: none shown
+                assert re.fullmatch(r"\S+ 02:30 · \S+ 0[01]:30 UTC", fire), fire
+
+        await in_browser(steps)
+
+
+async def test_every_page_names_a_favicon_that_the_console_serves(start_instance: Any, stores: Any, page: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    admin = (await api_keys.create(stores.pg, "admin", list(SCOPES))).key
+    async with start_instance(workers_enabled=False) as inst:
+        base = f"http://127.0.0.1:{inst.port}"
+
+        def steps() -> list[Any]:
+            page.get(f"{base}/console/sign-in")
+            seen = [page.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")]
+            sign_in(page, base, admin)
+            seen.append(page.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href"))
+            fetched = page.execute_async_script(
+                "const done = arguments[arguments.length - 1];"
+                "fetch(arguments[0])"
+                ".then(r => r.text().then(t => done([r.status, r.headers.get('content-type'), t])));",
+                seen[-1],
+            )
+            return [*seen, *fetched]
+
+        first, signed_in, status, kind, body = await in_browser(steps)
+    assert first == signed_in == f"{base}/console/static/favicon.svg"
+    assert (status, kind) == (200, "image/svg+xml")
+    assert body.startswith("<svg")

@@ -65,6 +65,7 @@ async def schedules_page(request: Request) -> Response:
         schedules = await api.get("/api/v1/schedules")
     for schedule in schedules.body.get("schedules", []) if schedules.ok else []:
         schedule["words"] = cron_in_words(schedule["cron"])
+        schedule["seconds"] = len(schedule["cron"].split()) == 6  # seconds first: fires can share a minute
     return render(request, who, "schedules.html", schedules=schedules)
 
 
