@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from taskmesh.console import sessions
 from taskmesh.console.api_client import ConsoleApi
-from taskmesh.console.web import Visitor, back, failed, visitor
+from taskmesh.console.web import REFUSALS, Visitor, back, failed, visitor
 from taskmesh.validation import NAME_REGEX
 
 router = APIRouter(include_in_schema=False)
@@ -63,7 +63,7 @@ async def cancel(request: Request, task_id: str, csrf_token: Csrf = "") -> Respo
     async with ConsoleApi(request, who) as api:
         done = await api.post(f"/api/v1/tasks/{task_id}/cancel")
     if not done.ok:
-        return failed(request, who, page, "Not cancelled", done.status, done.problem)
+        return failed(request, who, page, "Not cancelled", done)
     if done.body.get("cancel_requested"):
         return back(page, notice="Cancel requested: its worker stops it at its next cancellation check.")
     return back(page, notice="Cancelled: it will not run.")
@@ -79,7 +79,7 @@ async def retry(request: Request, task_id: str, csrf_token: Csrf = "") -> Respon
     async with ConsoleApi(request, who) as api:
         done = await api.post(f"/api/v1/tasks/{task_id}/retry")
     if not done.ok:
-        return failed(request, who, page, "Not retried", done.status, done.problem)
+        return failed(request, who, page, "Not retried", done)
     return back(page, notice=f"Queued again on {done.body['queue_name']} (it was {done.body['previous_status']}).")
 
 
@@ -97,7 +97,7 @@ async def delete(
     async with ConsoleApi(request, who) as api:
         done = await api.delete(f"/api/v1/tasks/{task_id}", {"reason": reason})
     if not done.ok:
-        return failed(request, who, page, "Not deleted", done.status, done.problem)
+        return failed(request, who, page, "Not deleted", done)
     return back("/console/tasks", notice=f"Task {task_id} deleted with its runs.")
 
 
@@ -110,7 +110,7 @@ async def pause(request: Request, queue: str, csrf_token: Csrf = "", reason: Rea
     async with ConsoleApi(request, who) as api:
         done = await api.post(f"/api/v1/queues/{queue}/pause", {"reason": reason} if reason.strip() else None)
     if not done.ok:
-        return failed(request, who, "/console/queues", "Not paused", done.status, done.problem)
+        return failed(request, who, "/console/queues", "Not paused", done)
     return back("/console/queues", notice=f"Queue {queue} paused: no instance claims its tasks until it is resumed.")
 
 
@@ -123,7 +123,7 @@ async def resume(request: Request, queue: str, csrf_token: Csrf = "") -> Respons
     async with ConsoleApi(request, who) as api:
         done = await api.post(f"/api/v1/queues/{queue}/resume")
     if not done.ok:
-        return failed(request, who, "/console/queues", "Not resumed", done.status, done.problem)
+        return failed(request, who, "/console/queues", "Not resumed", done)
     return back("/console/queues", notice=f"Queue {queue} resumed.")
 
 
@@ -169,7 +169,7 @@ async def dlq_act(
     async with ConsoleApi(request, who) as api:
         done = await api.post(f"/api/v1/queues/{queue}/dlq/replay", body)
     if not done.ok:
-        return failed(request, who, page, "Not replayed", done.status, done.problem)
+        return failed(request, who, page, "Not replayed", done)
     missed = len(done.body.get("not_replayed", []))
     tail = f"; {missed} were no longer dead-lettered" if missed else ""
     return back(page, notice=f"Replayed {done.body['count']} task{'s' if done.body['count'] != 1 else ''}{tail}.")
@@ -185,10 +185,10 @@ async def _discard(request: Request, who: Visitor, page: str, ids: list[str], re
             if done.ok:
                 gone += 1
                 continue
-            if done.status in (401, 403):
-                return failed(request, who, page, f"Discarded {gone} of {len(ids)}", done.status, done.problem)
+            if done.status in REFUSALS:
+                return failed(request, who, page, f"Discarded {gone} of {len(ids)}", done)
             refusals.append(done.problem)
-            if done.status in (422, 429):
+            if done.status == 422:
                 break  # the same answer for the rest: say it once
     if refusals:
         return back(page, problem=f"Discarded {gone} of {len(ids)}: {refusals[0]}")
@@ -207,7 +207,7 @@ async def schedule_act(request: Request, name: str, verb: str, csrf_token: Csrf 
     async with ConsoleApi(request, who) as api:
         done = await api.post(f"/api/v1/schedules/{name}/{verb}")
     if not done.ok:
-        return failed(request, who, page, "Not done", done.status, done.problem)
+        return failed(request, who, page, "Not done", done)
     if verb == "trigger":
         return back(page, notice=f"{name} fired now: task {done.body.get('task_id', '')}.")
     return back(page, notice=f"{name} {'paused' if verb == 'pause' else 'resumed'}.")
@@ -246,10 +246,8 @@ async def selection_act(
                 done = await api.post(f"/api/v1/tasks/{task_id}/{do}")
             if done.ok:
                 done_n += 1
-            elif done.status in (401, 403):
-                return failed(
-                    request, who, page, f"{SELECTION_VERBS[do]} {done_n} of {len(chosen)}", done.status, done.problem
-                )
+            elif done.status in REFUSALS:
+                return failed(request, who, page, f"{SELECTION_VERBS[do]} {done_n} of {len(chosen)}", done)
             else:
                 refusals.append(done.problem)
     summary = f"{SELECTION_VERBS[do]}: {done_n} of {len(chosen)} selected"

@@ -8,6 +8,7 @@ get from the API: the same scopes, tenant rule, rate limit, validation, and audi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +26,11 @@ TIMEOUT_SECONDS = 30.0
 
 @dataclass(frozen=True)
 class Answer:
-    """An API answer: its status and its decoded JSON body (``{}`` for none)."""
+    """An API answer: its status, its decoded JSON body (``{}`` for none) and, for a 429, its ``Retry-After``."""
 
     status: int
     body: Any
+    retry_after: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -119,4 +121,18 @@ class ConsoleApi:
             decoded = response.json() if response.content else {}
         except ValueError:
             decoded = {"title": f"HTTP {response.status_code}", "detail": response.text[:200]}
-        return Answer(response.status_code, decoded)
+        return Answer(response.status_code, decoded, response.headers.get("retry-after"))
+
+
+def refusal(primary: Sequence[Answer], secondary: Sequence[Answer] = ()) -> Answer | None:
+    """The answer whose status a page that shows these reads answers with, as the API did: a 429 among any
+    of them (the page is not whole: come back later), else the first of its ``primary`` reads that the API
+    refused (a 403 page is a refusal, not a page). ``None``: the page is whole (200).
+
+    :param primary: the reads the page is about (a queue list, a search).
+    :param secondary: reads for a part of the page (the overview's workers), shown refused in place.
+    """
+    for answer in (*primary, *secondary):
+        if answer.status == 429:
+            return answer
+    return next((answer for answer in primary if not answer.ok), None)

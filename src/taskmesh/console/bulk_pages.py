@@ -13,7 +13,7 @@ from fastapi import APIRouter, Form, Request
 from starlette.responses import Response
 
 from taskmesh.console import sessions
-from taskmesh.console.api_client import ConsoleApi
+from taskmesh.console.api_client import ConsoleApi, refusal
 from taskmesh.console.pages import _is_uuid
 from taskmesh.console.web import back, failed, render, visitor
 from taskmesh.search import payload_scalar
@@ -64,6 +64,7 @@ async def bulk(
                 request,
                 who,
                 "bulk_confirm.html",
+                api_refusal=refusal([count]),
                 action=action,
                 count=count,
                 query=query,
@@ -74,7 +75,7 @@ async def bulk(
             return back(search_page, problem=f"Nothing done: type {word} in the box to confirm.")
         started = await api.post("/api/v1/tasks:bulk", {"filter": filter_, "action": action, "reason": reason})
     if not started.ok:
-        return failed(request, who, search_page, "Not started", started.status, started.problem)
+        return failed(request, who, search_page, "Not started", started)
     expected = form.get("expected")
     tail = f"?expected={expected}" if isinstance(expected, str) and expected.isdigit() else ""
     return back(f"/console/operations/{started.body['operation_id']}{tail}", notice="Started.")
@@ -88,7 +89,8 @@ async def operation(request: Request, operation_id: str) -> Response:
         return back("/console/tasks", problem=f"{operation_id[:80]!r} is not an operation id")
     async with ConsoleApi(request, who) as api:
         op = await api.get(f"/api/v1/operations/{operation_id}")
-    status = op.status if not op.ok else 200
     raw = request.query_params.get("expected", "")
     expected = int(raw) if raw.isdigit() and len(raw) < 10 else None
-    return render(request, who, "operation.html", status, op=op, operation_id=operation_id, expected=expected)
+    return render(
+        request, who, "operation.html", api_refusal=refusal([op]), op=op, operation_id=operation_id, expected=expected
+    )

@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
-from taskmesh.console.api_client import ConsoleApi
+from taskmesh.console.api_client import ConsoleApi, refusal
 from taskmesh.console.charts import overview_charts
 from taskmesh.console.web import back, render, visitor
 from taskmesh.search import FILTERS
@@ -55,6 +55,7 @@ async def overview(request: Request) -> Response:
         request,
         who,
         "overview.html",
+        api_refusal=refusal([queues, past], [workers]),
         queues=queues,
         workers=workers,
         worker_states=states,
@@ -84,7 +85,7 @@ async def queues_page(request: Request) -> Response:
     who = await visitor(request)
     async with ConsoleApi(request, who) as api:
         queues = await api.get("/api/v1/queues")
-    return render(request, who, "queues.html", queues=queues)
+    return render(request, who, "queues.html", api_refusal=refusal([queues]), queues=queues)
 
 
 @router.get("/console/tasks")
@@ -111,6 +112,7 @@ async def tasks_page(request: Request) -> Response:
         request,
         who,
         "tasks.html",
+        api_refusal=refusal([found]),
         found=found,
         filters=filters,
         statuses=STATUSES,
@@ -128,12 +130,12 @@ async def task_page(request: Request, task_id: str) -> Response:
         return back("/console/tasks", problem=f"{task_id[:80]!r} is not a task id (a UUID)")
     async with ConsoleApi(request, who) as api:
         task, runs = await api.get_all((f"/api/v1/tasks/{task_id}", None), (f"/api/v1/tasks/{task_id}/runs", None))
-    status = task.status if not task.ok else 200
     body = task.body.get("task", {}) if task.ok else {}
     body = {k: v for k, v in body.items() if k not in ("payload", "result")}  # fetched on demand
     for run in runs.body.get("runs", []) if runs.ok else []:
         run["duration_ms"] = _duration_ms(run.get("started_at"), run.get("finished_at"))
-    return render(request, who, "task.html", status, task_id=task_id, answer=task, task=body, runs=runs)
+    refused = refusal([task], [runs])
+    return render(request, who, "task.html", api_refusal=refused, task_id=task_id, answer=task, task=body, runs=runs)
 
 
 @router.get("/console/tasks/{task_id}/data")
@@ -144,14 +146,13 @@ async def task_data(request: Request, task_id: str) -> Response:
         return back("/console/tasks", problem=f"{task_id[:80]!r} is not a task id (a UUID)")
     async with ConsoleApi(request, who) as api:
         task = await api.get(f"/api/v1/tasks/{task_id}")
-    status = task.status if not task.ok else 200
     data = task.body.get("task", {}) if task.ok else {}
     latest = task.body.get("latest_run") or {} if task.ok else {}
     return render(
         request,
         who,
         "task_data.html",
-        status,
+        api_refusal=refusal([task]),
         answer=task,
         payload=json_text(data.get("payload")),
         result=None if latest.get("result") is None else json_text(latest["result"]),

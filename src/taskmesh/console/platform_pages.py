@@ -14,7 +14,7 @@ from cron_descriptor import ExpressionDescriptor, Options
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from taskmesh.console.api_client import ConsoleApi
+from taskmesh.console.api_client import ConsoleApi, refusal
 from taskmesh.console.web import back, render, visitor
 from taskmesh.validation import NAME_REGEX
 
@@ -33,7 +33,7 @@ async def dlq_queues(request: Request) -> Response:
     async with ConsoleApi(request, who) as api:
         queues = await api.get("/api/v1/queues")
     holding = [q for q in queues.body.get("queues", []) if q["depth"]["dead_letter"]] if queues.ok else []
-    return render(request, who, "dlq_queues.html", queues=queues, holding=holding)
+    return render(request, who, "dlq_queues.html", api_refusal=refusal([queues]), queues=queues, holding=holding)
 
 
 @router.get("/console/dlq/{queue}")
@@ -44,7 +44,7 @@ async def dlq_page(request: Request, queue: str) -> Response:
         return back("/console/dlq", problem=f"{queue[:80]!r} is not a queue name")
     async with ConsoleApi(request, who) as api:
         dlq = await api.get(f"/api/v1/queues/{queue}/dlq", {"count": str(DLQ_SHOWN)})
-    return render(request, who, "dlq.html", queue=queue, dlq=dlq, shown=DLQ_SHOWN)
+    return render(request, who, "dlq.html", api_refusal=refusal([dlq]), queue=queue, dlq=dlq, shown=DLQ_SHOWN)
 
 
 @router.get("/console/workers")
@@ -54,7 +54,7 @@ async def workers_page(request: Request) -> Response:
     async with ConsoleApi(request, who) as api:
         workers = await api.get("/api/v1/workers")
     ages = {w["id"]: _age_seconds(w.get("heartbeat_at")) for w in workers.body.get("workers", [])} if workers.ok else {}
-    return render(request, who, "workers.html", workers=workers, heartbeat_ages=ages)
+    return render(request, who, "workers.html", api_refusal=refusal([workers]), workers=workers, heartbeat_ages=ages)
 
 
 @router.get("/console/schedules")
@@ -66,7 +66,7 @@ async def schedules_page(request: Request) -> Response:
     for schedule in schedules.body.get("schedules", []) if schedules.ok else []:
         schedule["words"] = cron_in_words(schedule["cron"])
         schedule["seconds"] = len(schedule["cron"].split()) == 6  # seconds first: fires can share a minute
-    return render(request, who, "schedules.html", schedules=schedules)
+    return render(request, who, "schedules.html", api_refusal=refusal([schedules]), schedules=schedules)
 
 
 @router.get("/console/audit")
@@ -77,7 +77,10 @@ async def audit_page(request: Request) -> Response:
     async with ConsoleApi(request, who) as api:
         events = await api.get("/api/v1/audit", [*params, ("limit", "50")])
     filters = {k: v for k, v in params if k != "cursor"}
-    return render(request, who, "audit.html", events=events, filters=filters, query=list(filters.items()))
+    refused = refusal([events])
+    return render(
+        request, who, "audit.html", api_refusal=refused, events=events, filters=filters, query=list(filters.items())
+    )
 
 
 def cron_in_words(cron: str) -> str:

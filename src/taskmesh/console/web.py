@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 import orjson
@@ -25,6 +25,9 @@ from taskmesh.api.state import AppState
 from taskmesh.console import sessions
 from taskmesh.console.guard import SignInNeeded
 from taskmesh.errors import AuthenticationError, NotReadyError
+
+if TYPE_CHECKING:  # the API client imports this module (its Visitor)
+    from taskmesh.console.api_client import Answer
 
 templates = Environment(
     loader=PackageLoader("taskmesh.console", "templates"),
@@ -122,8 +125,22 @@ FLASH = "tm_flash"
 """A one-time notice or problem for the next page (a cookie, so no link can plant a message)."""
 
 
-def render(request: Request, who: Visitor | None, template: str, status: int = 200, **context: Any) -> Response:
-    """The page ``template`` for ``who``, with the layout's context (its key, the nav, the notice)."""
+def render(
+    request: Request,
+    who: Visitor | None,
+    template: str,
+    status: int = 200,
+    *,
+    api_refusal: Answer | None = None,
+    **context: Any,
+) -> Response:
+    """The page ``template`` for ``who``, with the layout's context (its key, the nav, the notice).
+
+    :param api_refusal: the API's refusal the page shows (:func:`~taskmesh.console.api_client.refusal`): the
+        page answers with its status (and its ``Retry-After``) instead of ``status``.
+    """
+    if api_refusal is not None:
+        status = api_refusal.status
     flash = _read_flash(request.cookies.get(FLASH))
     page = templates.get_template(template).render(
         who=who,
@@ -134,6 +151,8 @@ def render(request: Request, who: Visitor | None, template: str, status: int = 2
         **context,
     )
     response = HTMLResponse(page, status_code=status)
+    if api_refusal is not None and api_refusal.retry_after is not None:
+        response.headers["retry-after"] = api_refusal.retry_after
     if flash:
         response.delete_cookie(FLASH, path="/console")
     if who is not None and who.new_cookie:
@@ -153,12 +172,20 @@ def back(to: str, *, notice: str | None = None, problem: str | None = None) -> R
     return response
 
 
-def failed(request: Request, who: Visitor, page: str, what: str, status: int, problem: str) -> Response:
-    """An action the API refused: a key lacking the scope or reach (401, 403) gets that status and a page
-    saying so; anything else (a 409, a 422) goes back to ``page`` with the problem."""
-    if status in (401, 403):
-        return render(request, who, "refused.html", status, what=what, message=problem, page=page)
-    return back(page, problem=f"{what}: {problem}")
+REFUSALS = (401, 403, 429)
+"""The API's answers that an action's page answers with as they are (the key may not, or not now)."""
+
+
+def failed(request: Request, who: Visitor, page: str, what: str, answer: Answer) -> Response:
+    """An action the API refused: a key lacking the scope or reach (401, 403) or past its rate limit (429,
+    with ``Retry-After``) gets that status and a page saying so; anything else (a 409, a 422) goes back to
+    ``page`` with the problem."""
+    if answer.status in REFUSALS:
+        message, retry = answer.problem, answer.retry_after
+        return render(
+            request, who, "refused.html", api_refusal=answer, what=what, message=message, page=page, retry=retry
+        )
+    return back(page, problem=f"{what}: {answer.problem}")
 
 
 def _read_flash(value: str | None) -> dict[str, str]:

@@ -12,6 +12,9 @@ async function fetchDocument(url) {
     window.location.assign(answer.url); // the session ended: sign in again
     return null;
   }
+  if (answer.status === 429 || answer.status >= 500) {
+    throw new Error(`HTTP ${answer.status}`); // rate-limited or unavailable: keep what is shown, try again later
+  }
   const text = await answer.text();
   return new DOMParser().parseFromString(text, "text/html");
 }
