@@ -1,10 +1,30 @@
 // The console's one script (no inline script anywhere: the CSP forbids it).
-// 1. Sections marked data-live="<url>" refresh themselves every few seconds from that page,
-//    only while the tab is visible; the rest of the page (forms being typed into) stays.
+// 1. Sections marked data-live="<url>" refresh themselves every few seconds from that page
+//    (data-live-seconds="0.5" asks for sooner: a running operation), only while the tab is visible;
+//    the rest of the page (forms being typed into) stays.
 // 2. <details data-fetch="<url>"> loads its content the first time it is opened (payloads).
 "use strict";
 
 const LIVE_SECONDS = 5;
+
+function liveDelay() {
+  // The soonest a followed section asks for, else LIVE_SECONDS.
+  let seconds = LIVE_SECONDS;
+  for (const section of document.querySelectorAll("[data-live]")) {
+    const wanted = Number(section.getAttribute("data-live-seconds"));
+    if (wanted > 0) seconds = Math.min(seconds, wanted);
+  }
+  return seconds * 1000;
+}
+
+async function followLive() {
+  try {
+    await refreshLive();
+  } catch (err) {
+    // offline, rate-limited or restarting: the next tick tries again
+  }
+  if (document.querySelector("[data-live]")) window.setTimeout(followLive, liveDelay());
+}
 
 async function fetchDocument(url) {
   const answer = await fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } });
@@ -93,7 +113,7 @@ document.addEventListener("DOMContentLoaded", () => {
   lazyDetails();
   confirmForms();
   if (document.querySelector("[data-live]")) {
-    window.setInterval(refreshLive, LIVE_SECONDS * 1000);
+    window.setTimeout(followLive, liveDelay());
     document.addEventListener("visibilitychange", () => { if (!document.hidden) refreshLive(); });
   }
 });
