@@ -168,3 +168,46 @@ async def test_every_page_names_a_favicon_that_the_console_serves(start_instance
     assert first == signed_in == f"{base}/console/static/favicon.svg"
     assert (status, kind) == (200, "image/svg+xml")
     assert body.startswith("<svg")
+
+
+PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": True}
+"""A phone's viewport (an iPhone 12 to 15's CSS pixels)."""
+ROW_MOST_PX = 80
+"""The tallest a task's row may be on a phone: two lines and a margin (a wrapped table row was 150 px)."""
+
+
+async def test_at_phone_width_the_lists_fit_the_screen_and_no_cell_breaks_a_word(
+    start_instance: Any, stores: Any, page: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    admin = (await api_keys.create(stores.pg, "admin", list(SCOPES))).key
+    async with start_instance(queue_names=["work"]) as inst, http(inst) as client:
+        for _ in range(5):
+            body = {"name": "export.customers-to-warehouse", "queue_name": "long-queue-name-for-exports"}
+            assert (await client.post("/api/v1/tasks", json=body, headers=bearer(admin))).status_code == 201
+        base = f"http://127.0.0.1:{inst.port}"
+
+        def steps() -> None:
+            sign_in(page, base, admin)
+            page.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", PHONE)
+            try:
+                for path in ("/console/tasks", "/console/overview", "/console/queues", "/console/audit"):
+                    page.get(base + path)
+                    wide = page.execute_script(
+                        "return [document.documentElement.scrollWidth].concat(Array.from("
+                        "document.querySelectorAll('main .card')).filter(c => c.scrollWidth > c.clientWidth + 1)"
+                        ".map(c => c.id || c.querySelector('[id]').id));"
+                    )
+                    assert wide == [390], (path, wide)  # nothing scrolls sideways, the page or a card
+                page.get(f"{base}/console/tasks")
+                screenshot(page, "legibility-phone-tasks")
+                rows = page.find_elements(By.CSS_SELECTOR, "#tasks tbody tr")
+                assert len(rows) == 5 and all(r.size["height"] <= ROW_MOST_PX for r in rows), [r.size for r in rows]
+                names = page.find_elements(By.CSS_SELECTOR, "#tasks td.name")
+                line = page.execute_script("return parseFloat(getComputedStyle(arguments[0]).lineHeight);", names[0])
+                assert all(n.size["height"] <= line + 1 for n in names), [n.size for n in names]  # one line each
+            finally:
+                page.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+        await in_browser(steps)
