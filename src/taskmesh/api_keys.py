@@ -187,20 +187,41 @@ async def create(
     return NewKey(f"tmk_{key_id}_{secret}", record(row))
 
 
+def is_active(row: Any, now: datetime) -> bool:
+    """Whether the key of ``row`` (of ``key_get``) is neither revoked nor expired at ``now``."""
+    return row["revoked_at"] is None and (row["expires_at"] is None or row["expires_at"] > now)
+
+
+def kept_expiry(row: Any, now: datetime) -> datetime | None:
+    """The expiry of a key that replaces ``row``'s from ``now``: as long a lifetime as the old key was
+    made with (``None``: the old one never expires).
+
+    A rotation is what one does as a key nears its end, so the new key gets the whole lifetime
+    again rather than the old key's remaining minutes; a key that expires never rotates into
+    one that does not.
+    """
+    ends: datetime | None = row["expires_at"]
+    if ends is None:
+        return None
+    lifetime: timedelta = ends - row["created_at"]
+    return now + lifetime
+
+
 async def rotate(
     pg: PgStore, key_id: str, overlap: timedelta, *, expires_at: datetime | None = None
 ) -> tuple[NewKey, str | None]:
-    """A new key with ``key_id``'s name, scopes, tenant and queues; the old one ends after ``overlap``
-    (or sooner, at its expiry).
+    """A new key with ``key_id``'s name, scopes, tenant, queues and rates; the old one ends after
+    ``overlap`` (or sooner, at its expiry).
 
-    :param expires_at: the new key's expiry (``None``: none).
+    :param expires_at: the new key's expiry (``None``: the old key's lifetime from now,
+        :func:`kept_expiry`; none when the old key has none).
     :returns: the new key, and when the old one now ends (ISO 8601).
     :raises LookupError: no active key has this id (unknown, revoked or expired).
     :raises StoreError: PostgreSQL failed.
     """
     old = await pg.keys.get(key_id)
     now = datetime.now(UTC)
-    if old is None or old["revoked_at"] is not None or (old["expires_at"] is not None and old["expires_at"] <= now):
+    if old is None or not is_active(old, now):
         raise LookupError(f"no active key has id {key_id}")
     new = await create(
         pg,
@@ -208,7 +229,7 @@ async def rotate(
         list(old["scopes"]),
         tenant_id=old["tenant_id"],
         queues=None if old["queues"] is None else list(old["queues"]),
-        expires_at=expires_at,
+        expires_at=kept_expiry(old, now) if expires_at is None else expires_at,
         rate_limits=rates_of(old),
     )
     ended = await pg.keys.expire_at(key_id, datetime.fromisoformat(new.record["created_at"]) + overlap)

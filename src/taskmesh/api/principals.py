@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from taskmesh import api_keys
@@ -65,6 +65,8 @@ class Principal:
     queues: frozenset[str] | None = None
     rate_limits: dict[str, float] | None = None
     """The key's own requests per second by class, instead of the settings' (``None``: the settings')."""
+    expires_at: datetime | None = None
+    """When the key stops working (``None``: never); a key it makes or rotates ends no later."""
 
     def allows(self, scope: str) -> bool:
         """Whether the caller holds ``scope``."""
@@ -168,6 +170,7 @@ class KeyCache:
             row["tenant_id"],
             None if row["queues"] is None else frozenset(row["queues"]),
             api_keys.rates_of(row),
+            row["expires_at"],
         )
 
     async def _mark_used(self, pg: PgStore, key_id: str) -> None:

@@ -343,7 +343,8 @@ def rotate(
 ) -> None:
     """Make a new key like KEY_ID (name, scopes) and end the old one after --overlap (sooner if it expires).
 
-    The new key has no expiry unless --expires-in gives one. A revoked or expired key is not rotated.
+    The new key is made with the old key's lifetime, counted from now (none if the old key had
+    none), unless --expires-in gives one. A revoked or expired key is not rotated.
 
     Examples:
 

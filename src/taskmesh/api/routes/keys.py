@@ -10,11 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from starlette.responses import Response
 
 from taskmesh import api_keys, audit
+from taskmesh.api import key_grants
 from taskmesh.api.auth import caller, reach_of, require
-from taskmesh.api.deps import StoresDep, body_schema, json_response, parse_body
-from taskmesh.api.principals import Principal
+from taskmesh.api.deps import StateDep, StoresDep, body_schema, json_response, parse_body
 from taskmesh.api.problems import problem, problem_responses
-from taskmesh.errors import BeyondReachError, InvalidTaskError
+from taskmesh.errors import InvalidTaskError
 from taskmesh.store import PgStore
 
 router = APIRouter()
@@ -60,32 +60,6 @@ def _not_found(key_id: str) -> Response:
     return problem(404, "Key not found", f"no active key has id {key_id}")
 
 
-def _within_caller(
-    principal: Principal, scopes: list[str], tenant_id: str | None, queues: list[str] | None
-) -> tuple[str | None, list[str] | None]:
-    """The new key's tenant and queues, no wider than the caller's; its scopes, only ones the caller holds.
-
-    :raises BeyondReachError: a scope, tenant or queue beyond the caller's (403 naming the field).
-    """
-    missing = [s for s in dict.fromkeys(scopes) if s in api_keys.SCOPES and not principal.allows(s)]
-    if missing:
-        raise BeyondReachError("scopes", f"this key cannot give scopes it does not hold: {', '.join(missing)}")
-    if principal.tenant_id is not None:
-        if tenant_id is not None and tenant_id != principal.tenant_id:
-            raise BeyondReachError(
-                "tenant_id", f"this key is bound to tenant {principal.tenant_id!r}; not {tenant_id!r}"
-            )
-        tenant_id = principal.tenant_id
-    if principal.queues is not None:
-        beyond = sorted(set(queues or ()) - principal.queues)
-        if beyond:
-            raise BeyondReachError(
-                "queues", f"this key may use the queues {', '.join(sorted(principal.queues))}; not {beyond[0]!r}"
-            )
-        queues = queues or sorted(principal.queues)
-    return tenant_id, queues
-
-
 async def _reaches(request: Request, stores: Any, key_id: str) -> bool:
     """Whether the key exists and is bound within the caller's tenant and queues."""
     reach = reach_of(request)
@@ -121,30 +95,37 @@ async def list_keys(request: Request, stores: StoresDep) -> Response:
     openapi_extra=body_schema(CreateKey),
     summary="Make an API key: 201 with the key, shown this once",
 )
-async def create_key(request: Request, stores: StoresDep) -> Response:
+async def create_key(request: Request, stores: StoresDep, state: StateDep) -> Response:
     """Make a key with ``scopes`` and/or a ``role``'s; ``key`` in the answer is never shown again.
 
-    A key cannot make a key that can do more than itself: only scopes it holds, and within its
-    own tenant (filled in when the body has none) and queues (likewise)."""
+    A key cannot make a key that can do more than itself: only scopes it holds, within its own
+    tenant and queues, at rates no higher than its own and expiring no later than itself (each
+    filled in from the caller when the body has none; see ``api/key_grants.py``)."""
     req = await parse_body(request, CreateKey)
     scopes = [*api_keys.ROLES.get(req.role or "", ()), *req.scopes]
-    tenant_id, queues = _within_caller(caller(request), scopes, req.tenant_id, req.queues)
+    who = caller(request)
+    key_grants.scopes_within(who, scopes)
+    tenant_id, queues = key_grants.reach_within(who, req.tenant_id, req.queues)
+    rates = None if req.rate_limits is None else api_keys.check_rate_limits(req.rate_limits)
+    rates = key_grants.rates_within(who, state.rate_policies, rates, fill=True)
+    asked = _expiry(req.expires_in_seconds)
+    expires_at = key_grants.expiry_within(who, asked, asked=asked is not None)
     async with stores.pg.changing() as pg:
-        new = await _create(pg, req, scopes, tenant_id, queues)
+        new = await _create(pg, req, scopes, tenant_id, queues, rates, expires_at)
     return json_response({"key": new.key, **new.record, "state": "active"}, 201)
 
 
 async def _create(
-    pg: PgStore, req: CreateKey, scopes: list[str], tenant_id: str | None, queues: list[str] | None
+    pg: PgStore,
+    req: CreateKey,
+    scopes: list[str],
+    tenant_id: str | None,
+    queues: list[str] | None,
+    rates: dict[str, float] | None,
+    expires_at: datetime | None,
 ) -> api_keys.NewKey:
     new = await api_keys.create(
-        pg,
-        req.name,
-        scopes,
-        tenant_id=tenant_id,
-        queues=queues,
-        expires_at=_expiry(req.expires_in_seconds),
-        rate_limits=req.rate_limits,
+        pg, req.name, scopes, tenant_id=tenant_id, queues=queues, expires_at=expires_at, rate_limits=rates
     )
     audit.note(
         resource_type="key",
@@ -179,17 +160,28 @@ async def revoke_key(key_id: KeyIdPath, request: Request, stores: StoresDep) -> 
     openapi_extra=body_schema(RotateKey, required=False),
     summary="A new key like this one; the old one ends after overlap_seconds (default a day)",
 )
-async def rotate_key(key_id: KeyIdPath, request: Request, stores: StoresDep) -> Response:
+async def rotate_key(key_id: KeyIdPath, request: Request, stores: StoresDep, state: StateDep) -> Response:
     """201 with the new key (shown this once), ``replaces`` and ``replaced_key_expires_at``; 404 for a key
-    that is unknown, revoked or expired."""
+    that is unknown, revoked or expired.
+
+    The new key holds what the old one held, so the caller must hold all of it (scopes, tenant,
+    queues, rates; 403 naming the field otherwise). It keeps the old key's lifetime from now
+    unless ``expires_in_seconds`` sets another, and ends no later than the caller's own key."""
     req = await parse_body(request, RotateKey, optional=True)
-    if not await _reaches(request, stores, _key_id(key_id)):
+    old = await stores.pg.keys.get(_key_id(key_id))
+    now = datetime.now(UTC)
+    if old is None or not reach_of(request).covers(old["tenant_id"], old["queues"]) or not api_keys.is_active(old, now):
         return _not_found(key_id)
+    who = caller(request)
+    key_grants.scopes_within(who, list(old["scopes"]))
+    key_grants.rates_within(who, state.rate_policies, api_keys.rates_of(old), fill=False)
+    asked = _expiry(req.expires_in_seconds)
+    expires_at = key_grants.expiry_within(
+        who, api_keys.kept_expiry(old, now) if asked is None else asked, asked=asked is not None
+    )
     try:
         async with stores.pg.changing() as pg:
-            new, ends = await api_keys.rotate(
-                pg, _key_id(key_id), timedelta(seconds=req.overlap_seconds), expires_at=_expiry(req.expires_in_seconds)
-            )
+            new, ends = await api_keys.rotate(pg, key_id, timedelta(seconds=req.overlap_seconds), expires_at=expires_at)
             audit.note(details={"new_key_id": new.record["key_id"]})
     except LookupError:
         return _not_found(key_id)
