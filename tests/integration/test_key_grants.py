@@ -20,6 +20,8 @@ from tests.conftest import http
 
 pytestmark = pytest.mark.anyio
 
+ABOVE_OWN = "a key cannot give a rate above its own"
+
 
 @pytest.fixture(autouse=True)
 async def no_keys_left(pool: asyncpg.Pool) -> AsyncIterator[None]:
@@ -157,25 +159,24 @@ async def test_a_new_keys_rates_are_capped_at_its_creators(start_instance: Any, 
     refused(
         flood,
         "rate_limits.write",
-        "1000000 write requests per second, is above this key's own rate (1000); a key cannot give a rate above its own",
+        f"1000000 write requests per second, is above this key's own rate (1000); {ABOVE_OWN}",
     )
     assert (within.status_code, within.json()["rate_limits"]) == (201, {"write": 50.0, "read": 200.0})
     assert (filled.status_code, filled.json()["rate_limits"]) == (201, {"write": 5.0})
     refused(
         above_own,
         "rate_limits.write",
-        "6 write requests per second, is above this key's own rate (5); a key cannot give a rate above its own",
+        f"6 write requests per second, is above this key's own rate (5); {ABOVE_OWN}",
     )
     refused(
         rotate_fast,
         "rate_limits.write",
-        "1000000 write requests per second, is above this key's own rate (1000); a key cannot give a rate above its own",
+        f"1000000 write requests per second, is above this key's own rate (1000); {ABOVE_OWN}",
     )
     refused(
         rotate_plain,
         "rate_limits.write",
-        "the settings' rate, 1000 write requests per second, is above this key's own rate (5); "
-        "a key cannot give a rate above its own",
+        f"the settings' rate, 1000 write requests per second, is above this key's own rate (5); {ABOVE_OWN}",
     )
     assert (unknown_class.status_code, unknown_class.json()["detail"]) == (
         422,
