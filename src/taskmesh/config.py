@@ -311,6 +311,12 @@ class Settings(BaseSettings):
         default=2.0, gt=0, le=3600, validation_alias=_aliases("rate_limit_burst_seconds")
     )
     """A key may spend this many seconds' worth of its rate at once after a quiet spell (at least 1 request)."""
+    auth_refusals_per_minute: float = Field(
+        default=60.0, gt=0, le=1_000_000, validation_alias=_aliases("auth_refusals_per_minute")
+    )
+    """Refused authentications (401: no usable key or session; refused console sign-ins) one client
+    address (an IPv6 /64) may have a minute over all instances, all at once after a quiet spell; past
+    it they answer 429 with ``Retry-After``. Requests with a working key are not counted."""
     metrics_auth: Literal["open", "scope"] = Field(default="open", validation_alias=_aliases("metrics_auth"))
     """``open``: ``/metrics`` answers anyone (Prometheus scrapes it; put it behind your network's
     rules); ``scope``: it needs a key with ``metrics:read``, like the API."""

@@ -142,7 +142,16 @@ class CronSpecError(TaskmeshError, ValueError):
 
 class AuthenticationError(TaskmeshError):
     """A request without a usable API key: none given, not of the form ``tmk_<id>_<secret>``,
-    unknown, wrong, revoked or expired (the API answers 401; the message never holds the secret)."""
+    unknown, wrong, revoked or expired (the API answers 401; the message never holds the secret).
+
+    :param reason: why, in a word that names no key (``no_key``, ``malformed``, ``unknown_key``,
+        ``revoked``, ``expired``, ``session_over``, ``session_open``): repeated refusals from one
+        address for one reason are counted together in the audit log.
+    """
+
+    def __init__(self, message: str, reason: str = "unknown_key") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class PermissionDeniedError(TaskmeshError):

@@ -61,6 +61,7 @@ from taskmesh.schedules import NOTIFY_CHANNEL, Schedules
 from taskmesh.services import (
     clock_sync,
     delayed_mover,
+    denial_summaries,
     enqueued_listener,
     finished_feed,
     heartbeat,
@@ -168,6 +169,7 @@ async def run(
         metrics_protected=settings.metrics_auth == "scope",
         rate_policies=rate_policies(settings),
         rate_burst_seconds=settings.rate_limit_burst_seconds,
+        auth_refusals=RatePolicy.of(settings.auth_refusals_per_minute / 60, 60.0),
         quotas=Quotas(settings.tenant_quotas, settings.tenant_quota_default, settings.rate_limit_burst_seconds),
         console_session_seconds=settings.console_session_hours * 3600,
     )
@@ -474,6 +476,7 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
     | operations | no | always |
     | enqueued_listener | no | ``LISTEN`` is reachable (not behind a transaction pooler alone) |
     | finished_feed | no | the API is served |
+    | denial_summaries | no | the API is served (repeated refusals' audit rows) |
 
     The committer (critical, first to start, last of the work to stop), the
     scheduler (optional, stops first) and each queue's fetcher (critical) are
@@ -561,6 +564,9 @@ def service_table(p: _Parts) -> list[ServiceSpec]:
     if s.api_enabled:
         table.append(
             ServiceSpec("finished_feed", partial(finished_feed.run, p.stores.redis, p.state.waiters), critical=False)
+        )
+        table.append(
+            ServiceSpec("denial_summaries", partial(denial_summaries.run, p.stores.pg, p.state.denials), critical=False)
         )
     return table
 

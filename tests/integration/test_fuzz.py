@@ -92,6 +92,7 @@ UNLIMITED = {
     "rate_limit_read_per_second": 1_000_000.0,
     "rate_limit_write_per_second": 1_000_000.0,
     "rate_limit_admin_per_second": 1_000_000.0,
+    "auth_refusals_per_minute": 1_000_000.0,
 }
 """The most the settings allow: a fuzzing run must meet its checks, not its rate limits (429)."""
 WORK_QUEUE = "fuzzwork"

@@ -1,7 +1,9 @@
 """ASGI middleware that records each ``/api/`` request's :class:`~taskmesh.audit.AuditEvent` (issue 12).
 
 Every request that changes something (POST, PUT, PATCH, DELETE on a route) and every
-request refused for its key (401, 403), reads included, gets one event: its actor (the
+request refused for its key (401, 403, and 429 past an address's budget of refused
+authentications), reads included, gets one event (refusals and 429s of a kind repeated
+within a minute are counted into one summary row instead: :mod:`taskmesh.api.denials`): its actor (the
 key's id and name, or ``anonymous`` with the id of the key that was presented), the
 action (``task.cancel``, ``queue.pause``, ...), the resource of its path, the outcome
 (``ok``, ``denied``, ``error``) and status, the trace id, the client's address and user
@@ -94,7 +96,7 @@ class AuditTrail:
     async def _finish(self, scope: Scope, headers: dict[str, str], event: audit.AuditEvent, status: int) -> None:
         if scope.get("endpoint") is None:  # no route matched (404, 405): nothing was attempted
             return
-        denied = status in (401, 403)
+        denied = status in (401, 403) or "refused" in event.details  # 429: too many refused authentications
         if not denied and (scope["method"] not in _CHANGING or event.read_only):
             return
         self._describe(scope, headers, event)
@@ -103,6 +105,8 @@ class AuditTrail:
             # The change committed, then the request failed: a second event says how it ended.
             event.written = False
         event.outcome, event.status = outcome, status
+        if (denied or status == 429) and not self.state.denials.admit(event):
+            return  # one more of a kind already recorded in this window: counted in its summary row
         if not event.written and self.state.stores is not None:
             try:
                 await audit.write(self.state.stores.pg, event)

@@ -24,6 +24,7 @@ from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from taskmesh import api_keys
+from taskmesh.api import refusals
 from taskmesh.api.principals import ANONYMOUS, RATE_CLASSES, Principal, RatePolicy
 from taskmesh.api.state import AppState
 from taskmesh.console import sessions
@@ -78,6 +79,8 @@ async def authenticate(request: Request, state: AppState, scope: str, presented:
 
     :raises NotReadyError: the stores have not answered yet (503).
     :raises AuthenticationError: no usable key (401).
+    :raises RateLimitedError: no usable key, from an address past its budget of refusals (429,
+        :mod:`taskmesh.api.refusals`), or a key past its rate (429).
     :raises PermissionDeniedError: a key without ``scope`` (403).
     """
     if state.stores is None:
@@ -85,10 +88,14 @@ async def authenticate(request: Request, state: AppState, scope: str, presented:
     if presented is None:
         presented = presented_key(request)
     cookie = request.cookies.get(sessions.COOKIE) if presented is None else None
-    if cookie is not None:
-        principal = await _session_principal(request, state, cookie)
-    else:
-        principal = await state.keys.principal(state.stores.pg, presented)
+    try:
+        if cookie is not None:
+            principal = await _session_principal(request, state, cookie)
+        else:
+            principal = await state.keys.principal(state.stores.pg, presented)
+    except AuthenticationError as exc:
+        await refusals.count(state, request.client.host if request.client else None, exc)
+        raise
     request.state.principal = principal  # also for a refusal below: the audit log names the key
     if principal.key_id is not None:
         await _spend(state, principal, RATE_CLASSES[scope])
@@ -109,7 +116,7 @@ async def _session_principal(request: Request, state: AppState, cookie: str) -> 
     if session is None:
         if await state.keys.is_open(pg):
             return ANONYMOUS
-        raise AuthenticationError("the console session is over: sign in again at /console/sign-in")
+        raise AuthenticationError("the console session is over: sign in again at /console/sign-in", "session_over")
     sessions.check_change(request, session, request.headers.get(sessions.CSRF_HEADER))
     return await state.keys.principal_of_key(pg, session.key_id)
 

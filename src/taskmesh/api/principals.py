@@ -127,10 +127,10 @@ class KeyCache:
         if await self.is_open(pg):
             return ANONYMOUS
         if not presented:
-            raise AuthenticationError("an API key is required: Authorization: Bearer tmk_<id>_<secret>")
+            raise AuthenticationError("an API key is required: Authorization: Bearer tmk_<id>_<secret>", "no_key")
         parsed = api_keys.parse(presented)
         if parsed is None:
-            raise AuthenticationError("the API key is not of the form tmk_<id>_<secret>")
+            raise AuthenticationError("the API key is not of the form tmk_<id>_<secret>", "malformed")
         key_id, secret = parsed
         row = await self._row(pg, key_id)
         pepper = self._pepper
@@ -148,7 +148,9 @@ class KeyCache:
         if await self.is_open(pg):
             return ANONYMOUS
         if key_id is None:
-            raise AuthenticationError("this session began while the instance was open; sign in with an API key")
+            raise AuthenticationError(
+                "this session began while the instance was open; sign in with an API key", "session_open"
+            )
         row = await self._row(pg, key_id)
         if row is None:
             raise AuthenticationError(f"no valid key has id {key_id}")
@@ -159,9 +161,9 @@ class KeyCache:
         read_at, _ = self._keys[key_id]
         db_now = row["now"] + timedelta(seconds=time.monotonic() - read_at)
         if row["revoked_at"] is not None:
-            raise AuthenticationError(f"the key {key_id} was revoked")
+            raise AuthenticationError(f"the key {key_id} was revoked", "revoked")
         if row["expires_at"] is not None and row["expires_at"] <= db_now:
-            raise AuthenticationError(f"the key {key_id} expired")
+            raise AuthenticationError(f"the key {key_id} expired", "expired")
         await self._mark_used(pg, key_id)
         return Principal(
             key_id,

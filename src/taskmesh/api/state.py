@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from taskmesh.api.denials import Denials
 from taskmesh.api.principals import KeyCache, RatePolicy
 from taskmesh.api.quotas import Quotas
 from taskmesh.clock import Waker
@@ -87,6 +88,14 @@ class AppState:
         default_factory=lambda: ThrottledLog(get_logger("taskmesh.auth"), "rate_limit_unchecked")
     )
     """Requests let through unlimited while Redis does not answer: one line per 10 s with their count."""
+    auth_refusals: RatePolicy | None = None
+    """Refused authentications a client address may have (``auth_refusals_per_minute``); ``None``: no limit."""
+    refusals_unchecked: ThrottledLog = field(
+        default_factory=lambda: ThrottledLog(get_logger("taskmesh.auth"), "auth_refusals_unchecked")
+    )
+    """Refusals not counted while Redis does not answer: one line per 10 s with their count."""
+    denials: Denials = field(default_factory=Denials)
+    """Refused requests counted for the audit log, so that a flood writes a bounded number of rows."""
     quotas: Quotas = field(default_factory=Quotas)
     """Tenants' quotas (issue 12)."""
     metrics_protected: bool = False

@@ -2,22 +2,26 @@
 
 The key is checked exactly as the API checks it (:meth:`KeyCache.principal`); it is never stored
 or logged, only the session made from it. A sign-in and a refused one are recorded in the audit
-log (``console.sign_in``), with the key's id, never its secret.
+log (``console.sign_in``), with the key's id, never its secret. Refused sign-ins spend the client
+address's budget of refused authentications as the API's 401s do (:mod:`taskmesh.api.refusals`):
+past it the form answers 429 with ``Retry-After``; repeated ones are counted into one summary row.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
 from starlette.responses import Response
 
 from taskmesh import api_keys, audit
+from taskmesh.api import refusals
 from taskmesh.api.state import AppState
 from taskmesh.audit import AuditEvent
 from taskmesh.console import sessions
 from taskmesh.console.web import back, render, set_session_cookie, state_of, visitor
-from taskmesh.errors import AuthenticationError, ForgedRequestError, NotReadyError, StoreError
+from taskmesh.errors import AuthenticationError, ForgedRequestError, NotReadyError, RateLimitedError, StoreError
 from taskmesh.logs import get_logger
 from taskmesh.tracing import trace_id_from_headers
 
@@ -66,9 +70,7 @@ async def sign_in(
     try:
         principal = await state.keys.principal(pg, key.strip())
     except AuthenticationError as exc:
-        event.outcome, event.status = "denied", 401
-        await _record(state, event)
-        return render(request, None, "sign_in.html", 401, next=_next(next), refused=str(exc))
+        return await _refused(request, state, event, exc, _next(next))
     cookie, session = await sessions.start(pg, principal.key_id, state.console_session_seconds)
     event.actor_type, event.actor_name, event.tenant_id = "key", principal.name, principal.tenant_id
     await _record(state, event)
@@ -92,8 +94,27 @@ async def sign_out(request: Request, csrf_token: Annotated[str, Form()] = "") ->
     return response
 
 
+async def _refused(request: Request, state: AppState, event: AuditEvent, exc: AuthenticationError, to: str) -> Response:
+    """The form again with why (401), or 429 once the address spent its budget of refused sign-ins; the
+    refusal is recorded (or counted, when it repeats: :mod:`taskmesh.api.denials`)."""
+    event.outcome, event.status, event.details["refused"] = "denied", 401, exc.reason
+    try:
+        await refusals.count(state, event.client_addr, exc)
+    except RateLimitedError as limited:
+        event.status, event.details["throttled"] = 429, True
+        await _record(state, event)
+        page = render(request, None, "sign_in.html", 429, next=to, refused=str(limited))
+        page.headers["Retry-After"] = str(max(1, math.ceil(limited.retry_after)))
+        return page
+    await _record(state, event)
+    return render(request, None, "sign_in.html", 401, next=to, refused=str(exc))
+
+
 async def _record(state: AppState, event: AuditEvent) -> None:
-    """The sign-in's audit row, on the pool (there is no change to share a transaction with)."""
+    """The sign-in's audit row, on the pool (there is no change to share a transaction
+    with); a refusal repeated within its window is only counted."""
+    if event.outcome == "denied" and not state.denials.admit(event):
+        return
     if state.stores is not None:
         try:
             await audit.write(state.stores.pg, event)
