@@ -17,7 +17,7 @@ from taskmesh import api_keys
 from taskmesh.api_keys import SCOPES
 from taskmesh.services import retention
 from tests.cli_support import env, run_cli
-from tests.conftest import http
+from tests.conftest import empty_audit_log, http
 
 pytestmark = pytest.mark.anyio
 
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture(autouse=True)
 async def no_keys_left(pool: asyncpg.Pool) -> AsyncIterator[None]:
     yield
-    await pool.execute("TRUNCATE api_keys, console_sessions, audit_events; DROP TABLE IF EXISTS audit_events_202401")
+    await pool.execute("TRUNCATE api_keys, console_sessions; DROP TABLE IF EXISTS audit_events_202401")
+    await empty_audit_log(pool)
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -211,3 +212,17 @@ async def test_the_log_is_append_only_and_retention_drops_whole_months(stores: A
     rows = await events(pool)
     assert [(e["action"], e["actor_type"]) for e in rows] == [("x", "system"), ("audit.drop_partitions", "system")]
     assert rows[-1]["details"] == '{"dropped": ["audit_events_202401"]}'
+
+
+async def test_the_log_refuses_truncate_of_the_table_and_of_each_month(pool: asyncpg.Pool) -> None:
+    await pool.execute("INSERT INTO audit_events (actor_type, action, outcome) VALUES ('system', 'x', 'ok')")
+    await pool.execute("SELECT taskmesh_audit_partitions(0, 3)")  # a month made after the guard came
+    months = await pool.fetch(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'audit_events'::regclass ORDER BY 1"
+    )
+    assert len(months) >= 5  # the default partition, this month and three ahead
+    for table in ["audit_events", *(m["relname"] for m in months)]:
+        with pytest.raises(asyncpg.RaiseError, match=r"append-only \(TRUNCATE refused\)"):
+            await pool.execute(f"TRUNCATE {table}")
+    assert await pool.fetchval("SELECT count(*) FROM audit_events") == 1
