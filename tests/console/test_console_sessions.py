@@ -207,3 +207,23 @@ async def test_a_form_sent_after_the_session_ended_returns_to_its_page_after_sig
         "/console/sign-in?next=/console/tasks%3Fstatus%3Dfailed",
     )
     assert elsewhere.headers["location"] == "/console/sign-in?next=/console/overview"
+
+
+async def test_a_sign_out_is_recorded_in_the_audit_log_with_its_key(
+    start_instance: Any, stores: Any, pool: asyncpg.Pool
+) -> None:
+    made = await api_keys.create(stores.pg, "alice", ["tasks:read"], tenant_id="acme")
+    async with start_instance(workers_enabled=False) as inst, client_of(inst) as client:
+        token = await signed_in(client, made.key)
+        out = await client.post("/console/sign-out", data={"csrf_token": token})
+        after = await client.get("/console/queues")
+    assert (out.status_code, out.headers["location"]) == (303, "/console/sign-in")
+    assert after.status_code == 303  # the session is over
+    rows = await pool.fetch(
+        "SELECT action, actor_type, actor_id, actor_name, tenant_id, outcome FROM audit_events"
+        " WHERE action LIKE 'console.%'"
+    )
+    assert sorted(tuple(r) for r in rows) == [
+        ("console.sign_in", "key", made.record["key_id"], "alice", "acme", "ok"),
+        ("console.sign_out", "key", made.record["key_id"], "alice", "acme", "ok"),
+    ]

@@ -89,6 +89,21 @@ async def sign_out(request: Request, csrf_token: Annotated[str, Form()] = "") ->
     if state.stores is None:  # the instance is stopping
         raise NotReadyError()
     await sessions.end(state.stores.pg, who.cookie)
+    principal = who.principal
+    await _record(
+        state,
+        AuditEvent(
+            "console.sign_out",
+            actor_type="key" if principal.key_id is not None else "anonymous",
+            actor_id=principal.key_id,
+            actor_name=principal.name,
+            tenant_id=principal.tenant_id,
+            trace_id=trace_id_from_headers(request.headers),
+            client_addr=request.client.host if request.client else None,
+            user_agent=request.headers.get("user-agent"),
+        ),
+    )
+    log.info("console_signed_out", key_id=principal.key_id, name=principal.name)
     response = back("/console/sign-in", notice="Signed out.")
     response.delete_cookie(sessions.COOKIE, path="/")
     return response
@@ -111,7 +126,7 @@ async def _refused(request: Request, state: AppState, event: AuditEvent, exc: Au
 
 
 async def _record(state: AppState, event: AuditEvent) -> None:
-    """The sign-in's audit row, on the pool (there is no change to share a transaction
+    """The sign-in's or sign-out's audit row, on the pool (there is no change to share a transaction
     with); a refusal repeated within its window is only counted."""
     if event.outcome == "denied" and not state.denials.admit(event):
         return
