@@ -226,3 +226,34 @@ async def test_the_log_refuses_truncate_of_the_table_and_of_each_month(pool: asy
         with pytest.raises(asyncpg.RaiseError, match=r"append-only \(TRUNCATE refused\)"):
             await pool.execute(f"TRUNCATE {table}")
     assert await pool.fetchval("SELECT count(*) FROM audit_events") == 1
+
+
+async def test_an_unbound_keys_actions_on_a_tenants_task_are_in_that_tenants_audit_log(
+    start_instance: Any, stores: Any, pool: asyncpg.Pool
+) -> None:
+    admin = await api_keys.create(stores.pg, "ops", list(SCOPES))
+    auditor = await api_keys.create(stores.pg, "acme-auditor", ["audit:read"], tenant_id="acme")
+    async with start_instance(workers_enabled=False) as inst, http(inst) as client:
+        made = await client.post("/api/v1/tasks", json={"name": "x", "tenant_id": "acme"}, headers=bearer(admin.key))
+        task_id = made.json()["task_id"]
+        await client.post(f"/api/v1/tasks/{task_id}/cancel", headers=bearer(admin.key))
+        await client.post(f"/api/v1/tasks/{task_id}/retry", headers=bearer(admin.key))
+        await client.post(f"/api/v1/tasks/{task_id}/cancel", headers=bearer(admin.key))
+        await client.delete(f"/api/v1/tasks/{task_id}", params={"reason": "test"}, headers=bearer(admin.key))
+        bulk = await client.post(
+            "/api/v1/tasks:bulk",
+            json={"filter": {"tenant_id": "acme", "status": "failed"}, "action": "replay", "reason": "fixed"},
+            headers=bearer(admin.key),
+        )
+        seen = await client.get("/api/v1/audit", headers=bearer(auditor.key))
+    assert bulk.status_code == 202
+    assert seen.status_code == 200, seen.text
+    assert [e["action"] for e in reversed(seen.json()["events"])] == [
+        "task.create",
+        "task.cancel",
+        "task.retry",
+        "task.cancel",
+        "task.delete",
+        "tasks.bulk",
+    ]
+    assert {e["actor"]["id"] for e in seen.json()["events"]} == {admin.record["key_id"]}

@@ -126,14 +126,16 @@ def bind_to_reach(spec: TaskSpec, reach: Reach, tasks: Tasks, field_prefix: str 
 
 
 async def check_task_reach(tasks: Tasks, task_id: uuid.UUID, reach: Reach) -> None:
-    """Refuse a task beyond the caller's tenant or queues exactly as a missing one.
+    """Refuse a task beyond the caller's tenant or queues exactly as a missing one; the task's tenant
+    goes into the request's audit event, so that an unbound key's action on a tenant's task is in
+    that tenant's audit log too.
 
     :raises TaskNotFoundError: no task has this id, or not one the caller reaches (404).
     """
-    if reach.unlimited:
-        return
     row = await tasks.pg.tasks.owner(task_id)
-    if row is None or not reach.sees(row["tenant_id"], row["queue"]):
+    if row is not None and row["tenant_id"] is not None and reach.tenant_id is None:
+        audit.note(tenant_id=row["tenant_id"])
+    if not reach.unlimited and (row is None or not reach.sees(row["tenant_id"], row["queue"])):
         raise TaskNotFoundError(str(task_id))
 
 
@@ -372,6 +374,8 @@ async def bulk(request: Request, stores: StoresDep) -> Response:
     reach = reach_of(request)
     narrowed = reach.narrow(f)
     audit.note(reason=req.reason, read_only=req.dry_run, details={"action": req.action.value, "filter": req.filter})
+    if narrowed is not None and narrowed.tenant_id is not None:  # one tenant's tasks: in its audit log too
+        audit.note(tenant_id=narrowed.tenant_id)
     if req.dry_run:
         counted = NOTHING_MATCHED if narrowed is None else await bulk_dry_run(stores.pg, narrowed)
         return json_response({"action": req.action.value, **counted})
