@@ -62,7 +62,10 @@ ERROR_STATUSES: dict[int, str] = {
     409: "The task's state does not allow this (`Task state conflict`, saying what would)",
     413: "The body is over the size limit (`http_max_body_bytes`)",
     415: "The body is not `application/json` (`Unsupported media type`)",
-    429: "The key spent its rate limit for this class of requests (`Too many requests`, `Retry-After`, `RateLimit`)",
+    429: (
+        "The key spent its rate limit for this class of requests, or the client's address its budget of refused "
+        "authentications (`Too many requests`, `Retry-After`, `RateLimit`; `policy` names which)"
+    ),
     422: "A field or parameter failed validation (`Invalid request`: `detail` and `errors` name each field)",
     503: "PostgreSQL or Redis is unavailable (`Store unavailable`, naming it); retry later",
 }
