@@ -166,7 +166,7 @@ async def test_ids_and_names_cannot_reach_another_route_and_control_characters_p
 ) -> None:
     register(registry)
     async with start_instance() as inst, http(inst) as client:
-        queued = await create(client, {"name": "cli.ok", "delay_seconds": 3600, "tenant_id": "acme\x1b[2J\x1b]0;owned"})
+        queued = await create(client, {"name": "cli.ok", "delay_seconds": 3600, "dedup_key": "acme\x1b[2J\x1b]0;owned"})
         orphan = await create(client, {"name": "cli.ok", "queue_name": "orphans"})
 
         injected = await cli(inst, "queues", "pause", f"../tasks/{queued}/cancel?")
@@ -191,7 +191,7 @@ async def test_ids_and_names_cannot_reach_another_route_and_control_characters_p
 
         shown = await cli(inst, "tasks", "show", queued)
         assert "\x1b" not in shown.out
-        assert re.search(r"^tenant +acme\\x1b\[2J\\x1b\]0;owned$", shown.out, re.M), shown.out
+        assert re.search(r"^dedup key +acme\\x1b\[2J\\x1b\]0;owned$", shown.out, re.M), shown.out
 
         workers = await cli(inst, "workers")
         assert workers.err == "queues with work and no instance serving them: orphans (1 queued)\n"
