@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncpg
 import pytest
 
 import taskmesh
@@ -138,7 +139,7 @@ QUIET_SCRIPT = textwrap.dedent(
 
 
 async def test_the_client_prints_nothing_into_a_script_and_its_warnings_reach_logging(
-    database_url: str, redis_url: str, prefix: str, tmp_path: Path
+    database_url: str, redis_url: str, prefix: str, tmp_path: Path, pool: asyncpg.Pool
 ) -> None:
     script = tmp_path / "quiet.py"
     script.write_text(QUIET_SCRIPT)
@@ -148,11 +149,21 @@ async def test_the_client_prints_nothing_into_a_script_and_its_warnings_reach_lo
             [sys.executable, str(script), database_url, redis, prefix], capture_output=True, text=True, timeout=60
         )
 
-    # Retries and deletes are logged at info by an instance: a script sees none of it.
-    quiet = await anyio.to_thread.run_sync(run, redis_url)
-    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "the script's own line\n", "")
-    # A Redis that is down is a warning (the tasks are in PostgreSQL; an instance pushes them later):
-    # it reaches the standard library's logging, which prints warnings on stderr unless told otherwise.
-    down = await anyio.to_thread.run_sync(run, f"redis://127.0.0.1:{free_port()}/0")
-    assert (down.returncode, down.stdout) == (0, "the script's own line\n"), down.stderr[-2000:]
-    assert down.stderr.startswith("event='redis_push_failed' tasks=1 error=\"redis unavailable in push: "), down.stderr
+    # Retries and deletes are logged at info by an instance: a script sees none of it, while a live
+    # instance has the task's handler (else the client warns that the name is unadvertised).
+    await pool.execute(
+        "INSERT INTO workers (id, host, pid, queues, version, state, handlers, handler_options)"
+        " VALUES ('w-quiet', 'h', 1, '{}', 'v', 'running', ARRAY['client.add'], $1::jsonb)",
+        '{"client.add": {"queue": null, "max_retries": null, "payload_schema": null}}',
+    )
+    try:
+        quiet = await anyio.to_thread.run_sync(run, redis_url)
+        assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "the script's own line\n", "")
+        # A Redis that is down is a warning (the tasks are in PostgreSQL; an instance pushes them later):
+        # it reaches the standard library's logging, which prints warnings on stderr unless told otherwise.
+        down = await anyio.to_thread.run_sync(run, f"redis://127.0.0.1:{free_port()}/0")
+        assert (down.returncode, down.stdout) == (0, "the script's own line\n"), down.stderr[-2000:]
+        pushed = "event='redis_push_failed' tasks=1 error=\"redis unavailable in push: "
+        assert down.stderr.startswith(pushed), down.stderr
+    finally:
+        await pool.execute("DELETE FROM workers WHERE id = 'w-quiet'")
