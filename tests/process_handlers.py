@@ -108,6 +108,16 @@ def sync_sleeps(payload: dict[str, Any], ctx: TaskContext) -> None:
     _mark(payload, ctx, "end")
 
 
+@taskmesh.task("thread_sleeps_first", pool="thread")
+def thread_sleeps_first(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """A ``def`` handler run in a thread (never stopped): attempt 1 sleeps ``seconds``, later ones return."""
+    _mark(payload, ctx, "start")
+    if ctx.attempt == 1:
+        time.sleep(float(payload.get("seconds", 600)))
+    _mark(payload, ctx, "end")
+    return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
 @taskmesh.task("sync_dies_first", max_retries=2)
 def sync_dies_first(payload: dict[str, Any], ctx: TaskContext) -> int:
     """A ``def`` handler whose process dies on attempt 1 (as a segfault or the OOM killer would end it)."""
