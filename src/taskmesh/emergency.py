@@ -1,7 +1,8 @@
 """The emergency exit of an instance whose event loop cannot stop by itself.
 
 When SIGTERM came and the loop is still blocked past the grace period (an
-``async`` handler calling ``time.sleep``, a C extension that never yields),
+``async`` handler calling ``time.sleep``, a C extension that never yields), or
+still waits for a thread-mode ``def`` handler (a thread cannot be stopped),
 ``shutdown_signals.ShutdownSignals`` calls :func:`hand_back_and_exit` from its
 watchdog thread. It cannot use the instance's pool or loop, so it opens one
 PostgreSQL connection of its own in a fresh event loop in that thread, bounded
@@ -10,7 +11,8 @@ instance still holds (queued again without spending a retry, due only after
 ``HAND_BACK_DELAY_SECONDS`` so that nobody starts one while this process is
 still exiting; the reconciler pushes them to Redis) and marks the worker
 stopped. Then it ends the process with ``os._exit(EXIT_CODE)``: child
-processes of sync handlers die with it (their parent-death signal).
+processes of sync handlers die with it (their parent-death signal), and
+handler threads too (the interpreter's own exit would join them).
 
 Log events: ``emergency_hand_back`` (warning: count, worker_id) or
 ``emergency_hand_back_failed`` (error: the store did not answer; the runs'
@@ -35,7 +37,10 @@ log = get_logger("taskmesh.emergency")
 EXIT_CODE = 1
 TIMEOUT_SECONDS = 3.0
 HAND_BACK_DELAY_SECONDS = 2.0
-INTERRUPTED_ERROR = "interrupted: the instance's event loop was blocked past its shutdown grace period"
+INTERRUPTED_ERROR = (
+    "interrupted: the instance took its emergency exit at shutdown "
+    "(its event loop was blocked, or a handler thread that cannot be stopped still ran)"
+)
 
 
 async def hand_back(database_url: str, worker_id: str) -> int:

@@ -21,14 +21,20 @@ second: ``on_second()`` likewise. The thread also calls ``emergency()`` itself,
 and exits the process with status 1 if that returns or raises, when after the
 first signal at ``T``:
 
-- the loop is blocked (:meth:`LoopProbe.is_blocked`) at or after
-  ``T + grace_seconds + margin_seconds`` (margin 3 s);
-- a second signal has come and the loop is blocked: at once when it is
-  blocked as the signal comes, else as soon as it is seen blocked;
-- ``T + grace_seconds + backstop_seconds`` (30 s) passes, blocked or not: a
+- the loop is stuck at or after ``T + grace_seconds + margin_seconds``
+  (margin 3 s);
+- a second signal has come and the loop is stuck: at once when it is stuck
+  as the signal comes, else as soon as it is seen stuck;
+- ``T + grace_seconds + backstop_seconds`` (30 s) passes, stuck or not: a
   normal shutdown is long over by then.
 
-A loop that turns is left to shut down at its own pace until the backstop.
+The loop is stuck when it is blocked (:meth:`LoopProbe.is_blocked`), or when
+it waits for a thread that nothing can stop (``threads()``: the ``def``
+handlers running in thread mode, which the shutdown waits for). Such a
+thread is not a daemon (the interpreter joins it at exit), so only
+``os._exit`` in the emergency ends the process while it runs. A loop that
+turns and waits for no such thread is left to shut down at its own pace until
+the backstop.
 
 uvloop and asyncio differ in one way that matters here: uvloop sets its own
 wakeup fd while it runs and relies on it to run Python-level signal handlers
@@ -47,7 +53,7 @@ Log events (logger ``taskmesh.shutdown``), written by the thread, so they
 reach stderr while the loop is blocked: ``shutdown_requested`` (info,
 ``signal``), ``shutdown_forced`` (warning, ``signal``), ``shutdown_emergency``
 (error, ``reason``: deadline, second_signal or backstop, ``since_request_s``,
-``blocked_for_s``), ``shutdown_emergency_failed`` (error, ``error``: the
+``blocked_for_s``, ``handler_threads``), ``shutdown_emergency_failed`` (error, ``error``: the
 emergency callback raised) and, from the default emergency,
 ``shutdown_emergency_exit`` (error, ``exit_code``). No metrics.
 """
@@ -149,6 +155,9 @@ class ShutdownSignals:
     :param on_second: called on the loop at the second (end the grace period now).
     :param grace_seconds: the instance's shutdown grace period, seconds.
     :param monitor: tells whether the loop is blocked, from the watchdog thread.
+    :param threads: how many threads that cannot be stopped the loop waits for (thread-mode
+        ``def`` handlers), read from the watchdog thread; more than 0 counts as a stuck loop.
+        Default: none.
     :param emergency: called in the watchdog thread when the loop cannot stop by
         itself; it should hand back what it can with its own bounded I/O and end the
         process (``os._exit``). If it returns or raises, the process exits with status 1
@@ -167,6 +176,7 @@ class ShutdownSignals:
         on_second: Callable[[], object],
         grace_seconds: float,
         monitor: LoopProbe,
+        threads: Callable[[], int] = lambda: 0,
         emergency: Callable[[], object] = exit_now,
         margin_seconds: float = MARGIN_SECONDS,
         backstop_seconds: float = BACKSTOP_SECONDS,
@@ -181,6 +191,7 @@ class ShutdownSignals:
         self._on_second = on_second
         self._emergency = emergency
         self._monitor = monitor
+        self._threads = threads
         self.grace_seconds = grace_seconds
         self.margin_seconds = margin_seconds
         self.backstop_seconds = backstop_seconds
@@ -334,7 +345,7 @@ class ShutdownSignals:
         reason: Reason | None = None
         if past_grace >= self.backstop_seconds:
             reason = "backstop"
-        elif self._monitor.is_blocked():
+        elif self._monitor.is_blocked() or self._threads() > 0:
             if self.forced:
                 reason = "second_signal"
             elif past_grace >= self.margin_seconds:
@@ -350,6 +361,7 @@ class ShutdownSignals:
             reason=reason,
             since_request_s=round(self._clock() - self.requested_at, 3),
             blocked_for_s=round(self._monitor.blocked_for(), 3),
+            handler_threads=self._threads(),
         )
         try:
             self._emergency()

@@ -21,7 +21,9 @@ writes every result (bounded to 5 s, so a dead store cannot hold the exit;
 what it could not write is logged); the maintenance services stop; the
 instance deregisters; HTTP stops; the stores close. A second signal ends the
 grace period at once and still hands back what it can. Exit comes within
-grace + 15 s. After a critical service's failure the instance raises
+grace + 15 s. A thread-mode ``def`` handler still running 3 s past the grace
+period (at once on a second signal) cannot be stopped: the emergency exit
+(``emergency.py``) hands its run back and ends the process. After a critical service's failure the instance raises
 :class:`~taskmesh.errors.ServiceFailedError` once it has shut down (exit 1).
 """
 
@@ -76,7 +78,7 @@ from taskmesh.services.base import Outage, call_until_done
 from taskmesh.services.committer import Committer
 from taskmesh.services.run_tally import RunTally
 from taskmesh.services.supervision import RestartBudget, ServiceSpec, supervise
-from taskmesh.services.sync_handlers import SyncHandlers
+from taskmesh.services.sync_handlers import HandlerThreads, SyncHandlers
 from taskmesh.services.worker_pool import QueueWorkers
 from taskmesh.shutdown_signals import ShutdownSignals
 from taskmesh.store import PgStore, RedisStore, Stores
@@ -117,6 +119,8 @@ class Instance:
     """``time.monotonic()`` of the signal that asked for the stop: the grace period counts from it."""
     freeze_heap: bool = False
     """Whether the ready instance freezes its heap (:func:`run`'s ``freeze_heap``)."""
+    handler_threads: HandlerThreads = field(default_factory=HandlerThreads)
+    """``def`` handlers running in threads, which no shutdown can stop (the watchdog reads it)."""
 
     def service_failed(self, name: str, crashes: int) -> None:
         """A critical service ``name`` exhausted its restart budget after ``crashes``: stop, and exit 1 after."""
@@ -218,6 +222,8 @@ def _signals(inst: Instance, monitor: LoopMonitor, settings: Settings, database_
         on_second=inst.force.set,
         grace_seconds=settings.shutdown_grace_seconds,
         monitor=monitor,
+        # A thread-mode def handler past the grace period holds the shutdown as a blocked loop does.
+        threads=lambda: inst.handler_threads.running,
         emergency=partial(emergency.hand_back_and_exit, database_url, inst.worker_id),
     )
     return guard
@@ -628,7 +634,7 @@ async def _serve(
         stop_grace_seconds=settings.sync_stop_grace_seconds,
         preload=settings.handlers,
     )
-    sync = SyncHandlers(processes, default=settings.sync_pool, worker_id=inst.worker_id)
+    sync = SyncHandlers(processes, default=settings.sync_pool, worker_id=inst.worker_id, threads=inst.handler_threads)
     tally = RunTally()
     pools = [
         QueueWorkers(

@@ -82,6 +82,8 @@ async def test_sigterm_ends_an_instance_whose_thread_handler_never_returns_and_i
     assert row is not None
     assert (row["status"], row["retries"]) == ("queued", 0)  # handed back, no retry spent
     assert not (tmp_path / "attempt1.end").exists()
+    error = await pool.fetchval("SELECT error FROM task_runs WHERE task_id = $1 AND attempt = 1", tid)
+    assert "emergency exit" in error and "handler thread" in error, error
     b = start(spawn, database_url, redis_url, prefix)
     done = wait_until(lambda: task_status(b.port, tid)["task"]["status"] == "completed" and task_status(b.port, tid))
     assert done["latest_run"]["attempt"] == 2 and done["latest_run"]["result"]["pid"] == b.pid

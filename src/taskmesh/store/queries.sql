@@ -231,7 +231,7 @@ RETURNING t.id, t.name, t.queue, t.priority, t.status, t.run_at;
 
 -- name: run_hand_back_by_worker
 -- The emergency hand-back of an instance that cannot stop by itself (its event loop is
--- blocked past the grace period): every run it still holds goes back to queued without
+-- blocked, or a handler thread still runs, past the grace period): every run it still holds goes back to queued without
 -- spending a retry, due only after $3 seconds, by which time the process has exited (so no
 -- other instance starts a run while this one's handler may still be running for a moment).
 -- A task whose cancellation was requested ends cancelled.
