@@ -24,9 +24,10 @@ makes every one (the most recent 1,000, with a warning beyond). Counted in
 from __future__ import annotations
 
 import functools
+import math
 import uuid
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -58,12 +59,19 @@ ENUMERATION_LIMIT = 20_000
 NEXT_FIRES_SHOWN = 5
 FIRE_LOCK_TIMEOUT_MS = 2000
 """A fire waits at most this long for a row lock (SKIP LOCKED skips held rows; this bounds the rest)."""
-FIRE_IDLE_TIMEOUT_MS = 5000
-"""When the firing instance goes silent mid-transaction (cut off from PostgreSQL, frozen),
-PostgreSQL ends its session after this long and releases the rows, so another instance fires
-those slots on time (issue 10, break 8) instead of skipping them as locked."""
+FIRE_IDLE_TIMEOUT_MIN_MS = 1000
+FIRE_IDLE_TIMEOUT_MAX_MS = 5000
+"""Bounds of the fire transaction's ``idle_in_transaction_session_timeout`` (:func:`fire_idle_timeout_ms`)."""
 
-__all__ = ["Fire", "ScheduleNotFoundError", "Schedules", "fire_key", "plan_fires", "schedule_to_dict"]
+__all__ = [
+    "Fire",
+    "ScheduleNotFoundError",
+    "Schedules",
+    "fire_idle_timeout_ms",
+    "fire_key",
+    "plan_fires",
+    "schedule_to_dict",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +87,25 @@ class Fire:
 def fire_key(name: str, fire_at: datetime) -> str:
     """The idempotency key of a fire: ``cron:{name}:{UTC ISO 8601, whole seconds}Z``."""
     return f"cron:{name}:{fire_at.astimezone(UTC):%Y-%m-%dT%H:%M:%S}Z"
+
+
+def fire_idle_timeout_ms(graces: Iterable[float]) -> int:
+    """How long a fire transaction may sit silent before PostgreSQL ends it: a quarter of the shortest
+    misfire grace, clamped to 1 to 5 s.
+
+    When the firing instance goes silent mid-transaction (cut off from PostgreSQL, frozen),
+    PostgreSQL ends its session after this long and releases the due rows it locked. Another
+    scheduler, which found them locked, looks again within ``services.scheduler.LOCKED_RETRY_SECONDS`` (1 s) and
+    fires those slots inside their grace instead of skipping them as misfires (issue 10,
+    break 8): the timeout plus that second stays below a grace of 4 s or more. The floor keeps
+    a healthy instance's short pauses (a busy event loop) from ending its fires; graces under
+    about 2 s can still lose the slot a silent holder took.
+
+    :param graces: ``misfire_grace_seconds`` of the schedules the transaction may lock.
+    :returns: milliseconds (:data:`FIRE_IDLE_TIMEOUT_MAX_MS` when ``graces`` is empty).
+    """
+    quarter = min(graces, default=math.inf) * 1000 / 4
+    return int(min(max(quarter, FIRE_IDLE_TIMEOUT_MIN_MS), FIRE_IDLE_TIMEOUT_MAX_MS))
 
 
 @lru_cache(maxsize=256)
@@ -213,6 +240,8 @@ class Schedules:
         self.declared = {s.name: s for s in declared}
         self.broken: dict[str, str] = {}
         """Declared schedules whose row this instance cannot fire (name -> why), skipped until a restart."""
+        self.idle_timeout_ms = fire_idle_timeout_ms(s.misfire_grace_seconds for s in declared)
+        """The fire transaction's ``idle_in_transaction_session_timeout`` (:func:`fire_idle_timeout_ms`)."""
 
     def _names(self) -> list[str]:
         return [name for name in self.declared if name not in self.broken]
@@ -273,8 +302,8 @@ class Schedules:
         inserted and the rows advanced together, then the tasks are pushed to
         Redis after the commit. Other schedulers are woken (``NOTIFY``) so that
         they re-read the advanced rows instead of retrying the locked ones. The
-        transaction is bounded (``FIRE_LOCK_TIMEOUT_MS``, ``FIRE_IDLE_TIMEOUT_MS``):
-        an instance cut off while holding rows cannot hold them for long.
+        transaction is bounded (``FIRE_LOCK_TIMEOUT_MS``, :func:`fire_idle_timeout_ms`):
+        an instance cut off while holding rows holds them for less than their grace.
 
         :param now: the scheduler's clock (PostgreSQL's in production; a manual one in tests).
         :returns: one :class:`Fire` per fire time handled, made or skipped.
@@ -284,7 +313,7 @@ class Schedules:
         fires: list[Fire] = []
         targets: list[PushTarget] = []
         async with self.pg.transaction(
-            lock_timeout_ms=FIRE_LOCK_TIMEOUT_MS, idle_timeout_ms=FIRE_IDLE_TIMEOUT_MS
+            lock_timeout_ms=FIRE_LOCK_TIMEOUT_MS, idle_timeout_ms=self.idle_timeout_ms
         ) as tx:
             rows = await tx.schedules.lock_due(self._names(), now)
             for row in rows:

@@ -8,7 +8,7 @@ import pytest
 
 from taskmesh.cron import CronSpec
 from taskmesh.errors import CronSpecError
-from taskmesh.schedules import fire_key, plan_fires
+from taskmesh.schedules import fire_idle_timeout_ms, fire_key, plan_fires
 
 
 def utc(text: str) -> datetime:
@@ -222,3 +222,11 @@ def test_a_very_long_outage_walks_only_the_tail_and_estimates_the_count() -> Non
     assert len(plan) == 1000 and plan[-1][0] == now
     true_dropped = 10 * 86400 + 1 - 1000
     assert abs(dropped - true_dropped) <= true_dropped * 0.01
+
+
+@pytest.mark.parametrize(
+    ("graces", "timeout_ms"),
+    [([4.0], 1000), ([8.0, 60.0], 2000), ([60.0], 5000), ([0.0, 3600.0], 1000), ([], 5000)],
+)
+def test_a_silent_fire_is_ended_within_a_quarter_of_the_shortest_grace(graces: list[float], timeout_ms: int) -> None:
+    assert fire_idle_timeout_ms(graces) == timeout_ms
