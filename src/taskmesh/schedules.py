@@ -84,6 +84,17 @@ class Fire:
     task_id: uuid.UUID | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A due row's fires as :func:`plan_fires` worked them out, and the row's values they follow from."""
+
+    name: str
+    values: tuple[Any, ...]
+    spec: CronSpec
+    fires: list[tuple[datetime, bool]]
+    skipped: int
+
+
 def fire_key(name: str, fire_at: datetime) -> str:
     """The idempotency key of a fire: ``cron:{name}:{UTC ISO 8601, whole seconds}Z``."""
     return f"cron:{name}:{fire_at.astimezone(UTC):%Y-%m-%dT%H:%M:%S}Z"
@@ -95,11 +106,11 @@ def fire_idle_timeout_ms(graces: Iterable[float]) -> int:
 
     When the firing instance goes silent mid-transaction (cut off from PostgreSQL, frozen),
     PostgreSQL ends its session after this long and releases the due rows it locked. Another
-    scheduler, which found them locked, looks again within ``services.scheduler.LOCKED_RETRY_SECONDS`` (1 s) and
-    fires those slots inside their grace instead of skipping them as misfires (issue 10,
-    break 8): the timeout plus that second stays below a grace of 4 s or more. The floor keeps
-    a healthy instance's short pauses (a busy event loop) from ending its fires; graces under
-    about 2 s can still lose the slot a silent holder took.
+    scheduler, which found them locked, looks again within a second
+    (``services.scheduler.LOCKED_RETRY_SECONDS``) and fires those slots inside their grace
+    instead of skipping them as misfires: the timeout plus that second stays inside any grace
+    over 2 s. The floor keeps a healthy instance's short pauses (a busy event loop) from
+    ending its fires, so a grace of 2 s or less can still lose the slot a silent holder took.
 
     :param graces: ``misfire_grace_seconds`` of the schedules the transaction may lock.
     :returns: milliseconds (:data:`FIRE_IDLE_TIMEOUT_MAX_MS` when ``graces`` is empty).
@@ -304,6 +315,10 @@ class Schedules:
         they re-read the advanced rows instead of retrying the locked ones. The
         transaction is bounded (``FIRE_LOCK_TIMEOUT_MS``, :func:`fire_idle_timeout_ms`):
         an instance cut off while holding rows holds them for less than their grace.
+        So that a healthy instance is never that silent in it, the fires are worked
+        out before it opens (:func:`plan_fires` takes seconds for a long catch-up)
+        from the due rows read without a lock; a row changed in between is worked
+        out again inside.
 
         :param now: the scheduler's clock (PostgreSQL's in production; a manual one in tests).
         :returns: one :class:`Fire` per fire time handled, made or skipped.
@@ -312,12 +327,19 @@ class Schedules:
             return []
         fires: list[Fire] = []
         targets: list[PushTarget] = []
+        await self.tasks.learn()  # the handlers' read, on another connection, is then fresh inside
+        planned = await self._plan_due(now)
         async with self.pg.transaction(
             lock_timeout_ms=FIRE_LOCK_TIMEOUT_MS, idle_timeout_ms=self.idle_timeout_ms
         ) as tx:
-            rows = await tx.schedules.lock_due(self._names(), now)
+            rows = await tx.schedules.lock_due(self._names(), now)  # rows found broken above are left out
             for row in rows:
-                made, pushes = await self._fire_row(tx, row, now)
+                plan = planned.get(row["name"])
+                if plan is None or plan.values != tuple(row.values()):
+                    plan = await self._plan(row, now)
+                if plan is None:
+                    continue
+                made, pushes = await self._fire_row(tx, row, now, plan)
                 fires.extend(made)
                 targets.extend(pushes)
             if rows:
@@ -335,7 +357,17 @@ class Schedules:
         await self.tasks.push(targets)
         return fires
 
-    async def _fire_row(self, tx: PgStore, row: Any, now: datetime) -> tuple[list[Fire], list[PushTarget]]:
+    async def _plan_due(self, now: datetime) -> dict[str, _Plan]:
+        """The due rows' fires by name, worked out from the rows read without a lock."""
+        planned: dict[str, _Plan] = {}
+        for row in await self.pg.schedules.due(self._names(), now):
+            plan = await self._plan(row, now)
+            if plan is not None:
+                planned[plan.name] = plan
+        return planned
+
+    async def _plan(self, row: Any, now: datetime) -> _Plan | None:
+        """Work out a due row's fires (``None``: this instance cannot fire the row, now ``broken``)."""
         name = row["name"]
         try:
             spec = _spec(row["cron"], row["timezone"])
@@ -345,8 +377,8 @@ class Schedules:
             # neither the other schedules nor the scheduler stop for it (and no error every second).
             self.broken[name] = str(exc)
             log.error("schedule_invalid", schedule=name, error=str(exc).splitlines()[0][:500], action="skipped")
-            return [], []
-        plan, skipped = await anyio.to_thread.run_sync(
+            return None
+        fires, skipped = await anyio.to_thread.run_sync(
             functools.partial(
                 plan_fires,
                 spec,
@@ -356,6 +388,12 @@ class Schedules:
                 grace_seconds=row["misfire_grace_seconds"],
             )
         )
+        return _Plan(name, tuple(row.values()), spec, fires, skipped)
+
+    async def _fire_row(
+        self, tx: PgStore, row: Any, now: datetime, planned: _Plan
+    ) -> tuple[list[Fire], list[PushTarget]]:
+        name, spec, plan, skipped = row["name"], planned.spec, planned.fires, planned.skipped
         fires: list[Fire] = []
         targets: list[PushTarget] = []
         if plan and row["overlap"] == "skip":

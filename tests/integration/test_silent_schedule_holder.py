@@ -1,4 +1,4 @@
-"""A scheduler gone silent while it holds a due schedule row costs no slot (issue 10, break 8).
+"""A scheduler gone silent while it holds a due schedule row costs no slot.
 
 The fire transaction locks the due rows ``FOR UPDATE SKIP LOCKED``; an instance cut off
 from PostgreSQL (or frozen) inside it used to keep them locked with no bound, and every
@@ -14,11 +14,15 @@ them. Scheduler A locks the due row and goes silent inside its fire transaction 
 ``_fire_row`` waits on an event, so its connection sits idle in transaction, as a
 frozen or cut-off instance's does); scheduler B runs the real scheduler loop on the
 real clock over three five-second slots (about 17 s).
+
+The other side of that bound: a healthy instance is never silent that long in its fire
+transaction, because the fires are worked out before it opens.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,6 +31,7 @@ import anyio
 import asyncpg
 import pytest
 
+from taskmesh import schedules as schedules_module
 from taskmesh.clock import SystemClock, Waker
 from taskmesh.config import ScheduleSettings
 from taskmesh.errors import StoreError
@@ -54,10 +59,10 @@ class SilentHolder(Schedules):
         self.holding = anyio.Event()
         self.release = anyio.Event()
 
-    async def _fire_row(self, tx: Any, row: Any, now: datetime) -> tuple[list[Fire], list[PushTarget]]:
+    async def _fire_row(self, tx: Any, row: Any, now: datetime, plan: Any) -> tuple[list[Fire], list[PushTarget]]:
         self.holding.set()  # the row is locked: lock_due returned it inside the open transaction
         await self.release.wait()
-        return await super()._fire_row(tx, row, now)
+        return await super()._fire_row(tx, row, now, plan)
 
 
 @pytest.fixture
@@ -152,3 +157,57 @@ async def test_a_slot_a_silent_scheduler_holds_is_fired_by_another_within_its_gr
     assert isinstance(outcome, StoreError) and outcome.transient, outcome
     after: int = await pool.fetchval("SELECT count(*) FROM tasks WHERE idempotency_key LIKE 'cron:five:%'")
     assert after == len(rows)
+
+
+async def test_a_fire_whose_plan_outlasts_the_idle_timeout_still_fires(
+    stores: Stores, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other side of the bound: a healthy instance is never silent that long mid-fire.
+
+    Working out a long catch-up (a per-second spec with a day's grace, down for days) takes
+    seconds of CPU; done inside the fire transaction, PostgreSQL ended the session of the
+    healthy instance as a silent one's, every time it tried, so the schedule never fired
+    again. Here the plan is slowed to twice the 1 s timeout a 4 s grace sets.
+    """
+    await pool.execute("TRUNCATE schedules")
+    declared = [
+        ScheduleSettings(name="tick", cron="*/5 * * * * *", task="report.build", misfire_grace_seconds=GRACE_SECONDS),
+        ScheduleSettings(name="behind", cron="* * * * * *", task="report.build", misfire_grace_seconds=86400.0),
+    ]
+    schedules = Schedules(Tasks(stores.pg, stores.redis, metrics=Metrics()), declared)
+    now = datetime.now(UTC).replace(microsecond=0)
+    await schedules.sync(now)
+    await pool.execute("UPDATE schedules SET next_fire_at = $1 WHERE name = 'behind'", now - timedelta(seconds=30))
+    real_plan = schedules_module.plan_fires
+
+    def slow_plan(*args: Any, **kwargs: Any) -> tuple[list[tuple[datetime, bool]], int]:
+        time.sleep(2 * schedules.idle_timeout_ms / 1000)  # in the worker thread, as the CPU-bound walk is
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(schedules_module, "plan_fires", slow_plan)
+    with anyio.fail_after(20):
+        fires = await schedules.fire_due(now)
+    assert {(f.schedule, f.outcome) for f in fires} == {("behind", "fired")}
+    assert len(fires) == 31
+    row = await pool.fetchrow("SELECT next_fire_at FROM schedules WHERE name = 'behind'")
+    assert row is not None and row["next_fire_at"] == now + timedelta(seconds=1)
+
+
+async def test_a_row_changed_after_it_was_planned_is_fired_as_locked(stores: Stores, pool: asyncpg.Pool) -> None:
+    """The fires worked out before the transaction are used only for a row that has not moved since."""
+    await pool.execute("TRUNCATE schedules")
+    declared = [ScheduleSettings(name="behind", cron="* * * * * *", task="report.build", misfire_grace_seconds=3600.0)]
+    now = datetime.now(UTC).replace(microsecond=0)
+
+    class MovedAfterPlanning(Schedules):
+        async def _plan_due(self, now: datetime) -> Any:
+            planned = await super()._plan_due(now)
+            # An operator's or another version's write lands between the read and the lock.
+            await pool.execute("UPDATE schedules SET next_fire_at = $1", now - timedelta(seconds=20))
+            return planned
+
+    schedules = MovedAfterPlanning(Tasks(stores.pg, stores.redis, metrics=Metrics()), declared)
+    await schedules.sync(now)
+    await pool.execute("UPDATE schedules SET next_fire_at = $1", now - timedelta(seconds=10))
+    fires = await schedules.fire_due(now)
+    assert [f.fire_at for f in fires] == [now - timedelta(seconds=20 - i) for i in range(21)]

@@ -583,6 +583,12 @@ SELECT * FROM schedules
  ORDER BY next_fire_at
    FOR UPDATE SKIP LOCKED;
 
+-- name: schedule_due
+-- The due rows as schedule_lock_due finds them, without a lock: planned before the fire transaction.
+SELECT * FROM schedules
+ WHERE name = ANY($1::text[]) AND enabled AND NOT paused AND next_fire_at <= $2
+ ORDER BY next_fire_at;
+
 -- name: schedule_advance
 UPDATE schedules
    SET last_fire_at = COALESCE($2, last_fire_at), next_fire_at = $3,

@@ -31,6 +31,10 @@ class ScheduleQueries(Queries):
         """``schedule_lock_due`` (inside a transaction): due rows, locked, others' locked rows skipped."""
         return await self._fetch("schedule_lock_due", list(names), now)
 
+    async def due(self, names: Sequence[str], now: datetime) -> list[asyncpg.Record]:
+        """``schedule_due``: the rows ``lock_due`` would lock, read without a lock."""
+        return await self._fetch("schedule_due", list(names), now)
+
     async def advance(
         self, name: str, last_fire: datetime | None, next_fire: datetime | None, last_task: uuid.UUID | None
     ) -> None:
