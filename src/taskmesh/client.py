@@ -16,13 +16,21 @@ from typing import Any
 import anyio
 import asyncpg
 
-from taskmesh.errors import InvalidTaskError, StoreError, TaskCancelledError, TaskFailedError, WaitTimeoutError
+from taskmesh.errors import (
+    ConfigError,
+    InvalidTaskError,
+    StoreError,
+    TaskCancelledError,
+    TaskFailedError,
+    WaitTimeoutError,
+)
 from taskmesh.models import Enqueued
 from taskmesh.queued_quota import QueuedLimits
 from taskmesh.registry import Registry, default_registry
 from taskmesh.states import TaskStatus
 from taskmesh.store import Stores
 from taskmesh.store.redis_clients import RedisMode
+from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
 from taskmesh.task_actions import Cancelled, Retried
 from taskmesh.tasks import Tasks
 from taskmesh.validation import MAX_DELAY_SECONDS, parse_task_spec
@@ -48,6 +56,10 @@ class Client:
 
     Use as ``async with Client(db, redis) as client: ...``; the pools open on
     entry and close on exit.
+
+    :raises ConfigError: ``redis_url`` or ``redis_mode`` is one an instance's settings refuse
+        (a Redis Cluster URL with a database other than 0, a database number that is not a
+        number, an unknown mode...), in the words of ``load_settings``; nothing connects.
     """
 
     def __init__(
@@ -64,6 +76,7 @@ class Client:
         max_delay_seconds: float = MAX_DELAY_SECONDS,
         queued_limits: QueuedLimits | None = None,
     ) -> None:
+        _check_redis_options(redis_url, redis_mode)
         self._database_url = database_url
         self._redis_url = redis_url
         self._redis_prefix = redis_prefix
@@ -333,3 +346,23 @@ def task_ref(ref: TaskRef) -> uuid.UUID:
         return uuid.UUID(str(ref))
     except ValueError:
         raise InvalidTaskError("task_id", "must be a UUID") from None
+
+
+def _check_redis_options(redis_url: str, redis_mode: str) -> None:
+    """The checks ``config.Settings`` makes of ``redis_url`` and ``redis_mode``, with its messages.
+
+    :raises ConfigError: ``redis_url: ...`` or ``redis_mode: ...`` (both when both are wrong).
+    """
+    problems: list[str] = []
+    try:
+        check_redis_url(redis_url)
+    except ValueError as exc:
+        problems.append(f"redis_url: {exc}")
+    if redis_mode not in ("standalone", "cluster"):
+        problems.append("redis_mode: Input should be 'standalone' or 'cluster'")
+    elif redis_mode == "cluster" and not problems:
+        problem = cluster_url_problem(redis_url)
+        if problem:
+            problems.append(f"redis_mode: {problem}")
+    if problems:
+        raise ConfigError("; ".join(problems))

@@ -24,7 +24,7 @@ import redis as sync_redis
 from redis.crc import key_slot
 
 import taskmesh
-from taskmesh.errors import StoreError
+from taskmesh.errors import ConfigError, StoreError
 from taskmesh.store import Keys, RedisStore
 from taskmesh.store.redis_urls import NOT_A_CLUSTER, cluster_refusal
 from tests.conftest import POOLER, redis_server
@@ -231,9 +231,12 @@ async def test_a_python_client_on_the_wrong_kind_of_redis_fails_at_open_naming_r
             pass
     assert not standalone.value.transient
     assert str(standalone.value) == "redis error in connect: " + cluster_refusal("cluster_enabled:1")
+    standalone_server = f"redis://{redis_address(redis_url)}/0"  # the tests' Redis may be on another database
     with pytest.raises(StoreError) as cluster:
-        async with taskmesh.Client(database_url, redis_url, pg_pooler=POOLER, redis_mode="cluster"):
+        async with taskmesh.Client(database_url, standalone_server, pg_pooler=POOLER, redis_mode="cluster"):
             pass
     assert str(cluster.value) == "redis error in connect: " + NOT_A_CLUSTER
+    with pytest.raises(ConfigError, match=r"^redis_mode: a Redis Cluster has database 0 alone"):
+        taskmesh.Client(database_url, f"redis://{redis_address(redis_url)}/3", pg_pooler=POOLER, redis_mode="cluster")
     async with taskmesh.Client(database_url, node, pg_pooler=POOLER, redis_mode="cluster") as client:
         assert await client.enqueue("n") is not None
