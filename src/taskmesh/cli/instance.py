@@ -87,7 +87,9 @@ def dev() -> None:
         get_logger("taskmesh.dev").warning(
             "worker_processes_ignored", worker_processes=settings.worker_processes, reason="taskmesh dev runs one"
         )
-    with embedded_stores(settings.database_url, settings.redis_url) as (database_url, redis_url):
+    with embedded_stores(
+        settings.database_url, settings.redis_url, log_level=settings.log_level, log_format=settings.log_format
+    ) as (database_url, redis_url):
         # One process: the embedded stores' URLs are this process's to give, and a trial needs no more.
         update = {"database_url": database_url, "redis_url": redis_url, "worker_processes": 1}
         settings = settings.model_copy(update=update)
