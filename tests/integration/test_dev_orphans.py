@@ -2,7 +2,9 @@
 
 A dev killed with SIGKILL (as by the OOM killer) takes its embedded Valkey and
 PostgreSQL along within seconds, and its restart from the same directory gets
-the same URLs; removing the directory while dev runs ends its servers.
+the same URLs; removing the directory while dev runs ends its servers; a
+Valkey left running in the directory (its guard was killed too) is stopped by
+the next start, which keeps its port, and whose clean stop then leaves nothing.
 Every server is checked by pid and by working directory: each embedded server
 process works in its data directory.
 """
@@ -13,6 +15,9 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +137,48 @@ def test_removing_the_dev_directory_ends_its_servers_and_dev_still_stops_cleanly
     assert proc.alive() and not dev_dir.exists(), proc.output()[-3000:]  # nothing started them again in it
     code, _, out = stop(proc, 30)
     assert code == 0, out[-3000:]
+
+
+LEAVE_A_VALKEY = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from taskmesh.dev import EmbeddedValkey
+    print(EmbeddedValkey(Path(sys.argv[1])).process.pid, flush=True)
+    os._exit(0)  # as after a SIGKILL: no atexit, no stop
+    """
+)
+
+
+def test_a_valkey_left_running_in_the_directory_is_stopped_by_the_next_start_which_keeps_its_port(
+    dev_dir: Path,
+) -> None:
+    from taskmesh.dev import EmbeddedValkey
+
+    made = subprocess.run([sys.executable, "-c", LEAVE_A_VALKEY, str(dev_dir)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    leftover = int(made.stdout)
+    port = int((dev_dir / "valkey" / "port").read_text())
+    assert running(leftover)
+    server = EmbeddedValkey(dev_dir)
+    try:
+        assert not running(leftover)
+        assert server.port == port
+    finally:
+        server.stop()
+    # The leftover did not exit after the new server started, taking its pidfile (and its stop) away.
+    all_gone([leftover, server.process.pid], dev_dir)
+
+
+def test_a_valkey_that_outlived_its_directory_is_stopped_by_the_next_start_in_that_path(dev_dir: Path) -> None:
+    from taskmesh.dev import EmbeddedValkey
+
+    made = subprocess.run([sys.executable, "-c", LEAVE_A_VALKEY, str(dev_dir)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    leftover = int(made.stdout)
+    shutil.rmtree(dev_dir)
+    server = EmbeddedValkey(dev_dir)
+    try:
+        assert not running(leftover)
+    finally:
+        server.stop()
