@@ -227,6 +227,8 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         """Shut the server down (fast mode: open sessions are ended); a dead one only loses its lock files.
 
+        Where pg_ctl fails, the postmaster gets SIGINT (fast mode), then SIGKILL after ``GRACE_SECONDS``.
+
         pg_ctl would wait 30 s for a dead postmaster that is still an unreaped
         zombie (its pid "exists") to remove ``postmaster.pid``, which it never does.
         """
@@ -236,6 +238,9 @@ class EmbeddedPostgres:
             return
         with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
             self._pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self._server.system_user, timeout=30)
+        if self.process.started is not None:
+            # pg_ctl failed (the directory out of its user's reach, a timeout): the postmaster goes by its pid.
+            stop_processes([Target(self.process.pid, self.process.started, signal.SIGINT)], GRACE_SECONDS)
         log.info("embedded_postgres_stopped")
 
     def start(self) -> None:

@@ -170,6 +170,24 @@ def test_a_valkey_left_running_in_the_directory_is_stopped_by_the_next_start_whi
     all_gone([leftover, server.process.pid], dev_dir)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only as root does PostgreSQL run as a user of its own")
+def test_postgres_whose_directory_its_user_cannot_reach_any_more_is_still_stopped(tmp_path: Path) -> None:
+    """As when another pytest session makes ``/tmp/pytest-of-root`` private again: pg_ctl then fails."""
+    from taskmesh.dev import EmbeddedPostgres
+
+    root = tmp_path / "private"
+    pg = EmbeddedPostgres(root)
+    postmaster = pg.process.pid
+    pids = [postmaster, *children(postmaster)]
+    root.chmod(0o700)  # root's, out of reach of the server's user
+    try:
+        pg.stop()
+        all_gone(pids, root)
+    finally:
+        root.chmod(0o755)
+        pg.stop()
+
+
 def test_a_valkey_that_outlived_its_directory_is_stopped_by_the_next_start_in_that_path(dev_dir: Path) -> None:
     from taskmesh.dev import EmbeddedValkey
 
