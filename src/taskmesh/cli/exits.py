@@ -74,6 +74,12 @@ def run(command: Callable[[], object]) -> int:
         return ExitCode.INTERRUPTED
     except Terminated:
         return ExitCode.OK
+    except RuntimeError as exc:
+        # Python 3.11 wraps what a class's __set_name__ raises: a SIGTERM while an import defines
+        # such a class (anyio's, at start-up) arrives as a RuntimeError caused by Terminated.
+        if isinstance(exc.__cause__, Terminated):
+            return ExitCode.OK
+        raise
     return ExitCode.OK
 
 
