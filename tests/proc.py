@@ -191,3 +191,12 @@ def task_status(port: int, task_id: str) -> dict[str, Any]:
     assert status == 200
     result: dict[str, Any] = body
     return result
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` is a live process; a zombie (nobody reaps the daemonised servers here) is not."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.proc import Proc, call, spawn, stop, wait_until
+from tests.proc import Proc, call, running, spawn, stop, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
 
@@ -33,15 +33,6 @@ pytestmark = pytest.mark.slow
 
 GONE_WITHIN_SECONDS = 10.0
 """How long the servers may take to go: a polite stop takes well under a second; the guard's grace is longer."""
-
-
-def running(pid: int) -> bool:
-    """True while ``pid`` is a live process; a zombie (nobody here reaps the daemonised servers) is not."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def working_in(root: Path) -> list[int]:

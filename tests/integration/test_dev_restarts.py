@@ -31,7 +31,7 @@ from structlog.testing import capture_logs
 
 from taskmesh.dev import EmbeddedPostgres, EmbeddedValkey, ServerWatcher
 from taskmesh.errors import EmbeddedServerError
-from tests.proc import Proc, call, spawn, stop, wait_until
+from tests.proc import Proc, call, running, spawn, stop, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
 
@@ -40,15 +40,6 @@ pytestmark = pytest.mark.slow
 
 def pid_in(pidfile: Path) -> int:
     return int(pidfile.read_text().split("\n", 1)[0].strip())
-
-
-def running(pid: int) -> bool:
-    """True while ``pid`` is a live process; a zombie (nobody reaps the daemonised servers here) is not."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def event(proc: Proc, name: str, **keys: Any) -> dict[str, Any] | None:
