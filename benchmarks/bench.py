@@ -75,7 +75,7 @@ from benchmarks.bench_handler import recorder_keys
 from benchmarks.measure import BackendCpu, cpu_by_name, cpu_of_tree, cpu_since, pct, rss_kib, through, with_db
 from benchmarks.peers import run_peers
 from benchmarks.report import print_report
-from taskmesh.client import Client
+from taskmesh.clients.client import Client
 from taskmesh.store.postgres import migrate_url
 from taskmesh.store.redis_clients import RedisMode, open_client
 
@@ -167,7 +167,7 @@ class Bench:
             proc.wait()
 
     def client(self) -> Client:
-        """A :class:`~taskmesh.client.Client` of the bench database and Redis, for ``async with``."""
+        """A :class:`~taskmesh.clients.client.Client` of the bench database and Redis, for ``async with``."""
         return Client(
             self.work_url, self.work_redis, redis_prefix=self.prefix, pg_pooler=self.pooler, redis_mode=self.redis_mode
         )

@@ -17,7 +17,7 @@ import redis
 import redis.asyncio as aioredis
 
 import taskmesh
-from taskmesh.models import TaskContext
+from taskmesh.tasks.models import TaskContext
 
 
 def recorder_keys(base: str) -> tuple[str, str]:

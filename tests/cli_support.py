@@ -13,8 +13,8 @@ import anyio
 import orjson
 
 from taskmesh.errors import NonRetryableError
-from taskmesh.registry import Registry
-from taskmesh.supervisor import Instance
+from taskmesh.runtime.supervisor import Instance
+from taskmesh.tasks.registry import Registry
 from tests.proc import ROOT
 
 MARKUP_ERROR = "[bold red]boom[/bold red] <b>&amp;"

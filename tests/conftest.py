@@ -25,15 +25,15 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from taskmesh import supervisor
 from taskmesh.config import Settings, load_settings
-from taskmesh.logs import configure
-from taskmesh.registry import Registry
+from taskmesh.observability.logs import configure
+from taskmesh.runtime import supervisor
 from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import connect_options, migrate_url
 from taskmesh.store.redis_clients import RedisMode, open_client
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
 from tests.pgbouncer import PgBouncer, through
 from tests.proc import free_port
 from tests.redis_topologies import Cluster, SentinelSet, started
@@ -52,7 +52,7 @@ def store_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     if db and rd:
         yield db, rd
         return
-    from taskmesh.dev import embedded_stores
+    from taskmesh.dev.stack import embedded_stores
 
     with embedded_stores(db, rd, root=tmp_path_factory.mktemp("stores")) as urls:
         yield urls

@@ -12,7 +12,7 @@ import anyio
 import asyncpg
 
 import taskmesh
-from taskmesh.models import TaskContext
+from taskmesh.tasks.models import TaskContext
 
 
 @taskmesh.task("sleepy")

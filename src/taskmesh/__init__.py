@@ -38,20 +38,20 @@ from taskmesh.errors import (
 )
 
 if TYPE_CHECKING:
-    from taskmesh.client import Client
-    from taskmesh.models import TaskContext
-    from taskmesh.queued_quota import QueuedLimits
-    from taskmesh.registry import Registry, default_registry, task
-    from taskmesh.sync_client import SyncClient
+    from taskmesh.clients.client import Client
+    from taskmesh.clients.sync_client import SyncClient
+    from taskmesh.tasks.models import TaskContext
+    from taskmesh.tasks.queued_quota import QueuedLimits
+    from taskmesh.tasks.registry import Registry, default_registry, task
 
 _LAZY = {
-    "Client": "taskmesh.client",
-    "SyncClient": "taskmesh.sync_client",
-    "TaskContext": "taskmesh.models",
-    "QueuedLimits": "taskmesh.queued_quota",
-    "Registry": "taskmesh.registry",
-    "default_registry": "taskmesh.registry",
-    "task": "taskmesh.registry",
+    "Client": "taskmesh.clients.client",
+    "SyncClient": "taskmesh.clients.sync_client",
+    "TaskContext": "taskmesh.tasks.models",
+    "QueuedLimits": "taskmesh.tasks.queued_quota",
+    "Registry": "taskmesh.tasks.registry",
+    "default_registry": "taskmesh.tasks.registry",
+    "task": "taskmesh.tasks.registry",
 }
 """Public names imported on first use, so that ``taskmesh``'s command line starts without the
 stores' drivers (asyncpg, redis) and pydantic: ``taskmesh.Client`` works as before."""

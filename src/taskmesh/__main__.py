@@ -1,5 +1,5 @@
 """``python -m taskmesh``: see :mod:`taskmesh.cli`."""
 
-from taskmesh.entry import main
+from taskmesh.cli.entry import main
 
 main()

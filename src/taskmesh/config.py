@@ -43,10 +43,10 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from taskmesh.cron import CronSpec, load_zone
 from taskmesh.errors import ConfigError, CronSpecError, InvalidTaskError
+from taskmesh.schedules.cron import CronSpec, load_zone
 from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
-from taskmesh.validation import MAX_DELAY_LIMIT, MAX_DELAY_SECONDS
+from taskmesh.tasks.validation import MAX_DELAY_LIMIT, MAX_DELAY_SECONDS
 
 MAX_WORKER_PROCESSES = 256
 """The most processes ``worker_processes`` may ask for."""
@@ -158,7 +158,7 @@ class ScheduleSettings(BaseModel):
     name: str = Field(pattern=NAME_PATTERN.pattern)
     """Unique name, ``[A-Za-z0-9_.:-]{1,128}``."""
     cron: str
-    """5 fields, 6 with seconds first, or an alias (``@hourly``, ``@daily``, ...); see ``taskmesh.cron``."""
+    """5 fields, 6 with seconds first, or an alias (``@hourly``, ``@daily``, ...); see ``taskmesh.schedules.cron``."""
     timezone: str = "UTC"
     """IANA zone whose wall-clock time the spec follows."""
     task: str = Field(pattern=NAME_PATTERN.pattern)
@@ -203,7 +203,7 @@ class ScheduleSettings(BaseModel):
     @field_validator("payload")
     @classmethod
     def _check_payload(cls, value: Any) -> Any:
-        from taskmesh.validation import check_json
+        from taskmesh.tasks.validation import check_json
 
         try:
             check_json(value, "payload")
@@ -385,7 +385,7 @@ class Settings(BaseSettings):
         default=1.0, ge=0.25, le=600, validation_alias=_aliases("loop_block_threshold_seconds")
     )
     """Time the event loop may go without turning before it counts as blocked, seconds (logged as
-    ``event_loop_blocked`` and counted; see ``taskmesh.loop_monitor``). At least 0.25: more than
+    ``event_loop_blocked`` and counted; see ``taskmesh.runtime.loop_monitor``). At least 0.25: more than
     two of the loop monitor's 0.1 s ticks."""
     lease_seconds: float = Field(default=30.0, gt=0, le=3600, validation_alias=_aliases("lease_seconds"))
     """Length of a run's lease, seconds; the heartbeat renews it every third of that."""
@@ -471,7 +471,7 @@ class Settings(BaseSettings):
     worker_processes: int | Literal["auto"] = Field(default=1, validation_alias=_aliases("worker_processes"))
     """Processes ``taskmesh run`` works the queues in, ``auto`` for one per core this process may use.
     Above 1, the process started runs as before and also starts, supervises and stops
-    ``worker_processes - 1`` worker-only instances of the same settings (``taskmesh.worker_processes``):
+    ``worker_processes - 1`` worker-only instances of the same settings (``taskmesh.runtime.worker_processes``):
     an instance's event loop is one core's, so async handlers use every core only this way."""
     scheduler_enabled: bool = Field(default=True, validation_alias=_aliases("scheduler_enabled"))
     """Run the cron scheduler in this instance (off: another instance fires the schedules)."""

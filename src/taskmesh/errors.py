@@ -300,7 +300,7 @@ class Retry(TaskmeshError):
 
 
 class EmbeddedServerError(TaskmeshError):
-    """An embedded server of the dev profile (``taskmesh.dev``) could not be started again.
+    """An embedded server of the dev profile (``taskmesh.dev.stack``) could not be started again.
 
     The message names the server and what failed (pg_ctl's exit, Valkey not
     answering PING in time); the server's own log says more.

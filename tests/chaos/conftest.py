@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import asyncpg
 import pytest
 
-from taskmesh.dev import EmbeddedPostgres, EmbeddedValkey
+from taskmesh.dev.stack import EmbeddedPostgres, EmbeddedValkey
 from taskmesh.store.postgres import migrate_url
 from tests.conftest import with_database
 

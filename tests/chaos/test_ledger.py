@@ -37,7 +37,7 @@ import pytest
 import redis as sync_redis
 
 import taskmesh
-from taskmesh.dev import EmbeddedPostgres, EmbeddedValkey
+from taskmesh.dev.stack import EmbeddedPostgres, EmbeddedValkey
 from tests.chaos.conftest import fresh_database
 from tests.proc import Proc, call, spawn, wait_until
 

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from taskmesh.dev import EmbeddedPostgres, EmbeddedValkey
+from taskmesh.dev.stack import EmbeddedPostgres, EmbeddedValkey
 from tests.chaos.conftest import fresh_database
 from tests.proc import Proc, call, spawn, task_status, wait_until
 

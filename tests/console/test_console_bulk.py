@@ -12,8 +12,8 @@ import asyncpg
 import httpx
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
 from tests.conftest import http
 from tests.console.conftest import go, in_browser, screenshot
 from tests.console.test_console_browser import bearer, sign_in, text

@@ -20,8 +20,8 @@ import asyncpg
 import httpx
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
 from tests.console.test_console_sessions import signed_in
 from tests.integration.test_search_growth import fill
 

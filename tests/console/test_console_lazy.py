@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
 from taskmesh.console.guard import CSP
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
 
 pytestmark = pytest.mark.anyio
 
@@ -25,10 +25,10 @@ PAGES = ("taskmesh.console.pages", "taskmesh.console.web", "taskmesh.console.api
 
 BUILD_APP = """
 import sys
-from taskmesh import supervisor
+from taskmesh.runtime import supervisor
 from taskmesh.api.app import create_app
 from taskmesh.api.state import AppState
-from taskmesh.metrics import Metrics
+from taskmesh.observability.metrics import Metrics
 
 create_app(AppState(metrics=Metrics(), queues=["default"]), console_enabled=True)
 print(",".join(m for m in {pages!r} if m in sys.modules))

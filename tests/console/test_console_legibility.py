@@ -13,10 +13,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
 from taskmesh.config import ScheduleSettings
-from taskmesh.registry import Registry
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http
 from tests.console.conftest import go, in_browser, screenshot
 from tests.console.test_console_browser import bearer, sign_in, text, texts

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
 from tests.console.test_console_sessions import client_of, signed_in
 
 pytestmark = pytest.mark.anyio

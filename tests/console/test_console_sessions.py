@@ -13,9 +13,9 @@ import asyncpg
 import httpx
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
 from taskmesh.console.guard import CSP
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
 from taskmesh.services import retention
 from tests.conftest import wait_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from taskmesh.metrics import Metrics
+from taskmesh.observability.metrics import Metrics
 from tests.deploy import promql
 
 
@@ -23,7 +23,7 @@ def test_the_process_collectors_the_dashboard_charts_are_exposed() -> None:
 
 
 def test_the_worker_states_the_alerts_name_are_the_ones_the_sampler_sets() -> None:
-    from taskmesh.states import WorkerState
+    from taskmesh.tasks.states import WorkerState
 
     assert {s.value for s in WorkerState} == promql.LABEL_VALUES[("taskmesh_workers", "state")]
 
@@ -31,8 +31,8 @@ def test_the_worker_states_the_alerts_name_are_the_ones_the_sampler_sets() -> No
 def test_unregistered_names_and_unserved_queues_are_counted_under_the_reserved_values() -> None:
     import re
 
-    from taskmesh.metrics import OTHER_TASK, UNSERVED_QUEUE
-    from taskmesh.validation import NAME_REGEX
+    from taskmesh.observability.metrics import OTHER_TASK, UNSERVED_QUEUE
+    from taskmesh.tasks.validation import NAME_REGEX
 
     assert promql.RESERVED_LABEL_VALUES == {"queue": UNSERVED_QUEUE, "task_name": OTHER_TASK}
     assert not any(re.fullmatch(NAME_REGEX, v) for v in promql.RESERVED_LABEL_VALUES.values())

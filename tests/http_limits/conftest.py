@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from taskmesh.logs import configure
+from taskmesh.observability.logs import configure
 
 
 @pytest.fixture(

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 
 from taskmesh.api.limits import BodyLimit
 from taskmesh.api.server import HttpLimits, Server, bind_http, make_server
-from taskmesh.metrics import Metrics
+from taskmesh.observability.metrics import Metrics
 
 
 @dataclass

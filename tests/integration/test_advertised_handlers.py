@@ -18,12 +18,12 @@ import pytest
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from taskmesh.client import Client
+from taskmesh.clients.client import Client
 from taskmesh.config import Settings
-from taskmesh.demo import demo_handler
+from taskmesh.dev.demo import demo_handler
 from taskmesh.errors import InvalidTaskError
-from taskmesh.registry import Registry
-from taskmesh.supervisor import Instance
+from taskmesh.runtime.supervisor import Instance
+from taskmesh.tasks.registry import Registry
 from tests.conftest import REDIS_MODE, http, running, wait_for
 
 pytestmark = pytest.mark.anyio

@@ -19,8 +19,8 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http
 
 pytestmark = pytest.mark.anyio

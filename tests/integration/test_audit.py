@@ -13,8 +13,8 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
 from taskmesh.services import retention
 from tests.cli_support import env, run_cli
 from tests.conftest import empty_audit_log, http

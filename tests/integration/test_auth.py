@@ -21,9 +21,10 @@ import asyncpg
 import httpx
 import pytest
 
-from taskmesh import api_keys, supervisor
-from taskmesh.api_keys import SCOPES
 from taskmesh.errors import ConfigError
+from taskmesh.runtime import supervisor
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
 from taskmesh.store import PgStore
 from tests.cli_support import env, run_cli
 from tests.conftest import http, wait_for

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from taskmesh.api.state import ServedQueues
-from taskmesh.registry import Registry
 from taskmesh.store import Stores
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 from tests.integration.test_metrics_exposed import sample as value
 
@@ -246,7 +246,7 @@ async def test_a_task_name_no_live_instance_has_a_handler_for_is_created_with_a_
 async def test_an_instance_with_a_fallback_handler_runs_any_name_so_no_name_is_warned_about(
     start_instance: Any, registry: Registry
 ) -> None:
-    from taskmesh.demo import demo_handler
+    from taskmesh.dev.demo import demo_handler
 
     registry.fallback = demo_handler()
     async with start_instance(queue_names=["default"]) as inst, http(inst) as client:

@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 import taskmesh
 from taskmesh.errors import StoreError
-from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
+from taskmesh.tasks.registry import Registry
 from tests.conftest import REDIS_MODE, http, wait_for
 
 pytestmark = pytest.mark.anyio

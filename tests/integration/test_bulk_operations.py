@@ -20,11 +20,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from taskmesh.errors import NonRetryableError
-from taskmesh.registry import Registry
 from taskmesh.services import operations
 from taskmesh.store import Stores
 from taskmesh.store.keys import Keys
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
 from tests.conftest import http, wait_for
 from tests.integration.test_api_bad_input import Bad, assert_problem, invalid
 

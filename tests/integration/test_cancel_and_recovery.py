@@ -10,8 +10,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
+from taskmesh.tasks.registry import Registry
 from tests.conftest import POOLER, http, wait_for
 
 pytestmark = pytest.mark.anyio

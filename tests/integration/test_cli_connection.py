@@ -11,9 +11,9 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
-from taskmesh.registry import Registry
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
+from taskmesh.tasks.registry import Registry
 from tests.cli_support import Ran, env, run_cli
 from tests.proc import free_port
 

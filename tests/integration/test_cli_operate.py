@@ -10,7 +10,7 @@ import asyncpg
 import httpx
 import pytest
 
-from taskmesh.registry import Registry
+from taskmesh.tasks.registry import Registry
 from tests.cli_support import cli, register, table
 from tests.conftest import http, wait_for
 from tests.integration.test_cli_tasks import MISSING, create, status_is

@@ -13,7 +13,7 @@ import pytest
 import typer
 
 from taskmesh.cli.app import app
-from taskmesh.registry import Registry
+from taskmesh.tasks.registry import Registry
 from tests.cli_support import env, register, run_cli
 from tests.conftest import http
 from tests.integration.test_cli_tasks import create
@@ -155,7 +155,7 @@ def interrupting_import(name, *args, **kwargs):
 
 builtins.__import__ = interrupting_import
 sys.argv = ["taskmesh", *sys.argv[1:]]
-from taskmesh.entry import main
+from taskmesh.cli.entry import main
 main()
 """
 
@@ -194,5 +194,5 @@ def test_a_bare_start_maps_its_end_as_the_command_line_does_without_loading_it(a
             "unable to parse string as an integer"
         ],
     )
-    assert "taskmesh.supervisor" in imported
+    assert "taskmesh.runtime.supervisor" in imported
     assert not imported & {"typer", "taskmesh.cli.app", "httpx"}

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from taskmesh.registry import Registry
+from taskmesh.tasks.registry import Registry
 from tests.cli_support import MARKUP_ERROR, cli, register, table
 from tests.conftest import http, wait_for
 from tests.integration.test_task_actions import NOT_DELETABLE, NOT_RETRYABLE

@@ -10,8 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 
 import taskmesh
-from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
+from taskmesh.tasks.registry import Registry
 from tests.conftest import REDIS_MODE
 
 pytestmark = pytest.mark.anyio

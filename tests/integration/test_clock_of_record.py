@@ -26,7 +26,7 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh.clock import StoreClock
+from taskmesh.runtime.clock import StoreClock
 from taskmesh.store import PgStore
 from tests.deploy import tool_missing
 from tests.proc import Proc, call, spawn, stop, stores_env, wait_until

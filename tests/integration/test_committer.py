@@ -8,10 +8,10 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh.models import ClaimedTask, Outcome, RunResult
 from taskmesh.services.committer import Committer
-from taskmesh.tasks import Tasks
-from taskmesh.validation import parse_task_spec
+from taskmesh.tasks.models import ClaimedTask, Outcome, RunResult
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import parse_task_spec
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ import anyio.lowlevel
 import asyncpg
 import pytest
 
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.tasks import Tasks
 
 pytestmark = pytest.mark.anyio
 

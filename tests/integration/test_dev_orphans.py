@@ -134,7 +134,7 @@ LEAVE_A_VALKEY = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    from taskmesh.dev import EmbeddedValkey
+    from taskmesh.dev.stack import EmbeddedValkey
     print(EmbeddedValkey(Path(sys.argv[1])).process.pid, flush=True)
     os._exit(0)  # as after a SIGKILL: no atexit, no stop
     """
@@ -144,7 +144,7 @@ LEAVE_A_VALKEY = textwrap.dedent(
 def test_a_valkey_left_running_in_the_directory_is_stopped_by_the_next_start_which_keeps_its_port(
     dev_dir: Path,
 ) -> None:
-    from taskmesh.dev import EmbeddedValkey
+    from taskmesh.dev.stack import EmbeddedValkey
 
     made = subprocess.run([sys.executable, "-c", LEAVE_A_VALKEY, str(dev_dir)], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
@@ -164,7 +164,7 @@ def test_a_valkey_left_running_in_the_directory_is_stopped_by_the_next_start_whi
 @pytest.mark.skipif(os.geteuid() != 0, reason="only as root does PostgreSQL run as a user of its own")
 def test_postgres_whose_directory_its_user_cannot_reach_any_more_is_still_stopped(tmp_path: Path) -> None:
     """As when another pytest session makes ``/tmp/pytest-of-root`` private again: pg_ctl then fails."""
-    from taskmesh.dev import EmbeddedPostgres
+    from taskmesh.dev.stack import EmbeddedPostgres
 
     root = tmp_path / "private"
     pg = EmbeddedPostgres(root)
@@ -180,7 +180,7 @@ def test_postgres_whose_directory_its_user_cannot_reach_any_more_is_still_stoppe
 
 
 def test_a_valkey_that_outlived_its_directory_is_stopped_by_the_next_start_in_that_path(dev_dir: Path) -> None:
-    from taskmesh.dev import EmbeddedValkey
+    from taskmesh.dev.stack import EmbeddedValkey
 
     made = subprocess.run([sys.executable, "-c", LEAVE_A_VALKEY, str(dev_dir)], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr

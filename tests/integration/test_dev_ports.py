@@ -16,8 +16,8 @@ from pathlib import Path
 import valkey
 from structlog.testing import capture_logs
 
-from taskmesh.dev import EmbeddedValkey, embedded_stores
-from taskmesh.logs import configure
+from taskmesh.dev.stack import EmbeddedValkey, embedded_stores
+from taskmesh.observability.logs import configure
 
 
 def test_a_dev_dir_keeps_its_valkey_port_across_restarts_and_moves_off_a_taken_one(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from taskmesh.dev import EmbeddedPostgres, EmbeddedValkey, ServerWatcher
+from taskmesh.dev.stack import EmbeddedPostgres, EmbeddedValkey, ServerWatcher
 from taskmesh.errors import EmbeddedServerError
 from tests.proc import Proc, call, running, spawn, stop, wait_until
 

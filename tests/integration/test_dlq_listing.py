@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from taskmesh.errors import NonRetryableError
-from taskmesh.registry import Registry
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 from tests.integration.test_execution import facade
 

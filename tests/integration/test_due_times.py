@@ -21,10 +21,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from taskmesh.client import Client
+from taskmesh.clients.client import Client
 from taskmesh.errors import InvalidTaskError
-from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys, ready_score
+from taskmesh.tasks.registry import Registry
 from tests.conftest import REDIS_MODE, http, wait_for
 from tests.integration.test_api_bad_input import assert_nothing_written, assert_problem, bad_task
 

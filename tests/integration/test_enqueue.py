@@ -11,12 +11,12 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from taskmesh.registry import Registry
 from taskmesh.services import delayed_mover, reconciler
 from taskmesh.store import RedisStore, Stores
 from taskmesh.store.keys import DELAYED_PRIORITY_SLOTS, Keys
-from taskmesh.tasks import Tasks
-from taskmesh.validation import parse_task_spec
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import parse_task_spec
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ import pytest
 
 import examples.handlers
 import taskmesh
-from taskmesh.registry import Registry
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 
 pytestmark = pytest.mark.anyio

@@ -13,15 +13,15 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
-from taskmesh.advertised import AdvertisedHandlers
 from taskmesh.errors import NonRetryableError, Retry
-from taskmesh.models import TaskContext
-from taskmesh.registry import Registry
+from taskmesh.runtime.supervisor import Instance
 from taskmesh.store import PgStore
 from taskmesh.store.keys import Keys
-from taskmesh.supervisor import Instance
-from taskmesh.tasks import Tasks
-from taskmesh.validation import parse_task_spec
+from taskmesh.tasks.advertised import AdvertisedHandlers
+from taskmesh.tasks.models import TaskContext
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import parse_task_spec
 from tests.conftest import http, wait_for
 
 pytestmark = pytest.mark.anyio

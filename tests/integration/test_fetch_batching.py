@@ -13,9 +13,9 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh.registry import Registry
-from taskmesh.tasks import Tasks
-from taskmesh.validation import TaskSpec
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import TaskSpec
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.anyio

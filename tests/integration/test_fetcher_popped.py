@@ -13,11 +13,11 @@ import anyio
 import pytest
 
 from taskmesh.errors import StoreError
-from taskmesh.registry import Registry
 from taskmesh.services.committer import Committer
 from taskmesh.services.worker_pool import QueueWorkers
-from taskmesh.tasks import Tasks
-from taskmesh.validation import TaskSpec
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import TaskSpec
 
 pytestmark = pytest.mark.anyio
 

@@ -67,9 +67,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from taskmesh import NonRetryableError, api_keys
-from taskmesh.api_keys import SCOPES
-from taskmesh.registry import Registry
+from taskmesh import NonRetryableError
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 
 pytestmark = pytest.mark.anyio

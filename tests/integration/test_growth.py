@@ -14,7 +14,7 @@ import pytest
 from taskmesh.services import retention
 from taskmesh.store.postgres import queries
 from taskmesh.store.search_queries import search_statements
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.tasks import Tasks
 
 pytestmark = pytest.mark.anyio
 

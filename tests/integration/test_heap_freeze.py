@@ -11,9 +11,9 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh import supervisor
 from taskmesh.config import Settings
-from taskmesh.registry import Registry
+from taskmesh.runtime import supervisor
+from taskmesh.tasks.registry import Registry
 
 pytestmark = pytest.mark.anyio
 

@@ -13,13 +13,14 @@ from typing import Any
 import anyio
 import pytest
 
-from taskmesh import api_keys, store
-from taskmesh.api_keys import SCOPES
-from taskmesh.history import wait_quantile
-from taskmesh.metrics import Metrics
+from taskmesh import store
+from taskmesh.observability.metrics import Metrics
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
 from taskmesh.services import sampler
 from taskmesh.services.run_tally import WAIT_BOUNDS_SECONDS, RunTally
-from taskmesh.states import Outcome
+from taskmesh.tasks.history import wait_quantile
+from taskmesh.tasks.states import Outcome
 from tests.conftest import http
 
 pytestmark = pytest.mark.anyio

@@ -8,9 +8,9 @@ import asyncpg
 import httpx
 import pytest
 
-from taskmesh import api_keys
 from taskmesh.config import load_settings
 from taskmesh.errors import ConfigError
+from taskmesh.security import keys as api_keys
 from tests.integration.test_api_bad_input import PROBLEM
 
 pytestmark = pytest.mark.anyio

@@ -13,8 +13,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
 from taskmesh.store import PgStore
 from tests.conftest import http
 

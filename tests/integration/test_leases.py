@@ -11,12 +11,12 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from taskmesh.metrics import Metrics
-from taskmesh.models import Outcome, RunResult
+from taskmesh.observability.metrics import Metrics
 from taskmesh.services import heartbeat, reclaimer
 from taskmesh.store.keys import DLQ_MIRROR_MAX, Keys
-from taskmesh.tasks import Tasks
-from taskmesh.validation import parse_task_spec
+from taskmesh.tasks.models import Outcome, RunResult
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import parse_task_spec
 
 pytestmark = pytest.mark.anyio
 

@@ -17,10 +17,10 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
-from taskmesh.client import Client
+from taskmesh.clients.client import Client
 from taskmesh.errors import InvalidTaskError
-from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http
 from tests.integration.test_api_bad_input import assert_nothing_written, assert_problem, bad_task
 

@@ -15,8 +15,8 @@ import asyncpg
 import httpx
 import pytest
 
-from taskmesh.models import TaskContext
-from taskmesh.registry import Registry
+from taskmesh.tasks.models import TaskContext
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 
 pytestmark = pytest.mark.anyio

@@ -25,9 +25,9 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh.client import Client
-from taskmesh.registry import Registry
+from taskmesh.clients.client import Client
 from taskmesh.store.postgres import connect_options, migrate, migrations
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, scratch_database, wait_for
 from tests.pgbouncer import PgBouncer, through
 

@@ -18,11 +18,11 @@ import httpx
 import pytest
 
 import taskmesh
-from taskmesh.registry import Registry
 from taskmesh.services import retention
 from taskmesh.services.run_tally import RunTally
-from taskmesh.states import Outcome
 from taskmesh.store import Stores
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.states import Outcome
 from tests.conftest import http, wait_for
 from tests.integration.test_api_bad_input import QUEUE_PATTERN, assert_problem, invalid
 

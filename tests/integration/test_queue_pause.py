@@ -16,10 +16,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
-from taskmesh.tasks import Tasks
-from taskmesh.validation import TaskSpec
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import TaskSpec
 from tests.conftest import http, wait_for
 from tests.integration.test_api_bad_input import QUEUE_PATTERN, Bad, assert_problem, invalid, malformed
 from tests.integration.test_metrics_exposed import sample

@@ -15,12 +15,12 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from taskmesh import api_keys
-from taskmesh.client import Client
+from taskmesh.clients.client import Client
 from taskmesh.config import TenantQuota
 from taskmesh.errors import QuotaExceededError
-from taskmesh.queued_quota import QueuedLimits
+from taskmesh.security import keys as api_keys
 from taskmesh.store.keys import Keys
+from taskmesh.tasks.queued_quota import QueuedLimits
 from tests.conftest import REDIS_MODE, http
 
 pytestmark = pytest.mark.anyio

@@ -14,8 +14,8 @@ import redis.asyncio as aioredis
 import structlog
 from redis import exceptions as redis_errors
 
-from taskmesh import api_keys
 from taskmesh.errors import InvalidTaskError
+from taskmesh.security import keys as api_keys
 from tests.conftest import http, redis_server
 
 pytestmark = pytest.mark.anyio

@@ -18,8 +18,8 @@ import structlog
 
 from taskmesh.services import reconciler
 from taskmesh.store.keys import Keys
-from taskmesh.tasks import Tasks
-from taskmesh.validation import TaskSpec
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import TaskSpec
 
 pytestmark = pytest.mark.anyio
 

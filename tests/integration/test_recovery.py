@@ -19,12 +19,12 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from taskmesh.registry import Registry
+from taskmesh.runtime.supervisor import Instance
 from taskmesh.store.keys import PRIORITY_MAX, PRIORITY_STEP, Keys, ready_score
 from taskmesh.store.redis_clients import open_client
-from taskmesh.supervisor import Instance
-from taskmesh.tasks import Tasks
-from taskmesh.validation import TaskSpec
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import TaskSpec
 from tests.conftest import REDIS_MODE, http, wait_for
 from tests.proc import Proc, call, spawn, stores_env, task_status
 

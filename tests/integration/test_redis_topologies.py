@@ -20,9 +20,9 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
 from taskmesh.store.redis_clients import open_client
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 from tests.deploy import tool_missing
 from tests.redis_topologies import Cluster, SentinelSet, started

@@ -16,8 +16,8 @@ import asyncpg
 import orjson
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
 from taskmesh.services import denial_summaries
 from tests.conftest import http, redis_server, running
 

@@ -18,11 +18,11 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh import supervisor
-from taskmesh.registry import Registry
+from taskmesh.runtime import supervisor
 from taskmesh.services import reclaimer
-from taskmesh.tasks import Tasks
-from taskmesh.validation import TaskSpec
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import TaskSpec
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.anyio

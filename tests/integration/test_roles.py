@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from taskmesh.registry import Registry
-from taskmesh.tasks import Tasks
-from taskmesh.validation import TaskSpec
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import TaskSpec
 from tests.conftest import http, wait_for
 
 pytestmark = pytest.mark.anyio

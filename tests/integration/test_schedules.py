@@ -11,17 +11,17 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh import supervisor
-from taskmesh.clock import ManualClock, Waker
 from taskmesh.config import ScheduleSettings
 from taskmesh.errors import ConfigError, ScheduleNotFoundError
-from taskmesh.metrics import Metrics
-from taskmesh.registry import Registry
-from taskmesh.schedules import Schedules
+from taskmesh.observability.metrics import Metrics
+from taskmesh.runtime import supervisor
+from taskmesh.runtime.clock import ManualClock, Waker
+from taskmesh.schedules.schedules import Schedules
 from taskmesh.services import scheduler
 from taskmesh.store import PgStore, Stores
 from taskmesh.store.postgres import connect_options
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
 from tests.conftest import POOLER, http, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -463,7 +463,7 @@ async def _other_listener(pool: asyncpg.Pool, query: str, old: int) -> int | Non
 async def test_a_row_held_by_another_instance_is_not_polled_in_a_busy_loop(
     make: Callable[..., Schedules], clean: asyncpg.Pool
 ) -> None:
-    from taskmesh.clock import SystemClock
+    from taskmesh.runtime.clock import SystemClock
 
     class Counting(Schedules):
         calls = 0

@@ -20,8 +20,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from taskmesh.search import parse_search, search
 from taskmesh.store import PgStore
+from taskmesh.tasks.search import parse_search, search
 
 pytestmark = pytest.mark.anyio
 

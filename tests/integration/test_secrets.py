@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from taskmesh.logs import store_address
+from taskmesh.observability.logs import store_address
 from tests.proc import call, spawn, wait_until
 from tests.urls import with_user
 

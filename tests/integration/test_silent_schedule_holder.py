@@ -31,16 +31,16 @@ import anyio
 import asyncpg
 import pytest
 
-from taskmesh import schedules as schedules_module
-from taskmesh.clock import SystemClock, Waker
 from taskmesh.config import ScheduleSettings
 from taskmesh.errors import StoreError
-from taskmesh.metrics import Metrics
-from taskmesh.models import PushTarget
-from taskmesh.schedules import Fire, Schedules
+from taskmesh.observability.metrics import Metrics
+from taskmesh.runtime.clock import SystemClock, Waker
+from taskmesh.schedules import schedules as schedules_module
+from taskmesh.schedules.schedules import Fire, Schedules
 from taskmesh.services import scheduler
 from taskmesh.store import PgStore, Stores
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.models import PushTarget
+from taskmesh.tasks.tasks import Tasks
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from taskmesh.registry import Registry
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -99,7 +99,7 @@ async def test_the_api_documentation_pages_load_every_asset_from_the_instance(st
 
 
 async def test_every_path_parameter_is_typed_in_the_openapi_document(start_instance: Any) -> None:
-    from taskmesh.validation import NAME_REGEX
+    from taskmesh.tasks.validation import NAME_REGEX
 
     async with start_instance(workers_enabled=False) as inst, http(inst) as client:
         spec = (await client.get("/openapi.json")).json()
@@ -121,7 +121,7 @@ async def test_every_path_parameter_is_typed_in_the_openapi_document(start_insta
 async def test_every_api_route_documents_its_errors_as_problems_and_the_search_its_parameters(
     start_instance: Any,
 ) -> None:
-    from taskmesh.search import FILTERS
+    from taskmesh.tasks.search import FILTERS
 
     async with start_instance(workers_enabled=False) as inst, http(inst) as client:
         spec = (await client.get("/openapi.json")).json()

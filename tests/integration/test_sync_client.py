@@ -21,9 +21,9 @@ import asyncpg
 import pytest
 
 import taskmesh
-from taskmesh.client import Client
+from taskmesh.clients.client import Client
 from taskmesh.errors import InvalidTaskError, NonRetryableError
-from taskmesh.registry import Registry
+from taskmesh.tasks.registry import Registry
 from tests.proc import free_port
 
 pytestmark = pytest.mark.anyio

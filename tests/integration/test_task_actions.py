@@ -18,8 +18,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from taskmesh.errors import NonRetryableError
-from taskmesh.registry import Registry
 from taskmesh.store.keys import Keys
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 from tests.integration.test_api_bad_input import Bad, assert_problem, ge, invalid, no_errors
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from taskmesh.copy_enqueue import COPY_MIN_TASKS
 from taskmesh.services import retention
-from taskmesh.tasks import Tasks
-from taskmesh.validation import TaskSpec
+from taskmesh.tasks.copy_enqueue import COPY_MIN_TASKS
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import TaskSpec
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from taskmesh.registry import Registry
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 
 pytestmark = pytest.mark.anyio

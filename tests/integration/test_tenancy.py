@@ -20,10 +20,10 @@ import asyncpg
 import httpx
 import pytest
 
-from taskmesh import api_keys
-from taskmesh.api_keys import SCOPES
 from taskmesh.config import ScheduleSettings
-from taskmesh.registry import Registry
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 
 pytestmark = pytest.mark.anyio

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from taskmesh.models import TaskContext
-from taskmesh.registry import Registry
+from taskmesh.tasks.models import TaskContext
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 from tests.proc import call, spawn, stop, stores_env, wait_until
 

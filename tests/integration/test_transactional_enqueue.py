@@ -16,9 +16,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from taskmesh.client import Client
+from taskmesh.clients.client import Client
 from taskmesh.errors import InvalidTaskError
-from taskmesh.registry import Registry
+from taskmesh.tasks.registry import Registry
 from tests.conftest import REDIS_MODE, wait_for
 
 pytestmark = pytest.mark.anyio

@@ -15,8 +15,8 @@ import asyncpg
 import httpx
 import pytest
 
-from taskmesh.registry import Registry
 from taskmesh.store import Stores
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 from tests.integration.test_api_bad_input import Bad, assert_problem, invalid
 

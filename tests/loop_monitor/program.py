@@ -2,8 +2,8 @@
 
 ``python tests/loop_monitor/program.py --backend uvloop --block sleep --block-seconds 120 ...``
 
-It runs a :class:`~taskmesh.loop_monitor.LoopMonitor` and a
-:class:`~taskmesh.shutdown_signals.ShutdownSignals` the way the supervisor
+It runs a :class:`~taskmesh.runtime.loop_monitor.LoopMonitor` and a
+:class:`~taskmesh.runtime.shutdown_signals.ShutdownSignals` the way the supervisor
 does: ``on_first`` sets a stop event, ``on_second`` a force event; after the
 stop, a "drain" phase waits for the force event up to ``--drain`` seconds while
 the loop turns; a "run" (a coroutine awaited by a function holding
@@ -31,11 +31,11 @@ from typing import Any
 import anyio
 import structlog
 
-from taskmesh.logs import configure
-from taskmesh.loop_monitor import LoopMonitor
-from taskmesh.metrics import Metrics
-from taskmesh.models import ClaimedTask
-from taskmesh.shutdown_signals import ShutdownSignals, exit_now
+from taskmesh.observability.logs import configure
+from taskmesh.observability.metrics import Metrics
+from taskmesh.runtime.loop_monitor import LoopMonitor
+from taskmesh.runtime.shutdown_signals import ShutdownSignals, exit_now
+from taskmesh.tasks.models import ClaimedTask
 
 log = structlog.get_logger("program")
 

@@ -2,7 +2,7 @@
 
 ``python tests/loop_monitor/restore_program.py asyncio|uvloop``: installs
 ``exits.terminate_early`` as the CLI does, runs two anyio programs in turn, each
-with a :class:`~taskmesh.shutdown_signals.ShutdownSignals` that gets a real
+with a :class:`~taskmesh.runtime.shutdown_signals.ShutdownSignals` that gets a real
 SIGTERM (sent to itself), and logs ``instance_done`` (``n``, ``handlers_back``,
 ``wakeup_fd_back``) after each; then sends SIGTERM once more and logs
 ``terminated_early`` when ``exits.Terminated`` is raised, as before the first.
@@ -19,9 +19,9 @@ import anyio
 import structlog
 
 from taskmesh.cli.exits import Terminated, terminate_early
-from taskmesh.logs import configure
-from taskmesh.loop_monitor import LoopMonitor
-from taskmesh.shutdown_signals import ShutdownSignals
+from taskmesh.observability.logs import configure
+from taskmesh.runtime.loop_monitor import LoopMonitor
+from taskmesh.runtime.shutdown_signals import ShutdownSignals
 
 log = structlog.get_logger("restore_program")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -17,9 +17,9 @@ import structlog
 
 from taskmesh.config import load_settings
 from taskmesh.errors import ConfigError
-from taskmesh.loop_monitor import LoopMonitor, loop_thread_stack
-from taskmesh.metrics import Metrics
-from taskmesh.models import ClaimedTask
+from taskmesh.observability.metrics import Metrics
+from taskmesh.runtime.loop_monitor import LoopMonitor, loop_thread_stack
+from taskmesh.tasks.models import ClaimedTask
 from tests.loop_monitor.harness import BACKENDS, PROGRAM, Program, line_of
 from tests.loop_monitor.program import TASK
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from taskmesh.loop_monitor import LoopMonitor
-from taskmesh.shutdown_signals import ShutdownSignals
+from taskmesh.runtime.loop_monitor import LoopMonitor
+from taskmesh.runtime.shutdown_signals import ShutdownSignals
 
 pytestmark = pytest.mark.anyio
 

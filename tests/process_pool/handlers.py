@@ -14,7 +14,7 @@ import structlog
 from pydantic import BaseModel
 
 from taskmesh.errors import NonRetryableError, Retry
-from taskmesh.models import TaskContext
+from taskmesh.tasks.models import TaskContext
 
 
 class Order(BaseModel):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import anyio
 
-from taskmesh.process_pool import ProcessPool
+from taskmesh.runtime.process_pool import ProcessPool
 from tests.process_pool import handlers
 from tests.process_pool.support import ref
 

@@ -16,7 +16,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from taskmesh.process_pool import HandlerRef
+from taskmesh.runtime.process_pool import HandlerRef
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from taskmesh.models import ClaimedTask
-from taskmesh.process_child import MAX_TRACEBACK_BYTES
-from taskmesh.process_pool import ProcessPool
+from taskmesh.runtime.process_child import MAX_TRACEBACK_BYTES
+from taskmesh.runtime.process_pool import ProcessPool
+from taskmesh.tasks.models import ClaimedTask
 from tests.process_pool import handlers
 from tests.process_pool.support import both_loops, ref
 

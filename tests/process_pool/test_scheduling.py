@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from taskmesh.process_child import ChildOutcome
-from taskmesh.process_pool import HandlerRef, ProcessPool
+from taskmesh.runtime.process_child import ChildOutcome
+from taskmesh.runtime.process_pool import HandlerRef, ProcessPool
 from tests.process_pool import handlers
 from tests.process_pool.support import ROOT, both_loops, ref
 
@@ -121,7 +121,7 @@ def test_handler_ref_of_refuses_closures_lambdas_and_names_that_hold_something_e
 
 def test_handler_ref_of_refuses_functions_of_main() -> None:
     script = (
-        "from taskmesh.process_pool import HandlerRef\n"
+        "from taskmesh.runtime.process_pool import HandlerRef\n"
         "def handler(payload): return payload\n"
         "print(HandlerRef.of(handler))\n"
     )

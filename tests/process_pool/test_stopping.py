@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
-from taskmesh.process_pool import ChildOutcome, PoolClosedError, ProcessPool
+from taskmesh.runtime.process_pool import ChildOutcome, PoolClosedError, ProcessPool
 from tests.process_pool import handlers
 from tests.process_pool.support import (
     ROOT,

@@ -59,8 +59,8 @@ def test_times_print_in_utc_to_the_second_and_ages_in_their_largest_unit() -> No
 def test_the_cli_keeps_the_apis_rules_without_importing_them() -> None:
     from taskmesh.cli.api import NAME_REGEX as CLI_NAME_REGEX
     from taskmesh.cli.common import SINGLE_FILTERS
-    from taskmesh.search import FILTERS
-    from taskmesh.validation import NAME_REGEX
+    from taskmesh.tasks.search import FILTERS
+    from taskmesh.tasks.validation import NAME_REGEX
 
     assert CLI_NAME_REGEX == NAME_REGEX
     assert SINGLE_FILTERS == tuple(f for f in FILTERS if f not in ("status", "order", "limit", "cursor"))
@@ -72,7 +72,8 @@ def test_the_operator_verbs_start_without_the_stores_drivers_and_the_package_nam
 
     code = (
         "import sys, taskmesh.cli.app; "
-        "print(sorted(m for m in ('asyncpg', 'redis', 'taskmesh.client', 'taskmesh.store') if m in sys.modules)); "
+        "mods = ('asyncpg', 'redis', 'taskmesh.clients.client', 'taskmesh.store'); "
+        "print(sorted(m for m in mods if m in sys.modules)); "
         "import taskmesh; print(taskmesh.Client.__name__, taskmesh.SyncClient.__name__, taskmesh.task.__name__)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from taskmesh.cron import CronSpec
 from taskmesh.errors import CronSpecError
-from taskmesh.schedules import fire_idle_timeout_ms, fire_key, plan_fires
+from taskmesh.schedules.cron import CronSpec
+from taskmesh.schedules.schedules import fire_idle_timeout_ms, fire_key, plan_fires
 
 
 def utc(text: str) -> datetime:

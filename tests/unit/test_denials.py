@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from taskmesh.api.denials import SUMMARY_ACTION, Denials, client_network
-from taskmesh.audit import AuditEvent
+from taskmesh.security.audit import AuditEvent
 
 
 class Clock:

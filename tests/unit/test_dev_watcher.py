@@ -10,7 +10,7 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from taskmesh.dev import ServerProcess, ServerWatcher
+from taskmesh.dev.stack import ServerProcess, ServerWatcher
 from taskmesh.errors import EmbeddedServerError
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from taskmesh import embedded_guard
-from taskmesh.embedded_guard import guard, start_time
+from taskmesh.dev import embedded_guard
+from taskmesh.dev.embedded_guard import guard, start_time
 
 
 class Dev:

@@ -10,10 +10,10 @@ import pytest
 import redis.exceptions
 
 from taskmesh.errors import StoreError
-from taskmesh.metrics import OTHER_TASK, SERVED_QUEUES_MAX, UNSERVED_QUEUE, Metrics, current_metrics
-from taskmesh.registry import Registry, make_handler
+from taskmesh.observability.metrics import OTHER_TASK, SERVED_QUEUES_MAX, UNSERVED_QUEUE, Metrics, current_metrics
 from taskmesh.services.base import Outage
 from taskmesh.store.classify import postgres_error, redis_error
+from taskmesh.tasks.registry import Registry, make_handler
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_docs_metrics_md_is_generated_from_the_registry() -> None:
     expected = Metrics().markdown()
     actual = (ROOT / "docs" / "metrics.md").read_text()
-    assert actual == expected, "regenerate with: python -m taskmesh.metrics_doc > docs/metrics.md"
+    assert actual == expected, "regenerate with: python -m taskmesh.observability.metrics_doc > docs/metrics.md"
 
 
 def test_every_exposed_family_is_in_the_catalog_and_follows_the_naming_rules() -> None:

@@ -1,4 +1,4 @@
-"""sd_notify: the datagrams taskmesh.notify sends to a real AF_UNIX socket, and when it sends none."""
+"""sd_notify: the datagrams taskmesh.runtime.notify sends to a real AF_UNIX socket, and when it sends none."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import anyio
 import pytest
 import structlog
 
-from taskmesh import notify
+from taskmesh.runtime import notify
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from taskmesh.errors import InvalidTaskError
-from taskmesh.payload_schema import PayloadSchema
+from taskmesh.tasks.payload_schema import PayloadSchema
 
 
 class Line(BaseModel):

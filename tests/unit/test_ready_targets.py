@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from taskmesh.copy_enqueue import ReadyTargets
-from taskmesh.models import PushTarget
+from taskmesh.tasks.copy_enqueue import ReadyTargets
+from taskmesh.tasks.models import PushTarget
 
 
 def test_it_yields_every_task_added_with_its_queue_and_priority_and_counts_them() -> None:

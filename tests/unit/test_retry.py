@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskmesh.retry import backoff_seconds
+from taskmesh.tasks.retry import backoff_seconds
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ import re
 from enum import StrEnum
 from importlib import resources
 
-from taskmesh.states import (
+from taskmesh.store.postgres import migrations
+from taskmesh.tasks.states import (
     TERMINAL_TASK_STATUSES,
     BulkAction,
     OperationStatus,
@@ -16,7 +17,6 @@ from taskmesh.states import (
     can_transition_run,
     can_transition_task,
 )
-from taskmesh.store.postgres import migrations
 
 
 def _checked_values() -> dict[tuple[str, str], set[str]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskmesh.logs import store_address
+from taskmesh.observability.logs import store_address
 
 
 @pytest.mark.parametrize(

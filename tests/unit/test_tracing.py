@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from starlette.datastructures import Headers
 
-from taskmesh.tracing import new_trace_id, trace_id_from_headers
+from taskmesh.observability.tracing import new_trace_id, trace_id_from_headers
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 

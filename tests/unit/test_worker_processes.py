@@ -7,7 +7,7 @@ import os
 import pytest
 
 from taskmesh.config import load_settings
-from taskmesh.worker_processes import child_environment, child_port, child_settings, describe_exit
+from taskmesh.runtime.worker_processes import child_environment, child_port, child_settings, describe_exit
 
 
 def test_a_child_gets_the_primarys_settings_worker_only_on_the_next_ports() -> None:

@@ -1,7 +1,7 @@
 """The HTTP API (FastAPI): the app, its middleware, its error table and its routers.
 
 A thin layer: routes parse and validate input, call the facades
-(:class:`taskmesh.tasks.Tasks`, :class:`taskmesh.schedules.Schedules`, the
+(:class:`taskmesh.tasks.tasks.Tasks`, :class:`taskmesh.schedules.schedules.Schedules`, the
 stores' typed queries) and render answers; no SQL or Redis here. Every error
 is RFC 9457 problem+json naming the field (``api/errors.py``). The OpenAPI
 document is at ``/openapi.json``, browsable at ``/docs`` and ``/redoc`` with their

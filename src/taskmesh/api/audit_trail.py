@@ -1,4 +1,4 @@
-"""ASGI middleware that records each ``/api/`` request's :class:`~taskmesh.audit.AuditEvent` (issue 12).
+"""ASGI middleware that records each ``/api/`` request's :class:`~taskmesh.security.audit.AuditEvent` (issue 12).
 
 Every request that changes something (POST, PUT, PATCH, DELETE on a route) and every
 request refused for its key (401, 403, and 429 past an address's budget of refused
@@ -7,7 +7,7 @@ within a minute are counted into one summary row instead: :mod:`taskmesh.api.den
 key's id and name, or ``anonymous`` with the id of the key that was presented), the
 action (``task.cancel``, ``queue.pause``, ...), the resource of its path, the outcome
 (``ok``, ``denied``, ``error``) and status, the trace id, the client's address and user
-agent, and what the route added (``taskmesh.audit.note``: a reason, a bulk filter and
+agent, and what the route added (``taskmesh.security.audit.note``: a reason, a bulk filter and
 count). A change's event commits in the change's own transaction
 (:data:`taskmesh.store.postgres.BEFORE_COMMIT`); the others are written when the answer
 is sent. A failure to write an event is logged (``audit_unwritten``) and does not turn
@@ -20,14 +20,15 @@ from functools import partial
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from taskmesh import api_keys, audit
 from taskmesh.api.state import AppState
 from taskmesh.errors import StoreError
-from taskmesh.logs import get_logger
+from taskmesh.observability.logs import get_logger
+from taskmesh.observability.tracing import trace_id_from_headers
+from taskmesh.security import audit
+from taskmesh.security import keys as api_keys
 from taskmesh.store.postgres import BEFORE_COMMIT
-from taskmesh.tracing import trace_id_from_headers
 
-log = get_logger("taskmesh.audit")
+log = get_logger("taskmesh.security.audit")
 
 ACTIONS = {
     "create_task": "task.create",

@@ -11,7 +11,7 @@ An instance runs *open* (every request is allowed, as ``anonymous``) when
 ``auth = "none"``, or while it listens on a loopback address and no key was ever made:
 the dev profile and a first start work before any key is made, and the first key made
 closes it within the cache period for good (revoking every key does not open it again).
-A non-loopback instance with ``auth = "keys"`` never runs open (``taskmesh.supervisor``
+A non-loopback instance with ``auth = "keys"`` never runs open (``taskmesh.runtime.supervisor``
 refuses to start it without a key).
 """
 
@@ -23,7 +23,6 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from taskmesh import api_keys
 from taskmesh.api import refusals
 from taskmesh.api.principals import ANONYMOUS, RATE_CLASSES, Principal, RatePolicy
 from taskmesh.api.state import AppState
@@ -36,8 +35,9 @@ from taskmesh.errors import (
     RateLimitedError,
     StoreError,
 )
-from taskmesh.logs import get_logger
-from taskmesh.tenancy import Reach
+from taskmesh.observability.logs import get_logger
+from taskmesh.security import keys as api_keys
+from taskmesh.security.tenancy import Reach
 
 log = get_logger("taskmesh.auth")
 
@@ -57,7 +57,7 @@ SCOPE_OF: dict[Callable[..., Awaitable[Principal]], str] = {}
 def require(scope: str) -> Callable[..., Awaitable[Principal]]:
     """A route dependency: the caller, once it holds ``scope``; also kept on ``request.state.principal``.
 
-    :raises ValueError: ``scope`` is not one of :data:`taskmesh.api_keys.SCOPES` (a programming error).
+    :raises ValueError: ``scope`` is not one of :data:`taskmesh.security.keys.SCOPES` (a programming error).
     """
     if scope not in api_keys.SCOPES:
         raise ValueError(f"unknown scope {scope!r}")

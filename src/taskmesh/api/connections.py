@@ -12,7 +12,7 @@
 
 A connection over either cap is accepted and closed at once (the server's protocol does it),
 counted in ``taskmesh_http_refused_total{reason}`` and logged at most once per 10 s with a count
-(:class:`~taskmesh.log_throttle.ThrottledLog`): ``http_connections_capped`` (open, limit) and
+(:class:`~taskmesh.observability.log_throttle.ThrottledLog`): ``http_connections_capped`` (open, limit) and
 ``http_address_connections_capped`` (address, open: that address's, limit). The guard also holds
 the throttled lines of the protocol's own refusals (``http_headers_too_large``, ``http_read_timeout``).
 """
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
-from taskmesh.log_throttle import ThrottledLog
-from taskmesh.logs import get_logger
-from taskmesh.metrics import HTTP_REFUSAL_REASONS, Metrics
+from taskmesh.observability.log_throttle import ThrottledLog
+from taskmesh.observability.logs import get_logger
+from taskmesh.observability.metrics import HTTP_REFUSAL_REASONS, Metrics
 
 if TYPE_CHECKING:
     from taskmesh.api.server import HttpLimits
@@ -115,7 +115,10 @@ class ConnectionGuard:
                 self.by_address.pop(address, None)
 
     def refused(self, reason: str, **fields: Any) -> None:
-        """Count a refusal of ``reason`` (a :data:`~taskmesh.metrics.HTTP_REFUSAL_REASONS`) and log it, throttled."""
+        """Count a refusal of ``reason`` and log it, throttled.
+
+        ``reason`` is one of :data:`~taskmesh.observability.metrics.HTTP_REFUSAL_REASONS`.
+        """
         counter = self.counters.get(reason)
         if counter is not None:
             counter.inc()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from taskmesh.audit import AuditEvent
+from taskmesh.security.audit import AuditEvent
 
 WINDOW_SECONDS = 60.0
 """How long the first refusal of a kind stands for the ones after it."""

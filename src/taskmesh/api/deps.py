@@ -15,12 +15,12 @@ from starlette.responses import Response
 
 from taskmesh.api.state import AppState
 from taskmesh.errors import BadJsonError, InvalidTaskError, NotReadyError, StoreError
-from taskmesh.logs import get_logger
-from taskmesh.schedules import Schedules
+from taskmesh.observability.logs import get_logger
+from taskmesh.observability.tracing import trace_id_from_headers
+from taskmesh.schedules.schedules import Schedules
 from taskmesh.store import Stores
-from taskmesh.tasks import Tasks
-from taskmesh.tracing import trace_id_from_headers
-from taskmesh.validation import NAME_REGEX, TaskSpec, check_json, field_errors, may_hold_big_integers
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import NAME_REGEX, TaskSpec, check_json, field_errors, may_hold_big_integers
 
 log = get_logger("taskmesh.api")
 

@@ -49,8 +49,8 @@ from taskmesh.errors import (
     TaskNotFoundError,
     TaskStateError,
 )
-from taskmesh.logs import get_logger
-from taskmesh.storable import describe
+from taskmesh.observability.logs import get_logger
+from taskmesh.tasks.storable import describe
 
 METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
 """The methods the API's routes use, in the order ``Allow`` lists them."""

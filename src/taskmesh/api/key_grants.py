@@ -11,7 +11,7 @@ A caller with ``keys:admin`` makes keys (``POST /api/v1/keys``) and rotates them
 - an expiry no later than the caller's own (a new key without one gets the caller's).
 
 A rotated key keeps the grants of the key it replaces, so those must be within the caller's;
-its expiry keeps the old key's lifetime from now (see :func:`taskmesh.api_keys.kept_expiry`)
+its expiry keeps the old key's lifetime from now (see :func:`taskmesh.security.keys.kept_expiry`)
 unless the body sets one. Whatever is beyond the caller is refused (403 problem+json naming the
 field), never cut down in silence. A caller of an open instance (anonymous) holds every scope
 and has no rate limit or expiry: it is bounded by nothing here.
@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from taskmesh import api_keys
 from taskmesh.api.principals import Principal, RatePolicy
 from taskmesh.errors import BeyondReachError
+from taskmesh.security import keys as api_keys
 
 
 def scopes_within(principal: Principal, scopes: list[str]) -> None:
@@ -78,7 +78,7 @@ def rates_within(
     """A key's own rates (``None``: the settings'), checked against the caller's.
 
     :param rates: the rates asked for (create) or held by the key being rotated, already
-        checked by :func:`taskmesh.api_keys.check_rate_limits`.
+        checked by :func:`taskmesh.security.keys.check_rate_limits`.
     :param fill: a class without a rate whose settings' rate is above the caller's gets the
         caller's (create); otherwise that is refused (rotate: the new key must equal the old).
     :raises BeyondReachError: a rate above the caller's (403 naming ``rate_limits.<class>``).

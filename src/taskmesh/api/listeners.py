@@ -19,7 +19,7 @@ from taskmesh.api.hygiene import LOOPBACK_HOSTS
 from taskmesh.api.server import HttpLimits, Server, bind_http, make_server
 from taskmesh.api.state import AppState
 from taskmesh.config import Settings
-from taskmesh.metrics import Metrics
+from taskmesh.observability.metrics import Metrics
 
 STOP_WAIT_SECONDS = 5.0
 """How long a stopping listener waits for its server to finish (its running requests get 3 s)."""

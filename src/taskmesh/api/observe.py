@@ -11,7 +11,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from taskmesh.metrics import Metrics
+from taskmesh.observability.metrics import Metrics
 
 
 class ObserveRequests:

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from taskmesh import api_keys
 from taskmesh.errors import AuthenticationError
-from taskmesh.logs import get_logger
+from taskmesh.observability.logs import get_logger
+from taskmesh.security import keys as api_keys
+from taskmesh.security.tenancy import Reach
 from taskmesh.store import PgStore
-from taskmesh.tenancy import Reach
 
 log = get_logger("taskmesh.auth")
 

@@ -4,8 +4,8 @@ Payload bytes and the rate are checked here, before a create through the API sto
 for each tenant the request's tasks belong to (whichever key makes them: a quota is the
 tenant's, not a key's). The rate is a GCRA bucket in Redis shared by every instance, charged one
 unit per task (also for a create ``max_queued`` then refuses). ``max_queued`` is held exactly, in
-the transaction that stores the tasks (``taskmesh/queued_quota.py``, through
-:class:`~taskmesh.tasks.Tasks`), so that concurrent creates on any number of instances never
+the transaction that stores the tasks (``taskmesh/tasks/queued_quota.py``, through
+:class:`~taskmesh.tasks.tasks.Tasks`), so that concurrent creates on any number of instances never
 store one task more than it allows.
 """
 
@@ -19,9 +19,9 @@ import orjson
 
 from taskmesh.config import TenantQuota
 from taskmesh.errors import QuotaExceededError, StoreError
-from taskmesh.logs import get_logger
+from taskmesh.observability.logs import get_logger
 from taskmesh.store import PgStore, RedisStore
-from taskmesh.validation import TaskSpec
+from taskmesh.tasks.validation import TaskSpec
 
 log = get_logger("taskmesh.quotas")
 

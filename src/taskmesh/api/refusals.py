@@ -15,10 +15,10 @@ audit log stays bounded either way (:mod:`taskmesh.api.denials` counts in memory
 
 from __future__ import annotations
 
-from taskmesh import audit
 from taskmesh.api.denials import client_network
 from taskmesh.api.state import AppState
 from taskmesh.errors import AuthenticationError, RateLimitedError, StoreError
+from taskmesh.security import audit
 
 POLICY_NAME = "auth"
 """The policy's name in ``RateLimit-Policy`` and in the problem's ``policy``."""

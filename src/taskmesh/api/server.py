@@ -79,8 +79,8 @@ from taskmesh.api.connections import ConnectionGuard, address_key
 from taskmesh.api.linger import CycleTransport, Linger
 from taskmesh.api.problems import PROBLEM_TYPE
 from taskmesh.errors import ConfigError
-from taskmesh.logs import get_logger
-from taskmesh.metrics import Metrics
+from taskmesh.observability.logs import get_logger
+from taskmesh.observability.metrics import Metrics
 
 if TYPE_CHECKING:
     from taskmesh.config import Settings

@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from taskmesh.api.denials import Denials
 from taskmesh.api.principals import KeyCache, RatePolicy
 from taskmesh.api.quotas import Quotas
-from taskmesh.clock import Waker
-from taskmesh.log_throttle import ThrottledLog
-from taskmesh.logs import get_logger
-from taskmesh.metrics import Metrics
-from taskmesh.schedules import Schedules
+from taskmesh.observability.log_throttle import ThrottledLog
+from taskmesh.observability.logs import get_logger
+from taskmesh.observability.metrics import Metrics
+from taskmesh.runtime.clock import Waker
+from taskmesh.schedules.schedules import Schedules
 from taskmesh.services.finished_feed import FinishedWaiters
 from taskmesh.services.supervision import ServiceStates
 from taskmesh.store import PgStore, Stores
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.tasks import Tasks
 
 SERVED_CACHE_SECONDS = 5.0
 """How long creates trust the last read of which queues live workers serve."""

@@ -22,7 +22,7 @@ from taskmesh.cli.exit_codes import ExitCode, for_http_status
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 NAME_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
-"""The API's rule for queue names (``taskmesh.validation.NAME_REGEX``; a test keeps them equal)."""
+"""The API's rule for queue names (``taskmesh.tasks.validation.NAME_REGEX``; a test keeps them equal)."""
 _QUEUE = re.compile(NAME_REGEX)
 PROXY_OUTAGES = (502, 503, 504)
 """Statuses a proxy in front of an instance answers while it is down: transient, whatever the body."""

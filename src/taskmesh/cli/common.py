@@ -115,7 +115,7 @@ SINGLE_FILTERS = (
     "finished_after",
     "finished_before",
 )
-"""The search's filters that take one value (``taskmesh.search.FILTERS`` but ``status`` and the
+"""The search's filters that take one value (``taskmesh.tasks.search.FILTERS`` but ``status`` and the
 paging ones; a test keeps them equal, and this module light: the CLI starts without the stores)."""
 
 

@@ -26,7 +26,7 @@ def backend_options() -> dict[str, bool]:
 
 def _settings() -> Settings:
     from taskmesh.config import load_settings
-    from taskmesh.logs import configure
+    from taskmesh.observability.logs import configure
 
     settings = load_settings()
     configure(settings.log_level, settings.log_format)
@@ -49,9 +49,9 @@ def run() -> None:
     taskmesh --config /etc/taskmesh/taskmesh.toml run
     ```
     """
-    from taskmesh import supervisor
     from taskmesh.config import check_schedule_tasks
-    from taskmesh.registry import default_registry, load_modules
+    from taskmesh.runtime import supervisor
+    from taskmesh.tasks.registry import default_registry, load_modules
 
     settings = _settings()
     load_modules(settings.handlers)
@@ -73,18 +73,18 @@ def dev() -> None:
     TASKMESH_DEV_DIR=/tmp/tm TASKMESH_HANDLERS=myapp.tasks taskmesh dev
     ```
     """
-    from taskmesh import supervisor
-    from taskmesh.demo import demo_handler
-    from taskmesh.dev import embedded_stores
-    from taskmesh.registry import default_registry, load_modules
+    from taskmesh.dev.demo import demo_handler
+    from taskmesh.dev.stack import embedded_stores
+    from taskmesh.runtime import supervisor
+    from taskmesh.tasks.registry import default_registry, load_modules
 
     settings = _settings()
     load_modules(settings.handlers)
     default_registry.fallback = demo_handler()
     if settings.worker_processes != 1:
-        from taskmesh.logs import get_logger
+        from taskmesh.observability.logs import get_logger
 
-        get_logger("taskmesh.dev").warning(
+        get_logger("taskmesh.dev.stack").warning(
             "worker_processes_ignored", worker_processes=settings.worker_processes, reason="taskmesh dev runs one"
         )
     with embedded_stores(

@@ -72,7 +72,7 @@ def _with_pg(action: Callable[[PgStore], Awaitable[T]], audit_as: str | None = N
     :raises StoreError: PostgreSQL refused or is down (exit 1 or 5).
     """
     from taskmesh.config import load_settings
-    from taskmesh.logs import configure
+    from taskmesh.observability.logs import configure
     from taskmesh.store import PgStore
 
     settings = load_settings()
@@ -131,7 +131,7 @@ def _rates(given: list[str]) -> dict[str, float]:
 
 async def _audited(pg: PgStore, action: Callable[[PgStore], Awaitable[T]], name: str) -> T:
     """``action`` recorded in the audit log as the ``cli`` actor with the OS user."""
-    from taskmesh import audit
+    from taskmesh.security import audit
 
     event = audit.AuditEvent(name, actor_type="cli", actor_id=getpass.getuser(), actor_name="taskmesh keys")
     async with audit.recorded(pg, event):
@@ -200,7 +200,7 @@ def create(
     taskmesh --url http://tm.internal:8080 keys create --name ci --role operator   # TASKMESH_API_KEY: keys:admin
     ```
     """
-    from taskmesh import api_keys
+    from taskmesh.security import keys as api_keys
 
     scopes = list(api_keys.ROLES.get(role, ())) if role else []
     if role and role not in api_keys.ROLES:
@@ -219,7 +219,7 @@ def create(
         return made
 
     async def go(pg: PgStore) -> api_keys.NewKey:
-        from taskmesh import audit
+        from taskmesh.security import audit
 
         expires_at = datetime.now(UTC) + lifetime if lifetime is not None else None
         new = await api_keys.create(
@@ -261,7 +261,7 @@ def list_keys(
     taskmesh keys list --json | jq '.keys[] | select(.state == "active") | .key_id'
     ```
     """
-    from taskmesh import api_keys
+    from taskmesh.security import keys as api_keys
 
     async def go(pg: PgStore) -> list[dict[str, Any]]:
         rows = await pg.keys.list(api_keys.LIST_MOST)
@@ -303,10 +303,10 @@ def revoke(
     taskmesh keys revoke 3kq7vz2mfa4xw5rt
     ```
     """
-    from taskmesh import api_keys
+    from taskmesh.security import keys as api_keys
 
     async def go(pg: PgStore) -> Any:
-        from taskmesh import audit
+        from taskmesh.security import audit
 
         row = await pg.keys.revoke(key_id)
         if row is not None:
@@ -353,7 +353,7 @@ def rotate(
     taskmesh keys rotate 3kq7vz2mfa4xw5rt --overlap 1h --expires-in 90d
     ```
     """
-    from taskmesh import api_keys
+    from taskmesh.security import keys as api_keys
 
     window = duration(overlap, "--overlap")
     lifetime = duration(expires_in, "--expires-in") if expires_in else None
@@ -366,7 +366,7 @@ def rotate(
         return rotated
 
     async def go(pg: PgStore) -> tuple[api_keys.NewKey, str | None] | None:
-        from taskmesh import audit
+        from taskmesh.security import audit
 
         expires_at = datetime.now(UTC) + lifetime if lifetime is not None else None
         try:

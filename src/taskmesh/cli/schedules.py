@@ -26,7 +26,7 @@ from taskmesh.cli.output import note, print_json, print_table, say
 from taskmesh.errors import ConfigError, ScheduleNotFoundError
 
 if TYPE_CHECKING:
-    from taskmesh.schedules import Schedules
+    from taskmesh.schedules.schedules import Schedules
 
 app = App(
     help="List, trigger, pause or resume cron schedules: through an instance's API given --url or TASKMESH_URL, "
@@ -72,12 +72,12 @@ def _with_schedules(action: Callable[[Schedules], Awaitable[T]], audit_as: tuple
     :raises StoreError: a store refused (a password, a role, a missing database) or is down (exit 1).
     :raises typer.Exit: 3 when the schedule does not exist.
     """
-    from taskmesh import audit
     from taskmesh.config import load_settings
-    from taskmesh.logs import configure
-    from taskmesh.schedules import Schedules
+    from taskmesh.observability.logs import configure
+    from taskmesh.schedules.schedules import Schedules
+    from taskmesh.security import audit
     from taskmesh.store import Stores
-    from taskmesh.tasks import Tasks
+    from taskmesh.tasks.tasks import Tasks
 
     settings = load_settings()
     configure("warning", settings.log_format)

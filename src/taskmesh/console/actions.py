@@ -18,7 +18,7 @@ from starlette.responses import Response
 from taskmesh.console import sessions
 from taskmesh.console.api_client import ConsoleApi
 from taskmesh.console.web import REFUSALS, Visitor, back, failed, visitor
-from taskmesh.validation import NAME_REGEX
+from taskmesh.tasks.validation import NAME_REGEX
 
 router = APIRouter(include_in_schema=False)
 

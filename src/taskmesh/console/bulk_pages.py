@@ -17,7 +17,7 @@ from taskmesh.console import sessions
 from taskmesh.console.api_client import ConsoleApi, refusal
 from taskmesh.console.pages import _is_uuid
 from taskmesh.console.web import Visitor, back, failed, render, visitor
-from taskmesh.search import payload_scalar
+from taskmesh.tasks.search import payload_scalar
 
 router = APIRouter(include_in_schema=False)
 

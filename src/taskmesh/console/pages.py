@@ -18,8 +18,8 @@ from starlette.responses import RedirectResponse, Response
 from taskmesh.console.api_client import ConsoleApi, refusal
 from taskmesh.console.charts import overview_charts
 from taskmesh.console.web import back, render, visitor
-from taskmesh.search import FILTERS
-from taskmesh.states import TaskStatus
+from taskmesh.tasks.search import FILTERS
+from taskmesh.tasks.states import TaskStatus
 
 router = APIRouter(include_in_schema=False)
 

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from taskmesh.console.api_client import ConsoleApi, refusal
 from taskmesh.console.web import back, render, visitor
-from taskmesh.validation import NAME_REGEX
+from taskmesh.tasks.validation import NAME_REGEX
 
 router = APIRouter(include_in_schema=False)
 

@@ -15,15 +15,16 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from starlette.responses import Response
 
-from taskmesh import api_keys, audit
 from taskmesh.api import refusals
 from taskmesh.api.state import AppState
-from taskmesh.audit import AuditEvent
 from taskmesh.console import sessions
 from taskmesh.console.web import back, render, set_session_cookie, state_of, visitor
 from taskmesh.errors import AuthenticationError, ForgedRequestError, NotReadyError, RateLimitedError, StoreError
-from taskmesh.logs import get_logger
-from taskmesh.tracing import trace_id_from_headers
+from taskmesh.observability.logs import get_logger
+from taskmesh.observability.tracing import trace_id_from_headers
+from taskmesh.security import audit
+from taskmesh.security import keys as api_keys
+from taskmesh.security.audit import AuditEvent
 
 log = get_logger("taskmesh.console")
 router = APIRouter(include_in_schema=False)

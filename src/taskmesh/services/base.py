@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable, Mapping
 import anyio
 
 from taskmesh.errors import StoreError
-from taskmesh.logs import get_logger
-from taskmesh.metrics import current_metrics
+from taskmesh.observability.logs import get_logger
+from taskmesh.observability.metrics import current_metrics
 
 log = get_logger("taskmesh.services")
 

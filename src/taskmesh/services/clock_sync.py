@@ -1,7 +1,7 @@
 """Clock sync: measures PostgreSQL's clock against this host's, so due times use one clock.
 
 Every ``interval`` seconds (default 30) it reads ``clock_timestamp()`` and sets
-the offset of the instance's :class:`~taskmesh.clock.StoreClock` (PostgreSQL's
+the offset of the instance's :class:`~taskmesh.runtime.clock.StoreClock` (PostgreSQL's
 time minus this host's, from the midpoint of the round trip), and the gauge
 ``taskmesh_clock_offset_seconds``. An offset beyond ``warn_seconds`` (1 s) is
 logged at warning (``clock_skew``) when first seen and whenever it moves by
@@ -11,13 +11,13 @@ its host's clock needs NTP. Tick counts: none.
 
 from __future__ import annotations
 
-from taskmesh.clock import StoreClock
-from taskmesh.logs import get_logger
-from taskmesh.metrics import Metrics
+from taskmesh.observability.logs import get_logger
+from taskmesh.observability.metrics import Metrics
+from taskmesh.runtime.clock import StoreClock
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.store import PgStore
 
-log = get_logger("taskmesh.clock")
+log = get_logger("taskmesh.runtime.clock")
 
 WARN_SECONDS = 1.0
 

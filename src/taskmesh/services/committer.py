@@ -39,11 +39,11 @@ import uuid
 import anyio
 
 from taskmesh.errors import StoreError
-from taskmesh.logs import get_logger, run_keys
-from taskmesh.models import ClaimedTask, Outcome, RunResult
+from taskmesh.observability.logs import get_logger, run_keys
 from taskmesh.services.base import Outage
-from taskmesh.storable import storable_text
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.models import ClaimedTask, Outcome, RunResult
+from taskmesh.tasks.storable import storable_text
+from taskmesh.tasks.tasks import Tasks
 
 log = get_logger("taskmesh.committer")
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import anyio
 
-from taskmesh import audit
 from taskmesh.api.denials import SUMMARY_ACTION, Denials
 from taskmesh.errors import StoreError
-from taskmesh.logs import get_logger
+from taskmesh.observability.logs import get_logger
+from taskmesh.security import audit
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.store import PgStore
 
-log = get_logger("taskmesh.audit")
+log = get_logger("taskmesh.security.audit")
 
 FINAL_WRITE_SECONDS = 2.0
 """Most time the last write gets when the instance stops."""

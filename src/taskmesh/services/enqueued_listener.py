@@ -2,7 +2,7 @@
 
 ``Client.enqueue(..., connection=conn)`` stores tasks inside the application's own
 transaction and sends their ids on the PostgreSQL channel ``taskmesh_enqueued``
-(:data:`taskmesh.tasks.ENQUEUED_CHANNEL`), which PostgreSQL delivers at commit and
+(:data:`taskmesh.tasks.tasks.ENQUEUED_CHANNEL`), which PostgreSQL delivers at commit and
 never after a rollback. This service (``enqueued_listener``, optional, on every
 instance) ``LISTEN``s on a connection of its own and pushes the ids it hears that
 are still queued (one read, one pipeline per burst), within a second of the commit.
@@ -17,10 +17,10 @@ import uuid
 import anyio
 
 from taskmesh.errors import StoreError
-from taskmesh.logs import get_logger
+from taskmesh.observability.logs import get_logger
 from taskmesh.services.base import Outage
 from taskmesh.store.postgres import Listener
-from taskmesh.tasks import ENQUEUED_CHANNEL, Tasks
+from taskmesh.tasks.tasks import ENQUEUED_CHANNEL, Tasks
 
 log = get_logger("taskmesh.enqueued_listener")
 

@@ -4,8 +4,8 @@
 handler process of the instance's pool, or a thread in thread mode: see
 ``sync_handlers.py``)
 under the handler's ``timeout``, and returns a
-:class:`~taskmesh.models.RunResult` whose texts PostgreSQL can store
-(``taskmesh.storable``). It never raises but for cancellation from outside (an
+:class:`~taskmesh.tasks.models.RunResult` whose texts PostgreSQL can store
+(``taskmesh.tasks.storable``). It never raises but for cancellation from outside (an
 operator's cancel arrives through ``cancels``; a shutdown past its grace
 cancels the caller). Outcomes (design.md section 3):
 
@@ -46,16 +46,16 @@ from typing import Any
 
 import anyio
 
-from taskmesh.advertised import Advertisement
 from taskmesh.errors import NonRetryableError, PayloadDecodeError, Retry
-from taskmesh.logs import current_run, get_logger, run_keys
-from taskmesh.metrics import Metrics
-from taskmesh.models import ClaimedTask, Outcome, RunResult
-from taskmesh.process_pool import HandlerRef, PoolClosedError
-from taskmesh.registry import Handler, Registry
-from taskmesh.retry import backoff_seconds
+from taskmesh.observability.logs import current_run, get_logger, run_keys
+from taskmesh.observability.metrics import Metrics
+from taskmesh.runtime.process_pool import HandlerRef, PoolClosedError
 from taskmesh.services.sync_handlers import SyncHandlers
-from taskmesh.storable import (
+from taskmesh.tasks.advertised import Advertisement
+from taskmesh.tasks.models import ClaimedTask, Outcome, RunResult
+from taskmesh.tasks.registry import Handler, Registry
+from taskmesh.tasks.retry import backoff_seconds
+from taskmesh.tasks.storable import (
     MAX_ERROR_CHARS,
     MAX_TRACEBACK_CHARS,
     describe,
@@ -63,7 +63,7 @@ from taskmesh.storable import (
     storable_result,
     storable_text,
 )
-from taskmesh.tasks import DEFAULT_QUEUE
+from taskmesh.tasks.tasks import DEFAULT_QUEUE
 
 log = get_logger("taskmesh.executor")
 
@@ -102,7 +102,7 @@ async def execute(
         the heartbeat cancels a run whose task an operator cancelled (outcome ``cancelled``).
     :param sync: how ``def`` handlers run (a process pool, or threads; default threads).
     :param advertised: what a live instance advertises for a task name
-        (:meth:`~taskmesh.tasks.Tasks.advertised_handler`), asked before the fallback runs a name.
+        (:meth:`~taskmesh.tasks.tasks.Tasks.advertised_handler`), asked before the fallback runs a name.
     """
     # Named so that the event-loop monitor can tell which run blocks the loop (loop_monitor.py).
     _taskmesh_run = task

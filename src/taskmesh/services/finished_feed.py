@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import anyio
 
 from taskmesh.errors import StoreError
-from taskmesh.logs import get_logger
+from taskmesh.observability.logs import get_logger
 from taskmesh.services.base import Outage
 from taskmesh.store import RedisStore
 

@@ -28,10 +28,10 @@ from collections.abc import Callable, Collection
 import orjson
 
 from taskmesh import __version__
-from taskmesh.metrics import Metrics
+from taskmesh.observability.metrics import Metrics
 from taskmesh.services.base import Counts, run_periodic
-from taskmesh.states import WorkerState
 from taskmesh.store import PgStore
+from taskmesh.tasks.states import WorkerState
 
 
 async def run_once(
@@ -52,7 +52,7 @@ async def run_once(
     :param held: run ids whose leases to extend.
     :param handlers: the task names this instance has handlers for (``None``: any, a fallback).
     :param handler_options: what it advertises of its registered handlers (JSON,
-        :func:`~taskmesh.advertised.handler_options`).
+        :func:`~taskmesh.tasks.advertised.handler_options`).
     :raises StoreError: PostgreSQL failed.
     """
     to_cancel = await pg.workers.heartbeat(

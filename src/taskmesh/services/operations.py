@@ -20,15 +20,15 @@ from typing import Any
 
 import orjson
 
-from taskmesh.bulk import parse_filter
 from taskmesh.errors import InvalidTaskError, StoreError
-from taskmesh.logs import get_logger
-from taskmesh.models import PushTarget
-from taskmesh.search import START, WINDOW
+from taskmesh.observability.logs import get_logger
+from taskmesh.security.tenancy import Reach
 from taskmesh.services.base import Counts, run_periodic
-from taskmesh.states import BulkAction, OperationStatus
-from taskmesh.tasks import Tasks
-from taskmesh.tenancy import Reach
+from taskmesh.tasks.bulk import parse_filter
+from taskmesh.tasks.models import PushTarget
+from taskmesh.tasks.search import START, WINDOW
+from taskmesh.tasks.states import BulkAction, OperationStatus
+from taskmesh.tasks.tasks import Tasks
 
 log = get_logger("taskmesh.operations")
 

@@ -18,9 +18,9 @@ was reclaimed. Emits ``runs_reclaimed`` and ``workers_lost`` (warning) and
 
 from __future__ import annotations
 
-from taskmesh.logs import get_logger
+from taskmesh.observability.logs import get_logger
 from taskmesh.services.base import Counts, run_periodic
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.tasks import Tasks
 
 log = get_logger("taskmesh.reclaimer")
 

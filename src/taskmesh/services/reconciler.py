@@ -51,11 +51,11 @@ from functools import partial
 
 import anyio
 
-from taskmesh.logs import get_logger
-from taskmesh.models import PushTarget
+from taskmesh.observability.logs import get_logger
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.store.keys import DLQ_MIRROR_MAX
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.models import PushTarget
+from taskmesh.tasks.tasks import Tasks
 
 log = get_logger("taskmesh.reconciler")
 

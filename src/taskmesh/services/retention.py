@@ -15,7 +15,7 @@ Logs ``tasks_deleted`` with counts per state.
 
 from __future__ import annotations
 
-from taskmesh import audit
+from taskmesh.security import audit
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.store import PgStore, RedisStore
 

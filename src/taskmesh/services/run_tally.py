@@ -16,8 +16,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 
-from taskmesh.metrics import DURATION_BUCKETS
-from taskmesh.states import Outcome
+from taskmesh.observability.metrics import DURATION_BUCKETS
+from taskmesh.tasks.states import Outcome
 
 WAIT_BOUNDS_SECONDS: tuple[float, ...] = tuple(float(b) for b in DURATION_BUCKETS)
 """Upper bounds of the wait histogram's buckets (1 ms to 1 h, as the queue-wait metric's); one more

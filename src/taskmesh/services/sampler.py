@@ -30,12 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from taskmesh.metrics import UNSERVED_QUEUE, Metrics
+from taskmesh.observability.metrics import UNSERVED_QUEUE, Metrics
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.services.run_tally import RunTally
-from taskmesh.states import WorkerState
 from taskmesh.store import Stores
 from taskmesh.store.task_queries import DEAD_LETTER_FOLD_ROUNDS
+from taskmesh.tasks.states import WorkerState
 
 QUEUES_READ = 10_000
 """Most served queues one sample reads, and most unserved queues whose tasks it counts (each an index probe)."""

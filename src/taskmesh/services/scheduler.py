@@ -1,7 +1,7 @@
 """Scheduler: fires cron schedules (design.md section 5, issue 5).
 
 It syncs the instance's ``[[schedules]]`` into PostgreSQL, then loops: fire
-what is due (:meth:`taskmesh.schedules.Schedules.fire_due`), read the earliest
+what is due (:meth:`taskmesh.schedules.schedules.Schedules.fire_due`), read the earliest
 next fire, and sleep until that instant, never more than ``max_sleep``
 seconds (a schedule resumed through another instance is seen by then) and
 less when woken: by this instance's API (pause, resume, trigger) or by a
@@ -29,10 +29,10 @@ from datetime import timedelta
 import anyio
 import asyncpg
 
-from taskmesh.clock import Clock, Waker
 from taskmesh.errors import StoreError
-from taskmesh.logs import get_logger
-from taskmesh.schedules import Schedules
+from taskmesh.observability.logs import get_logger
+from taskmesh.runtime.clock import Clock, Waker
+from taskmesh.schedules.schedules import Schedules
 from taskmesh.services.base import Outage, call_until_done
 from taskmesh.store.postgres import Listener
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from taskmesh.logs import get_logger
-from taskmesh.metrics import Metrics
-from taskmesh.storable import describe
+from taskmesh.observability.logs import get_logger
+from taskmesh.observability.metrics import Metrics
+from taskmesh.tasks.storable import describe
 
-log = get_logger("taskmesh.supervisor")
+log = get_logger("taskmesh.runtime.supervisor")
 
 RUNNING = "running"
 RESTARTING = "restarting"

@@ -1,7 +1,7 @@
 """Where an instance runs its ``def`` handlers: a pool of handler processes, or threads.
 
 By default (``sync_pool = "process"``) a ``def`` handler runs in a child
-process of :class:`~taskmesh.process_pool.ProcessPool` (the prefork model
+process of :class:`~taskmesh.runtime.process_pool.ProcessPool` (the prefork model
 users know from Celery): a run past its ``timeout``, or cancelled (by an
 operator, or a shutdown past its grace), has its process stopped (SIGTERM,
 then SIGKILL after ``sync_stop_grace_seconds``) before its end is recorded,
@@ -34,10 +34,10 @@ from typing import Any
 
 import anyio
 
-from taskmesh.logs import get_logger
-from taskmesh.models import ClaimedTask, TaskContext
-from taskmesh.process_pool import ChildOutcome, HandlerRef, ProcessPool
-from taskmesh.registry import Handler
+from taskmesh.observability.logs import get_logger
+from taskmesh.runtime.process_pool import ChildOutcome, HandlerRef, ProcessPool
+from taskmesh.tasks.models import ClaimedTask, TaskContext
+from taskmesh.tasks.registry import Handler
 
 log = get_logger("taskmesh.sync_handlers")
 

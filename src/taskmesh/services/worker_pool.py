@@ -2,7 +2,7 @@
 
 The **fetcher** pops ready ids from ``{prefix}:{q}:ready`` (``BZMPOP``, as many
 as slots are free), claims them in PostgreSQL with one conditional UPDATE, and
-puts each :class:`~taskmesh.models.ClaimedTask` on the queue's channel; ids
+puts each :class:`~taskmesh.tasks.models.ClaimedTask` on the queue's channel; ids
 whose claim fails (already claimed, not queued) are dropped quietly, ids not
 due yet go back to the delayed set. It stops at the top of its loop once
 ``stop`` is set (within ``pop_timeout`` seconds).
@@ -40,16 +40,16 @@ from collections.abc import Callable
 import anyio
 
 from taskmesh.errors import StoreError
-from taskmesh.logs import get_logger, run_keys
-from taskmesh.metrics import Metrics
-from taskmesh.models import ClaimedTask
-from taskmesh.registry import Registry
+from taskmesh.observability.logs import get_logger, run_keys
+from taskmesh.observability.metrics import Metrics
 from taskmesh.services.base import Outage
 from taskmesh.services.committer import Committer
 from taskmesh.services.executor import debug_enabled, run_one
 from taskmesh.services.run_tally import RunTally
 from taskmesh.services.sync_handlers import SyncHandlers
-from taskmesh.tasks import Tasks
+from taskmesh.tasks.models import ClaimedTask
+from taskmesh.tasks.registry import Registry
+from taskmesh.tasks.tasks import Tasks
 
 log = get_logger("taskmesh.worker_pool")
 

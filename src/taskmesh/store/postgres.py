@@ -29,7 +29,7 @@ import anyio
 import asyncpg
 
 from taskmesh.errors import MigrationError
-from taskmesh.logs import get_logger
+from taskmesh.observability.logs import get_logger
 from taskmesh.store.audit_queries import AuditQueries
 from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
 from taskmesh.store.key_queries import KeyQueries
@@ -46,7 +46,7 @@ BEFORE_COMMIT: ContextVar[Callable[[PgStore], Awaitable[None]] | None] = Context
     "taskmesh_before_commit", default=None
 )
 """A step every transaction of the current context runs just before it commits (the audit log's row:
-``taskmesh.audit``); ``None``: none."""
+``taskmesh.security.audit``); ``None``: none."""
 
 __all__ = ["Listener", "PgStore", "migrate", "migrate_url", "migrations", "queries"]
 

@@ -28,8 +28,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import MasterNotFoundError, SentinelConnectionPool
 
 from taskmesh.errors import StoreError
-from taskmesh.logs import get_logger
-from taskmesh.models import PushTarget
+from taskmesh.observability.logs import get_logger
 from taskmesh.store.classify import REDIS_ERRORS, redis_call, redis_error
 from taskmesh.store.finished import FinishedChannel
 from taskmesh.store.keys import (
@@ -52,6 +51,7 @@ from taskmesh.store.redis_urls import (
     speaks_plain_redis,
 )
 from taskmesh.store.scripts import lua
+from taskmesh.tasks.models import PushTarget
 
 log = get_logger("taskmesh.redis")
 

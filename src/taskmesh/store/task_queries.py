@@ -2,7 +2,7 @@
 
 Each method names its block, takes plain values and returns asyncpg records or
 plain values; a failure raises :class:`~taskmesh.errors.StoreError` naming the
-block. Decoding rows into the API's shape is ``taskmesh.records``'s job.
+block. Decoding rows into the API's shape is ``taskmesh.tasks.records``'s job.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from datetime import datetime
 
 import asyncpg
 
-from taskmesh.states import FINISHED_TASK_STATUSES
 from taskmesh.store.sql import Queries
+from taskmesh.tasks.states import FINISHED_TASK_STATUSES
 
 DEAD_LETTER_DELTAS_FOLDED = 10_000
 """Most dead-letter count deltas one compaction statement folds."""

@@ -14,9 +14,9 @@ from taskmesh.api.auth import caller, platform_wide, require
 from taskmesh.api.deps import StoresDep, json_response
 from taskmesh.api.problems import problem_responses
 from taskmesh.errors import InvalidTaskError
-from taskmesh.search import parse_limit, parse_time
 from taskmesh.store.search_queries import INFINITY
-from taskmesh.validation import check_json
+from taskmesh.tasks.search import parse_limit, parse_time
+from taskmesh.tasks.validation import check_json
 
 router = APIRouter()
 

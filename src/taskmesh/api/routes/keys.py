@@ -9,12 +9,13 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from starlette.responses import Response
 
-from taskmesh import api_keys, audit
 from taskmesh.api import key_grants
 from taskmesh.api.auth import caller, reach_of, require
 from taskmesh.api.deps import StateDep, StoresDep, body_schema, json_response, parse_body
 from taskmesh.api.problems import problem, problem_responses
 from taskmesh.errors import InvalidTaskError
+from taskmesh.security import audit
+from taskmesh.security import keys as api_keys
 from taskmesh.store import PgStore
 
 router = APIRouter()

@@ -9,16 +9,16 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
-from taskmesh import audit
 from taskmesh.api.auth import check_queue_reach, platform_wide, reach_of, require
 from taskmesh.api.deps import QueuePath, StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
 from taskmesh.api.problems import problem_responses
 from taskmesh.errors import InvalidTaskError
-from taskmesh.history import WINDOWS, history
-from taskmesh.logs import get_logger
-from taskmesh.queue_overview import known_queues, overview
-from taskmesh.records import pause_to_dict
-from taskmesh.validation import StrictInt, check_json
+from taskmesh.observability.logs import get_logger
+from taskmesh.security import audit
+from taskmesh.tasks.history import WINDOWS, history
+from taskmesh.tasks.queue_overview import known_queues, overview
+from taskmesh.tasks.records import pause_to_dict
+from taskmesh.tasks.validation import StrictInt, check_json
 
 log = get_logger("taskmesh.api")
 

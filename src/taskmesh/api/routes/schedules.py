@@ -10,7 +10,7 @@ from taskmesh.api.auth import reach_of, require
 from taskmesh.api.deps import SchedulePath, SchedulesDep, StateDep, body_schema, is_name, json_response, parse_body
 from taskmesh.api.problems import problem_responses
 from taskmesh.errors import ScheduleNotFoundError
-from taskmesh.validation import check_json
+from taskmesh.tasks.validation import check_json
 
 router = APIRouter()
 

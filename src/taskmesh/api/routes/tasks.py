@@ -10,7 +10,6 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from taskmesh import audit
 from taskmesh.api.auth import demand, reach_of, require
 from taskmesh.api.deps import (
     REASON_PARAMETER,
@@ -29,16 +28,17 @@ from taskmesh.api.deps import (
     with_trace,
 )
 from taskmesh.api.problems import problem, problem_responses
-from taskmesh.bulk import BulkRequest, operation_to_dict, parse_filter
-from taskmesh.bulk import dry_run as bulk_dry_run
-from taskmesh.bulk import start as bulk_start
 from taskmesh.errors import BeyondReachError, InvalidTaskError, StoreError, TaskNotFoundError
-from taskmesh.logs import get_logger
-from taskmesh.search import parse_search, search
-from taskmesh.states import BulkAction, TaskStatus
-from taskmesh.tasks import Tasks
-from taskmesh.tenancy import Reach
-from taskmesh.validation import NAME_REGEX, StrictInt, TaskSpec, check_json, parse_task_spec
+from taskmesh.observability.logs import get_logger
+from taskmesh.security import audit
+from taskmesh.security.tenancy import Reach
+from taskmesh.tasks.bulk import BulkRequest, operation_to_dict, parse_filter
+from taskmesh.tasks.bulk import dry_run as bulk_dry_run
+from taskmesh.tasks.bulk import start as bulk_start
+from taskmesh.tasks.search import parse_search, search
+from taskmesh.tasks.states import BulkAction, TaskStatus
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import NAME_REGEX, StrictInt, TaskSpec, check_json, parse_task_spec
 
 router = APIRouter()
 log = get_logger("taskmesh.api")

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from taskmesh.api.auth import platform_wide, require
 from taskmesh.api.deps import StoresDep, json_response
 from taskmesh.api.problems import problem_responses
-from taskmesh.records import iso, json_value, pause_to_dict
+from taskmesh.tasks.records import iso, json_value, pause_to_dict
 
 router = APIRouter()
 

@@ -1,6 +1,0 @@
-"""Print ``docs/metrics.md`` from the metrics registry: ``python -m taskmesh.metrics_doc > docs/metrics.md``."""
-
-from taskmesh.metrics import Metrics
-
-if __name__ == "__main__":
-    print(Metrics().markdown(), end="")

@@ -1,0 +1,125 @@
+"""Plain records passed between taskmesh's services: frozen dataclasses, no I/O (imports only ``states``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from taskmesh.tasks.states import Outcome
+
+__all__ = ["ClaimedTask", "Enqueued", "Outcome", "PushTarget", "RunResult", "TaskContext"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    """A task this instance owns for one run, as returned by the claim.
+
+    ``retries`` is the number of retries spent in this delivery cycle before
+    this run; ``attempt`` numbers runs over the task's whole life (1, 2, ...).
+    """
+
+    task_id: UUID
+    run_id: UUID
+    name: str
+    queue: str
+    priority: int
+    payload: Any
+    attempt: int
+    retries: int
+    max_retries: int
+    idempotency_key: str | None
+    trace_id: str | None
+    tenant_id: str | None
+    ready_at: float | None = None
+    """When the task became runnable (created, due, or its retry's backoff ended), epoch seconds."""
+    defect: str | None = None
+    """Why this version cannot run the claimed row (its payload is unreadable): the run fails at once."""
+
+    def context(self) -> TaskContext:
+        """The :class:`TaskContext` a handler of this run is given (everything but the payload)."""
+        return TaskContext(
+            task_id=self.task_id,
+            run_id=self.run_id,
+            name=self.name,
+            queue=self.queue,
+            priority=self.priority,
+            attempt=self.attempt,
+            retries=self.retries,
+            max_retries=self.max_retries,
+            idempotency_key=self.idempotency_key,
+            trace_id=self.trace_id,
+            tenant_id=self.tenant_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """The end of one run, on its way to the committer.
+
+    :param delay_seconds: for ``RETRY``, seconds until the next attempt.
+    :param result: JSON text of a successful handler's return value (``None`` otherwise),
+        storable in PostgreSQL (see ``taskmesh.tasks.storable``).
+    :param duration_seconds: wall time of the handler, seconds.
+    :param traceback: the handler's traceback when it raised (bounded), else ``None``.
+    """
+
+    task: ClaimedTask
+    outcome: Outcome
+    error: str | None = None
+    result: str | None = None
+    delay_seconds: float = 0.0
+    duration_seconds: float = 0.0
+    traceback: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """What a handler may want to know about the run it is executing.
+
+    Handlers must be idempotent (design.md principle 4): ``task_id``,
+    ``attempt`` and ``idempotency_key`` let them check for earlier effects.
+    """
+
+    task_id: UUID
+    run_id: UUID
+    name: str
+    queue: str
+    priority: int
+    attempt: int
+    retries: int
+    max_retries: int
+    idempotency_key: str | None
+    trace_id: str | None
+    tenant_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PushTarget:
+    """Where a queued task's id goes in Redis after a commit.
+
+    ``due_at`` is ``None`` for a task that is runnable now (ready set), else the
+    time it becomes due (delayed set).
+    """
+
+    task_id: UUID
+    queue: str
+    priority: int
+    due_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """Answer of :meth:`~taskmesh.tasks.tasks.Tasks.enqueue` (and one per task of the bulk enqueues).
+
+    ``created`` is ``False`` when the idempotency key named an existing task,
+    whose id and current status are returned. ``queue`` is the queue a created
+    task went to (the request's, or its handler's default); ``None`` when deduplicated.
+    """
+
+    task_id: UUID
+    status: str
+    created: bool
+    trace_id: str | None = None
+    queue: str | None = None
