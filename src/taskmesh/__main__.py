@@ -1,5 +1,5 @@
 """``python -m taskmesh``: see :mod:`taskmesh.cli`."""
 
-from taskmesh.cli.entry import main
+from taskmesh.entry import main
 
 main()

@@ -155,7 +155,7 @@ def interrupting_import(name, *args, **kwargs):
 
 builtins.__import__ = interrupting_import
 sys.argv = ["taskmesh", *sys.argv[1:]]
-from taskmesh.cli.entry import main
+from taskmesh.entry import main
 main()
 """
 

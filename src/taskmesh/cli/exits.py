@@ -1,7 +1,7 @@
 """How a command's end becomes the process's exit status (:class:`~taskmesh.cli.exit_codes.ExitCode`).
 
 Shared by the whole command line (:mod:`taskmesh.cli.app`) and by the bare start of an
-instance (``taskmesh`` or ``taskmesh run`` without options), which :mod:`taskmesh.cli.entry` runs
+instance (``taskmesh`` or ``taskmesh run`` without options), which :mod:`taskmesh.entry` runs
 without loading Typer, rich, httpx and the operator's verbs: about a tenth of an instance's
 start-up CPU. So this module imports only what the instance needs anyway.
 """
