@@ -77,7 +77,8 @@ from benchmarks.peers import run_peers
 from benchmarks.report import print_report
 from taskmesh.clients.client import Client
 from taskmesh.store.postgres import migrate_url
-from taskmesh.store.redis_clients import RedisMode, open_client
+from taskmesh.store.redis_clients import open_client
+from taskmesh.store.redis_types import RedisMode
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root: the instance's ``PYTHONPATH`` starts with it, so it imports ``benchmarks.bench_handler``."""

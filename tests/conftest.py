@@ -31,7 +31,8 @@ from taskmesh.runtime import supervisor
 from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import connect_options, migrate_url
-from taskmesh.store.redis_clients import RedisMode, open_client
+from taskmesh.store.redis_clients import open_client
+from taskmesh.store.redis_types import RedisMode
 from taskmesh.tasks.registry import Registry
 from taskmesh.tasks.tasks import Tasks
 from tests.pgbouncer import PgBouncer, through

@@ -7,21 +7,13 @@ from typing import TYPE_CHECKING
 import anyio
 
 from taskmesh.errors import ConfigError
+from taskmesh.runtime.event_loop import backend_options
 
 if TYPE_CHECKING:
     from taskmesh.config import Settings
 
 # The platform's modules are imported by the commands that run it, not by the operator's verbs,
 # which then start in a third of the time.
-
-
-def backend_options() -> dict[str, bool]:
-    """uvloop when installed (the ``fast`` extra): a quicker event loop, same semantics."""
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return {}
-    return {"use_uvloop": True}
 
 
 def _settings() -> Settings:

@@ -25,7 +25,7 @@ from taskmesh.errors import (
     WaitTimeoutError,
 )
 from taskmesh.store import Stores
-from taskmesh.store.redis_clients import RedisMode
+from taskmesh.store.redis_types import RedisMode
 from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
 from taskmesh.tasks.actions import Cancelled, Retried
 from taskmesh.tasks.models import Enqueued

@@ -17,7 +17,8 @@ from starlette.responses import Response
 
 from taskmesh.console import sessions
 from taskmesh.console.api_client import ConsoleApi
-from taskmesh.console.web import REFUSALS, Visitor, back, failed, visitor
+from taskmesh.console.redirects import back
+from taskmesh.console.web import REFUSALS, Visitor, failed, visitor
 from taskmesh.tasks.validation import NAME_REGEX
 
 router = APIRouter(include_in_schema=False)

@@ -16,7 +16,8 @@ from starlette.responses import Response
 from taskmesh.console import sessions
 from taskmesh.console.api_client import ConsoleApi, refusal
 from taskmesh.console.pages import _is_uuid
-from taskmesh.console.web import Visitor, back, failed, render, visitor
+from taskmesh.console.redirects import back
+from taskmesh.console.web import Visitor, failed, render, visitor
 from taskmesh.tasks.search import payload_scalar
 
 router = APIRouter(include_in_schema=False)

@@ -11,6 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from taskmesh.console.redirects import to_sign_in
+
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -55,7 +57,5 @@ class SignInNeeded(Exception):
 
 async def sign_in_needed(request: Request, exc: Exception) -> Response:
     """The exception handler of :class:`SignInNeeded`: a redirect to the sign-in page."""
-    from taskmesh.console.web import to_sign_in  # loaded with the pages, before any page raises
-
     assert isinstance(exc, SignInNeeded)
     return to_sign_in(request, exc.why)

@@ -17,7 +17,8 @@ from starlette.responses import RedirectResponse, Response
 
 from taskmesh.console.api_client import ConsoleApi, refusal
 from taskmesh.console.charts import overview_charts
-from taskmesh.console.web import back, render, visitor
+from taskmesh.console.redirects import back
+from taskmesh.console.web import render, visitor
 from taskmesh.tasks.search import FILTERS
 from taskmesh.tasks.states import TaskStatus
 

@@ -15,7 +15,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from taskmesh.console.api_client import ConsoleApi, refusal
-from taskmesh.console.web import back, render, visitor
+from taskmesh.console.redirects import back
+from taskmesh.console.web import render, visitor
 from taskmesh.tasks.validation import NAME_REGEX
 
 router = APIRouter(include_in_schema=False)

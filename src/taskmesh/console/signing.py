@@ -18,7 +18,8 @@ from starlette.responses import Response
 from taskmesh.api import refusals
 from taskmesh.api.state import AppState
 from taskmesh.console import sessions
-from taskmesh.console.web import back, render, set_session_cookie, state_of, visitor
+from taskmesh.console.redirects import back
+from taskmesh.console.web import render, set_session_cookie, state_of, visitor
 from taskmesh.errors import AuthenticationError, ForgedRequestError, NotReadyError, RateLimitedError, StoreError
 from taskmesh.observability.logs import get_logger
 from taskmesh.observability.tracing import trace_id_from_headers

@@ -13,17 +13,17 @@ import base64
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlsplit
 
 import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, Response
 
 from taskmesh.api.principals import Principal
 from taskmesh.api.state import AppState
 from taskmesh.console import sessions
 from taskmesh.console.guard import SignInNeeded
+from taskmesh.console.redirects import FLASH, back
 from taskmesh.errors import AuthenticationError, NotReadyError
 
 if TYPE_CHECKING:  # the API client imports this module (its Visitor)
@@ -121,10 +121,6 @@ def set_session_cookie(request: Request, response: Response, cookie: str, expire
     )
 
 
-FLASH = "tm_flash"
-"""A one-time notice or problem for the next page (a cookie, so no link can plant a message)."""
-
-
 def render(
     request: Request,
     who: Visitor | None,
@@ -160,18 +156,6 @@ def render(
     return response
 
 
-def back(to: str, *, notice: str | None = None, problem: str | None = None) -> RedirectResponse:
-    """303 to the console page ``to`` (a path under ``/console``), with a one-time notice or problem."""
-    if (not to.startswith("/console/") and to != "/console") or "\\" in to or "/.." in to:
-        to = "/console"  # only this console's own pages: never another site
-    response = RedirectResponse(to, status_code=303)
-    flash = {k: v[:500] for k, v in (("notice", notice), ("problem", problem)) if v}
-    if flash:
-        value = base64.urlsafe_b64encode(orjson.dumps(flash)).decode()
-        response.set_cookie(FLASH, value, max_age=60, path="/console", httponly=True, samesite="strict")
-    return response
-
-
 REFUSALS = (401, 403, 429)
 """The API's answers that an action's page answers with as they are (the key may not, or not now)."""
 
@@ -198,15 +182,3 @@ def _read_flash(value: str | None) -> dict[str, str]:
     if not isinstance(flash, dict):
         return {}
     return {k: str(v) for k, v in flash.items() if k in ("notice", "problem")}
-
-
-def to_sign_in(request: Request, why: str | None) -> RedirectResponse:
-    """303 to the sign-in page, which then returns to this page."""
-    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    if request.method != "GET":  # a form sent after the session ended: back to the page it was on
-        referer = urlsplit(request.headers.get("referer", ""))
-        same = referer.netloc == request.headers.get("host") and referer.path.startswith("/console/")
-        target = referer.path + (f"?{referer.query}" if referer.query else "") if same else "/console/overview"
-    response = back("/console/sign-in", problem=why)
-    response.headers["location"] = f"/console/sign-in?next={quote(target)}"
-    return response

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import PgStore
 from taskmesh.store.redis import RedisStore, wall_ms
-from taskmesh.store.redis_clients import RedisMode
+from taskmesh.store.redis_types import RedisMode
 
 __all__ = ["Keys", "PgStore", "RedisStore", "Stores"]
 

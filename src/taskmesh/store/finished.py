@@ -25,7 +25,7 @@ from redis.asyncio.client import PubSub
 from taskmesh.errors import StoreError
 from taskmesh.store.classify import REDIS_ERRORS, redis_call
 from taskmesh.store.keys import Keys
-from taskmesh.store.redis_clients import RedisClient
+from taskmesh.store.redis_types import RedisClient
 from taskmesh.store.scripts import lua
 
 POLL_SECONDS = 1.0

@@ -41,7 +41,8 @@ from taskmesh.store.keys import (
     delayed_score,
     ready_score,
 )
-from taskmesh.store.redis_clients import RedisClient, RedisMode, open_client
+from taskmesh.store.redis_clients import open_client
+from taskmesh.store.redis_types import RedisClient, RedisMode
 from taskmesh.store.redis_urls import (
     PLAIN_ON_TLS,
     TLS_FAILED,

@@ -1,7 +1,7 @@
 """The redis-py client for a deployment's Redis: standalone, Redis Cluster or behind Sentinel.
 
 One place decides which client class talks to Redis, so the rest of the store sees one
-interface (:data:`RedisClient`):
+interface (:data:`~taskmesh.store.redis_types.RedisClient`):
 
 - ``standalone``: :class:`redis.asyncio.Redis` on ``redis://``, ``rediss://`` or ``unix://``.
 - ``cluster`` (``redis_mode = "cluster"``): :class:`redis.asyncio.cluster.RedisCluster`, which
@@ -19,17 +19,15 @@ server to wait up to its own timeout, which stays below that).
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 from taskmesh.store.redis_packing import use_hiredis_packing
+from taskmesh.store.redis_types import RedisClient, RedisMode
 from taskmesh.store.redis_urls import SENTINEL_SCHEMES, parse_sentinel_url
-
-RedisClient: TypeAlias = aioredis.Redis | RedisCluster
-RedisMode = Literal["standalone", "cluster"]
 
 CONNECT_TIMEOUT = 2.0
 READ_TIMEOUT = 10.0

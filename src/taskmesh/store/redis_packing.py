@@ -11,14 +11,13 @@ fall back to redis-py's packer, which packs them or raises its usual ``DataError
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import hiredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 
-if TYPE_CHECKING:
-    from taskmesh.store.redis_clients import RedisClient
+from taskmesh.store.redis_types import RedisClient
 
 
 class HiredisPacking(AbstractConnection):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 import anyio
@@ -29,7 +29,34 @@ from taskmesh.tasks.states import TaskStatus
 from taskmesh.tasks.validation import TaskSpec, dump_json
 
 if TYPE_CHECKING:
-    from taskmesh.tasks.tasks import Tasks
+    from taskmesh.observability.metrics import Metrics
+
+
+class EnqueueRules(Protocol):
+    """What a copy needs of the task facade (:class:`~taskmesh.tasks.tasks.Tasks` is one).
+
+    A protocol, so that this module stays below the facade that uses it.
+    """
+
+    @property
+    def metrics(self) -> Metrics | None:
+        """The instance's metrics, which count the creates (``None`` in the client and the CLI)."""
+
+    def check_payload(self, spec: TaskSpec, field_prefix: str = "") -> None:
+        """Refuse ``spec`` when its payload does not fit its handler's declared type.
+
+        :raises InvalidTaskError: it does not fit.
+        """
+
+    def resolve_defaults(self, spec: TaskSpec) -> tuple[str, int, str]:
+        """A spec's defaults resolved: ``(queue, max_retries, type)``."""
+
+    async def enforce_queued(self, pg: PgStore, created: Mapping[str, int]) -> None:
+        """Refuse the transaction on ``pg`` when a tenant holds more than its ``max_queued`` quota.
+
+        :raises QuotaExceededError: a tenant is past its quota.
+        """
+
 
 COPY_MIN_TASKS = 64
 """A bulk enqueue of at least this many immediate tasks without a dedup key is copied (``COPY``):
@@ -114,7 +141,7 @@ def copyable_mapping(item: Mapping[str, Any]) -> bool:
 
 
 async def copy_many(
-    tasks: Tasks,
+    tasks: EnqueueRules,
     pg: PgStore,
     count: int,
     specs: SpecSlice,
@@ -229,7 +256,13 @@ def copy_text(value: str | None) -> str:
 
 
 def _line(
-    tasks: Tasks, spec: TaskSpec, field_prefix: str, i: int, trace_id: str, task_type: str | None, defaults: Defaults
+    tasks: EnqueueRules,
+    spec: TaskSpec,
+    field_prefix: str,
+    i: int,
+    trace_id: str,
+    task_type: str | None,
+    defaults: Defaults,
 ) -> tuple[UUID, str, str, str]:
     """Task ``i``'s new id (and as text), its queue, and its row in ``COPY`` text (:data:`COPY_COLUMNS`).
 
