@@ -11,8 +11,8 @@ An instance runs *open* (every request is allowed, as ``anonymous``) when
 ``auth = "none"``, or while it listens on a loopback address and no key was ever made:
 the dev profile and a first start work before any key is made, and the first key made
 closes it within the cache period for good (revoking every key does not open it again).
-A non-loopback instance with ``auth = "keys"`` never runs open (``taskmesh.runtime.supervisor``
-refuses to start it without a key).
+A non-loopback instance with ``auth = "keys"`` never runs open (:func:`taskmesh.api.policy.may_serve`:
+the supervisor refuses to start it without a key).
 """
 
 from __future__ import annotations

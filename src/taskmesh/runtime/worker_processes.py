@@ -10,14 +10,16 @@ between any two instances (one claim per attempt, fencing, reclaim) holds betwee
 ``k`` (1 to N - 1) serves ``/healthz``, ``/readyz`` and ``/metrics`` on ``http_port + k``
 (and its metrics listener on ``metrics_port + k``), or on a free port when ``http_port`` is 0.
 
-Supervision: each child is a critical service of the primary (``worker_process:k`` in
+Supervision: each child is a critical service of the primary, a row of its service table
+(:mod:`taskmesh.runtime.services_table`; ``worker_process:k`` in
 ``taskmesh_service_up``, and listed in ``/readyz`` while it is down, which still answers 200:
 the primary's API and workers serve on). A child that exits while the primary runs is logged
 (``worker_process_exited``: pid, exit status) and started again after the crash policy's
 backoff (``services.supervision``); past the restart budget the primary shuts down and exits 1.
 
-Stop: the primary's stop signal is passed on to every child at once, so that all drain in the
-same grace period, and so is a second one (the grace ends at once). Each child runs in a session
+Stop: in the primary's intake stop phase, right after its scheduler stopped, every child is sent
+SIGTERM at once, so that all drain in the same grace period; so is a second signal (the grace ends
+at once). The primary's results phase waits for the children's end. Each child runs in a session
 of its own, so that a terminal's Ctrl-C (sent to the whole foreground group) reaches it once,
 through the primary; under systemd, ``KillMode=mixed`` (``deploy/systemd``) does the same. The
 primary exits after its children, each given the grace period and 15 s more before SIGKILL.
@@ -40,7 +42,6 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -49,15 +50,12 @@ import orjson
 
 from taskmesh.errors import TaskmeshError
 from taskmesh.observability.logs import get_logger
-from taskmesh.services.supervision import RestartBudget, ServiceSpec, ServiceStates, supervise
+from taskmesh.services.supervision import ServiceSpec
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from anyio.abc import Process, TaskGroup
+    from anyio.abc import Process
 
     from taskmesh.config import Settings
-    from taskmesh.observability.metrics import Metrics
 
 log = get_logger("taskmesh.runtime.worker_processes")
 
@@ -119,56 +117,20 @@ def child_environment() -> dict[str, str]:
     return env
 
 
-@dataclass
-class Children:
-    """The worker processes' services started by :func:`start`, and a way to wait for their end."""
+def specs(settings: Settings, stop: anyio.Event, force: anyio.Event) -> list[ServiceSpec]:
+    """The ``worker_processes - 1`` children as critical services (``worker_process:k``) of the service table.
 
-    left: int = 0
-    ended: anyio.Event = field(default_factory=anyio.Event)
+    A child restarting leaves this process's API and workers serving: ``/readyz`` lists it and stays 200.
 
-    async def wait(self) -> None:
-        """Return once every child's service has ended (at once when there is none)."""
-        if self.left:
-            await self.ended.wait()
-
-    def _one_ended(self) -> None:
-        self.left -= 1
-        if self.left == 0:
-            self.ended.set()
-
-
-def start(
-    group: TaskGroup,
-    settings: Settings,
-    stop: anyio.Event,
-    force: anyio.Event,
-    states: ServiceStates,
-    *,
-    budget: RestartBudget,
-    metrics: Metrics | None,
-    on_fatal: Callable[[str, int], None],
-) -> Children:
-    """Start ``worker_processes - 1`` children in ``group`` at once, each a critical service (``worker_process:k``).
-
-    :param stop: the primary's stop (:func:`run`'s); :param force: its second signal.
-    :param states, budget, metrics, on_fatal: the crash policy's (:func:`~taskmesh.services.supervision.supervise`).
-    :returns: a handle to wait for their end with.
+    :param stop: set when the children are to drain (the supervisor's intake phase): each is sent SIGTERM.
+    :param force: the primary's second signal, passed on.
     """
-    children = Children()
-
-    async def supervised(index: int) -> None:
-        # A child restarting leaves this process's API and workers serving: /readyz lists it, stays 200.
-        run_child = partial(run, settings, index, stop, force)
-        spec = ServiceSpec(f"worker_process:{index}", run_child, critical=True, gates_readiness=False)
-        try:
-            await supervise(spec, states, budget=budget, metrics=metrics, on_fatal=on_fatal)
-        finally:
-            children._one_ended()
-
-    for index in range(1, settings.worker_process_count()):
-        children.left += 1
-        group.start_soon(supervised, index)
-    return children
+    return [
+        ServiceSpec(
+            f"worker_process:{index}", partial(run, settings, index, stop, force), critical=True, gates_readiness=False
+        )
+        for index in range(1, settings.worker_process_count())
+    ]
 
 
 async def run(settings: Settings, index: int, stop: anyio.Event, force: anyio.Event) -> None:

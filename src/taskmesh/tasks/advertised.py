@@ -48,6 +48,11 @@ UNKNOWN_NAMES_KEPT = 1000
 """Names whose last ``task_name_unadvertised`` line is remembered (forgotten all at once past it)."""
 
 
+def handled_names(registry: Registry) -> list[str] | None:
+    """The task names an instance advertises (``workers.handlers``); ``None``: any, it has a fallback."""
+    return None if registry.fallback is not None else sorted(registry.names())
+
+
 def handler_options(registry: Registry) -> str:
     """The JSON an instance advertises for the handlers it has registered (its fallback is not one).
 
