@@ -49,12 +49,15 @@ class Row:
     :param stop: how it is told to stop, given its cancel scope: by default the scope is cancelled;
         a service that ends by itself (a fetcher on its stop event, the committer once closed) says so.
     :param ended: called once the service has ended for good (a fetcher's executors then drain).
+    :param graced: it runs under the grace period with the executors: cancelled when the grace ends
+        (or at once on a second signal), should it not have ended by itself before.
     """
 
     spec: ServiceSpec
     phase: StopPhase
     stop: Callable[[anyio.CancelScope], None] = _cancel
     ended: Callable[[], None] | None = None
+    graced: bool = False
 
     @property
     def name(self) -> str:

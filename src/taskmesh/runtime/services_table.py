@@ -12,7 +12,7 @@
 | enqueued_listener | no | stores answered | upkeep | ``LISTEN`` is reachable (not behind a transaction pooler alone) |
 | finished_feed, denial_summaries | no | stores answered | upkeep | the API is served |
 | scheduler | no | stores answered | fires | ``scheduler_enabled`` and schedules configured |
-| fetcher:<queue> | yes | stores answered | intake | workers enabled, one per queue |
+| fetcher:<queue> | yes | stores answered | intake | workers enabled, one per queue (cut off at the grace's end) |
 
 The phases stop in :class:`~taskmesh.runtime.service_runner.StopPhase` order: fires, intake,
 results, upkeep. Between intake and results the executors finish what they hold within the
@@ -121,10 +121,11 @@ def service_table(p: Parts) -> list[Row]:
     supervisor starts each row the first time the table lists it.
     """
     s = p.settings
-    table = [
-        Row(spec, StopPhase.INTAKE, stop=lambda _scope: p.intake.set())
-        for spec in worker_processes.specs(s, p.intake, p.force)
-    ]
+
+    def stop_intake(_scope: anyio.CancelScope) -> None:
+        p.intake.set()
+
+    table = [Row(spec, StopPhase.INTAKE, stop=stop_intake) for spec in worker_processes.specs(s, p.intake, p.force)]
     if p.serving is None:
         return table
     up = p.serving
@@ -137,18 +138,14 @@ def service_table(p: Parts) -> list[Row]:
     table.append(Row(ServiceSpec("committer", up.committer.run, critical=True), StopPhase.RESULTS, close_committer))
     table += [Row(spec, StopPhase.UPKEEP) for spec in _upkeep(p, up)]
 
-    def stop_fetching(scope: anyio.CancelScope) -> None:
-        p.intake.set()
-        # A claim stuck on a store in an outage holds the stop no longer than the grace period.
-        scope.deadline = anyio.current_time() + s.shutdown_grace_seconds
-
     fires = _scheduler_spec(p, up)
     if fires is not None:
         table.append(Row(fires, StopPhase.FIRES))
     for pool in up.pools:
         fetcher = ServiceSpec(f"fetcher:{pool.queue}", pool.fetch, critical=True)
-        # Once it stopped, the queue's executors drain what the channel holds, then return.
-        table.append(Row(fetcher, StopPhase.INTAKE, stop=stop_fetching, ended=pool.close_fetching))
+        # Once it stopped, the queue's executors drain what the channel holds, then return. A fetcher
+        # waiting for a free slot, or on a store in an outage, is cut off when the grace period ends.
+        table.append(Row(fetcher, StopPhase.INTAKE, stop=stop_intake, ended=pool.close_fetching, graced=True))
     return table
 
 

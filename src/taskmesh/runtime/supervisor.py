@@ -285,15 +285,23 @@ async def _run_services(p: Parts, up: Serving, inst: Instance, runner: ServiceRu
     """Start the table's rows in order and the executors, wait for the stop, stop the rows phase by phase."""
     settings = p.settings
     grace = anyio.CancelScope()
-    executed = anyio.Event()
+    executing, executed = anyio.Event(), anyio.Event()
+    started = {row.name for row in runner.rows}
+    rows = [row for row in service_table(p) if row.name not in started]
 
     async def execute() -> None:
+        """The executors and the graced rows (the fetchers), all cut off when the grace period ends."""
         try:
             with grace:
                 async with anyio.create_task_group() as work:
+                    for row in rows:
+                        if row.graced:
+                            runner.start(work, row)
                     for pool in up.pools:
                         work.start_soon(pool.execute)
+                    executing.set()
         finally:
+            executing.set()
             executed.set()
 
     async def end_grace_on_force() -> None:
@@ -306,12 +314,12 @@ async def _run_services(p: Parts, up: Serving, inst: Instance, runner: ServiceRu
         await _hand_back(up, inst.worker_id)
 
     async with anyio.create_task_group() as services:
-        started = {row.name for row in runner.rows}
-        for row in service_table(p):
-            if row.name not in started:
+        for row in rows:
+            if not row.graced:
                 runner.start(services, row)
         services.start_soon(execute)
         services.start_soon(end_grace_on_force)
+        await executing.wait()  # every row is started, so that the stop reaches each
         if inst.freeze_heap:
             gc.freeze()
         inst.ready.set()
