@@ -5,7 +5,8 @@ Under a unit with ``Type=notify`` systemd puts ``NOTIFY_SOCKET`` (a path, or
 ``READY=1`` before it counts the service as started; with ``WatchdogSec=`` it
 also sets ``WATCHDOG_USEC`` (and ``WATCHDOG_PID``, the process the watchdog
 is for) and restarts the service when no ``WATCHDOG=1`` came within that
-time. The datagrams go out through the ``systemd-watchdog`` library.
+time. Each notification is one datagram of ``KEY=value`` lines sent to that
+socket, as sd_notify(3) describes: a few lines of our own, no library.
 
 Every function here is a no-op when ``NOTIFY_SOCKET`` is unset (a terminal,
 Supervisor, a container), so the supervisor calls them unconditionally. A
@@ -20,7 +21,6 @@ import socket
 from collections.abc import Callable
 
 import anyio
-from systemd_watchdog.systemd_watchdog import WatchDog
 
 from taskmesh.observability.logs import get_logger
 
@@ -29,26 +29,38 @@ log = get_logger("taskmesh.runtime.notify")
 _Key = tuple[str | None, str | None, str | None]
 
 
-class _Notifier(WatchDog):
-    """``WatchDog`` plus the assignments it lacks (``STOPPING=1``, several in one datagram)."""
+class _Notifier:
+    """A datagram socket that sends sd_notify(3) assignments to ``address``.
 
-    failed = False
+    :param address: ``NOTIFY_SOCKET``: a filesystem path, or ``@name`` for ``name`` in the
+        abstract namespace (the ``@`` stands for the leading NUL byte of the socket address).
+    :param watchdog_usec: ``WATCHDOG_USEC`` when the watchdog is on for this process, else ``None``.
+    """
+
+    def __init__(self, address: str, watchdog_usec: int | None) -> None:
+        self.address = "\0" + address[1:] if address.startswith("@") else address
+        self.watchdog_usec = watchdog_usec
+        self.failed = False
+        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.socket.setblocking(False)  # a full queue drops the datagram instead of stalling the event loop
 
     def send(self, *assignments: str) -> None:
-        """Send ``KEY=value`` assignments in one datagram, as sd_notify(3) allows."""
+        """Send ``KEY=value`` assignments in one datagram, as sd_notify(3) allows (never raises)."""
         try:
-            self._send("".join(f"{a}\n" for a in assignments))
+            self.socket.sendto("".join(f"{a}\n" for a in assignments).encode(), self.address)
         except OSError as exc:
             if not self.failed:  # once: a service manager that went away is not news every 15 s
                 self.failed = True
                 log.warning("sd_notify_failed", socket=os.environ.get("NOTIFY_SOCKET"), error=str(exc))
 
-    @property
-    def watchdog_usec(self) -> int | None:
-        """``WATCHDOG_USEC`` when it is set, positive and meant for this process (``WATCHDOG_PID``)."""
-        if self.timeout_td == self._default_timeout:  # the library leaves its default when the watchdog is off
-            return None
-        return self.timeout or None
+
+def _watchdog_usec(usec: str | None, pid: str | None) -> int | None:
+    """``WATCHDOG_USEC`` when it is a positive integer meant for this process (``WATCHDOG_PID``, if set)."""
+    if not usec or not usec.isdigit() or int(usec) <= 0:
+        return None
+    if pid and pid != str(os.getpid()):
+        return None
+    return int(usec)
 
 
 _cached: tuple[_Key, _Notifier | None] | None = None
@@ -61,12 +73,8 @@ def _notifier() -> _Notifier | None:
     if _cached is not None and _cached[0] == key:
         return _cached[1]
     if _cached is not None and _cached[1] is not None:
-        _cached[1]._socket.close()
-    notifier = None
-    if key[0]:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setblocking(False)  # a full queue drops the datagram instead of stalling the event loop
-        notifier = _Notifier(sock=sock)
+        _cached[1].socket.close()
+    notifier = _Notifier(key[0], _watchdog_usec(key[1], key[2])) if key[0] else None
     _cached = (key, notifier)
     return notifier
 
