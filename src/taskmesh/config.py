@@ -464,6 +464,10 @@ class Settings(BaseSettings):
         default=60.0, gt=0, le=86400, validation_alias=_aliases("service_restart_window_seconds")
     )
     """The window of ``service_restarts``, seconds."""
+    http_enabled: bool = Field(default=True, validation_alias=_aliases("http_enabled"))
+    """Listen for HTTP at all (the ``server`` extra); off (``taskmesh worker``), the instance serves
+    no port, not even ``/healthz``, ``/readyz`` or ``/metrics``: its heartbeat row and systemd's
+    watchdog say it lives."""
     api_enabled: bool = Field(default=True, validation_alias=_aliases("api_enabled"))
     """Serve the ``/api/v1`` routes; off, the port still serves ``/healthz``, ``/readyz`` and ``/metrics``."""
     workers_enabled: bool = Field(default=True, validation_alias=_aliases("workers_enabled"))

@@ -19,6 +19,9 @@ from types import FrameType
 
 BARE_RUN: tuple[list[str], ...] = ([], ["run"])
 """Command lines (after the program's name) that start an instance without loading the command line."""
+BARE_WORKER: list[str] = ["worker"]
+"""The command line (after the program's name) that starts an instance's workers alone, without HTTP:
+with :data:`BARE_RUN`, what runs without the ``cli`` extra (``pip install taskmesh`` alone)."""
 
 
 def main() -> None:
@@ -31,7 +34,8 @@ def main() -> None:
 
     previous = signal.signal(signal.SIGINT, note)
     try:
-        start = _bare_run() if sys.argv[1:] in BARE_RUN else _command_line()
+        args = sys.argv[1:]
+        start = _bare_run() if args in BARE_RUN else _bare_worker() if args == BARE_WORKER else _command_line()
     finally:
         signal.signal(signal.SIGINT, previous)
     if pressed:
@@ -45,7 +49,24 @@ def _bare_run() -> Callable[[], None]:
     return lambda: exits.exit_process(exits.run(instance.run))
 
 
+def _bare_worker() -> Callable[[], None]:
+    from taskmesh.cli import exits, instance
+
+    return lambda: exits.exit_process(exits.run(instance.worker))
+
+
 def _command_line() -> Callable[[], None]:
+    from taskmesh.errors import ConfigError
+    from taskmesh.extras import require_extra
+
+    try:
+        require_extra("cli", "the command line", hint="taskmesh run and taskmesh worker run without it")
+    except ConfigError as exc:
+        from taskmesh.cli.exit_codes import ExitCode
+        from taskmesh.cli.exits import error
+
+        error(exc)
+        return lambda: sys.exit(ExitCode.USAGE)
     from taskmesh.cli.app import exit_main
 
     return exit_main

@@ -20,7 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
-from taskmesh import __version__
+from taskmesh import __version__, extras
 from taskmesh.api import errors
 from taskmesh.api.audit_trail import AuditTrail
 from taskmesh.api.auth import SCOPE_OF
@@ -30,8 +30,11 @@ from taskmesh.api.observe import ObserveRequests
 from taskmesh.api.routes import audit, health, keys, queues, schedules, tasks, workers
 from taskmesh.api.state import AppState
 from taskmesh.console.lazy import serve_console
+from taskmesh.observability.logs import get_logger
 
 __all__ = ["AppState", "create_app"]
+
+log = get_logger("taskmesh.api")
 
 
 def create_app(
@@ -52,7 +55,8 @@ def create_app(
     :param cors_allowed_origins: web origins whose pages may read the API's answers (CORS); none:
         no CORS headers at all.
     :param console_enabled: serve the web console under ``/console`` (only with ``api_enabled``: its
-        pages read and act through the API).
+        pages read and act through the API; without the ``console`` extra, ``console_unavailable``
+        is logged and the API serves on).
     """
     app = FastAPIOffline(
         title="taskmesh",
@@ -78,8 +82,13 @@ def create_app(
         for router in (tasks.router, queues.router, schedules.router, workers.router, keys.router, audit.router):
             _name_scopes(router)
             app.include_router(router)
-        if console_enabled:
+        if console_enabled and extras.installed("console"):
             serve_console(app)
+        elif console_enabled:  # the API serves on: the console is the optional part
+            log.warning(
+                "console_unavailable",
+                reason=extras.message("console", "the web console", "or set console_enabled = false"),
+            )
     app.include_router(health.router)
     if serve_metrics:
         app.include_router(health.metrics_router)

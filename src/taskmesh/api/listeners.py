@@ -16,6 +16,7 @@ import anyio
 
 from taskmesh.api.app import create_app
 from taskmesh.api.hygiene import LOOPBACK_HOSTS
+from taskmesh.api.policy import is_loopback
 from taskmesh.api.server import HttpLimits, Server, bind_http, make_server
 from taskmesh.api.state import AppState
 from taskmesh.config import Settings
@@ -96,13 +97,3 @@ def allowed_hosts(settings: Settings, host: str) -> list[str]:
     if settings.allowed_hosts:
         return settings.allowed_hosts
     return list(LOOPBACK_HOSTS) if is_loopback(host) else ["*"]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -7,7 +7,8 @@ active key would serve everyone's tasks to no one, so it stops with :data:`NO_KE
 
 from __future__ import annotations
 
-from taskmesh.api.listeners import is_loopback
+import ipaddress
+
 from taskmesh.api.principals import KeyCache, RatePolicy
 from taskmesh.api.quotas import Quotas
 from taskmesh.api.state import AppState, ServedQueues
@@ -25,6 +26,16 @@ NO_KEY = (
     'auth = "none" (TASKMESH_AUTH=none) to serve without keys'
 )
 """The configuration error of an instance that may not serve (format it with ``host``)."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def rate_policies(settings: Settings) -> dict[str, RatePolicy]:
@@ -47,7 +58,9 @@ def app_state(settings: Settings, metrics: Metrics, own_names: list[str] | None)
         metrics=metrics,
         queues=list(settings.queue_names),
         served=ServedQueues(own=own, own_names=None if own_names is None else frozenset(own_names)),
-        keys=KeyCache(enforce=settings.auth == "keys", loopback=is_loopback(settings.http_host)),
+        keys=KeyCache(
+            enforce=settings.auth == "keys", loopback=not settings.http_enabled or is_loopback(settings.http_host)
+        ),
         metrics_protected=settings.metrics_auth == "scope",
         rate_policies=rate_policies(settings),
         rate_burst_seconds=settings.rate_limit_burst_seconds,
@@ -64,7 +77,7 @@ async def may_serve(settings: Settings, state: AppState, stores: Stores) -> bool
     (loopback, no key yet; logged by the key cache, and ``auth_enforced`` once a key exists).
     Asks PostgreSQL through its outages (it returns once it has an answer).
     """
-    if not settings.api_enabled:  # a worker-only instance serves /healthz, /readyz and /metrics only
+    if not (settings.api_enabled and settings.http_enabled):  # a worker-only instance serves no API
         return True
     if settings.auth != "keys":
         log.warning("auth_disabled", setting='auth = "none"', http=settings.http_host)

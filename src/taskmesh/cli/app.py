@@ -43,7 +43,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-PLATFORM = {None: "run", "run": "run", "dev": "dev", "migrate": "migrate"}
+PLATFORM = {None: "run", "run": "run", "worker": "worker", "dev": "dev", "migrate": "migrate"}
 """The commands that run the platform rather than talk to an instance (``None``: no command, ``run``)."""
 
 
@@ -111,6 +111,7 @@ def _refuse_connection_flags(ctx: typer.Context, command: str) -> None:
 
 
 app.command("run")(instance.run)
+app.command("worker")(instance.worker)
 app.command("dev")(instance.dev)
 app.command("migrate")(instance.migrate)
 app.add_typer(schedules.app, name="schedules")

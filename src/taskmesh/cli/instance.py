@@ -51,6 +51,31 @@ def run() -> None:
     anyio.run(supervisor.run, settings, default_registry, backend_options=backend_options())
 
 
+def worker() -> None:
+    """Run an instance's workers without HTTP: what ``pip install taskmesh`` runs, with no extra.
+
+    As ``taskmesh run`` with ``http_enabled`` and ``api_enabled`` off: the fetchers, executors,
+    scheduler and maintenance services of the configured queues, and no port at all (no
+    ``/healthz``, ``/readyz`` or ``/metrics``: the worker's heartbeat row, ``taskmesh workers``
+    elsewhere and systemd's watchdog say it lives). Configuration and exit statuses as ``run``.
+
+    Examples:
+
+    ```
+    DATABASE_URL=postgresql://app@db/app REDIS_URL=redis://cache:6379/0 TASKMESH_HANDLERS=myapp.tasks taskmesh worker
+    python -m taskmesh worker
+    ```
+    """
+    from taskmesh.config import check_schedule_tasks
+    from taskmesh.runtime import supervisor
+    from taskmesh.tasks.registry import default_registry, load_modules
+
+    settings = _settings().model_copy(update={"http_enabled": False, "api_enabled": False, "metrics_port": None})
+    load_modules(settings.handlers)
+    check_schedule_tasks(settings, set(default_registry.names()), default_registry.fallback is not None)
+    anyio.run(supervisor.run, settings, default_registry, backend_options=backend_options())
+
+
 def dev() -> None:
     """Run one instance on an embedded PostgreSQL and Valkey, with the demo handler for unknown task names.
 

@@ -42,11 +42,11 @@ import socket
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from taskmesh import __version__
-from taskmesh.api.listeners import HttpListener, bind_listeners
+from taskmesh import __version__, extras
 from taskmesh.api.policy import NO_KEY, app_state, may_serve
 from taskmesh.api.state import AppState
 from taskmesh.config import Settings, check_schedule_tasks, require_stores
@@ -69,6 +69,9 @@ from taskmesh.store.redis_clients import is_sentinel_url
 from taskmesh.tasks.advertised import handled_names, handler_options
 from taskmesh.tasks.models import Outcome, RunResult
 from taskmesh.tasks.registry import Registry
+
+if TYPE_CHECKING:
+    from taskmesh.api.listeners import HttpListener
 
 log = get_logger("taskmesh.runtime.supervisor")
 
@@ -135,6 +138,7 @@ async def run(
     :raises ServiceFailedError: a critical service exhausted its restart budget (after
         the graceful shutdown it caused).
     """
+    http = _http_module(settings)
     database_url, redis_url = require_stores(settings)
     check_schedule_tasks(settings, set(registry.names()), registry.fallback is not None)
     inst = instance or Instance()
@@ -143,15 +147,15 @@ async def run(
     metrics = Metrics(task_names=registry, queues=settings.queue_names)  # bounded labels
     current_metrics.set(metrics)  # this task and the services it starts count their store errors here
     state = inst.state = app_state(settings, metrics, handled_names(registry))
-    listeners = bind_listeners(settings, state, metrics)
-    inst.port = listeners[0].port
-    inst.metrics_port = listeners[-1].port if settings.metrics_port is not None else None
+    listeners: list[HttpListener] = [] if http is None else http.bind_listeners(settings, state, metrics)
+    inst.port = listeners[0].port if listeners else None
+    inst.metrics_port = listeners[-1].port if listeners and settings.metrics_port is not None else None
     log.info(
         "instance_starting",
         worker_id=inst.worker_id,
         version=__version__,
-        http=f"{settings.http_host}:{inst.port}",
-        metrics_http=None if len(listeners) == 1 else f"{listeners[-1].host}:{inst.metrics_port}",
+        http=f"{settings.http_host}:{inst.port}" if listeners else None,
+        metrics_http=None if len(listeners) < 2 else f"{listeners[-1].host}:{inst.metrics_port}",
         queues={q: settings.concurrency_of(q) for q in settings.queue_names},
         handlers=registry.names(),
         fallback=registry.fallback.name if registry.fallback else None,
@@ -174,6 +178,27 @@ async def run(
         raise fatal[0]
     if inst.failed is not None:
         raise ServiceFailedError(*inst.failed)
+
+
+def _http_module(settings: Settings) -> Any:
+    """:mod:`taskmesh.api.listeners` (imported here: it loads FastAPI and uvicorn), or ``None`` with
+    ``http_enabled`` off.
+
+    :raises MissingExtraError: HTTP is on and the ``server`` extra is not installed.
+    :raises ConfigError: ``metrics_port`` is set with ``http_enabled`` off.
+    """
+    if not settings.http_enabled:
+        if settings.metrics_port is not None:
+            raise ConfigError("metrics_port: set, but http_enabled is off (no HTTP listener at all)")
+        return None
+    extras.require_extra(
+        "server",
+        "the HTTP API (taskmesh run, python -m taskmesh)",
+        hint="or run workers alone, without HTTP: taskmesh worker",
+    )
+    from taskmesh.api import listeners
+
+    return listeners
 
 
 def _signals(inst: Instance, monitor: LoopMonitor, settings: Settings, database_url: str) -> ShutdownSignals:
@@ -204,7 +229,8 @@ async def _run_root(
     fatal: list[BaseException],
 ) -> None:
     """The instance's root task group: HTTP, the loop monitor, the watchdog, the table's rows, the stores' work."""
-    settings, state, api = p.settings, p.state, listeners[0]
+    settings, state = p.settings, p.state
+    api = listeners[0] if listeners else None
     runner = inst.services = ServiceRunner(inst.worker_id, state.services, inst.budget, p.metrics, inst.service_failed)
 
     async def stop_http() -> None:
@@ -218,9 +244,11 @@ async def _run_root(
             root.start_soon(listener.serve)
         for row in service_table(p):  # the rows that need no store: the worker processes
             runner.start(root, row)
-        root.start_soon(notify.watchdog, lambda: api.server.started and not api.done.is_set())
+        # Without HTTP a running loop is the liveness the watchdog pings for.
+        root.start_soon(notify.watchdog, lambda: api is None or (api.server.started and not api.done.is_set()))
         inst.serving.set()
-        notify.status(f"connecting to PostgreSQL and Redis; HTTP on {settings.http_host}:{inst.port}")
+        http = f"HTTP on {settings.http_host}:{inst.port}" if api else "no HTTP"
+        notify.status(f"connecting to PostgreSQL and Redis; {http}")
         clock = StoreClock()
         try:
             stores = await connect_until_stopped(settings, *urls, clock, inst.stop, state.startup)
@@ -325,7 +353,8 @@ async def _run_services(p: Parts, up: Serving, inst: Instance, runner: ServiceRu
         inst.ready.set()
         n = sum(pool.concurrency for pool in up.pools)
         serving = f"{n} executors on {', '.join(pool.queue for pool in up.pools)}" if up.pools else "no workers"
-        notify.ready(f"ready: {serving}; HTTP on port {inst.port}")
+        http = f"HTTP on port {inst.port}" if inst.port is not None else "no HTTP"
+        notify.ready(f"ready: {serving}; {http}")
         log.info("instance_ready", worker_id=inst.worker_id)
         await inst.stop.wait()
         p.state.draining = True

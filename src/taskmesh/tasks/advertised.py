@@ -5,7 +5,9 @@ Each instance writes, with every heartbeat, the options of the handlers it has r
 :func:`handler_options`). A create through an instance, or a client, that lacks a name's handler
 routes and checks the task by that advertisement (``tasks.py``): the handler's queue when the
 request names none, its ``max_retries``, its payload checked against the advertised JSON Schema
-(``payload_schema.py``). The dev profile's demo fallback refuses a name a live instance advertises
+(``payload_schema.py``, with the ``schemas`` extra: without it, a base install logs
+``payload_schemas_unchecked`` once and stores such payloads unchecked, for the handler's own check
+to refuse a bad one when it runs). The dev profile's demo fallback refuses a name a live instance advertises
 (``services/executor.py``), so that it never "completes" a task a real handler was waiting for.
 
 :class:`AdvertisedHandlers` reads the advertisements of instances whose heartbeat is fresher than
@@ -19,19 +21,23 @@ once per name per ``UNKNOWN_LOG_SECONDS``).
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from taskmesh import extras
 from taskmesh.errors import StoreError
 from taskmesh.observability.logs import get_logger
 from taskmesh.store import PgStore
-from taskmesh.tasks.payload_schema import PayloadSchema
 from taskmesh.tasks.registry import Registry
 from taskmesh.tasks.validation import MAX_RETRIES_LIMIT, NAME_REGEX
+
+if TYPE_CHECKING:
+    from taskmesh.tasks.payload_schema import PayloadSchema
 
 log = get_logger("taskmesh.tasks.advertised")
 _NAME = re.compile(NAME_REGEX)
@@ -158,7 +164,9 @@ def _advertisement(row: Any) -> Advertisement:
     options = options if isinstance(options, dict) else {}
     payload: PayloadSchema | None = None
     schema = options.get("payload_schema")
-    if isinstance(schema, dict):
+    if isinstance(schema, dict) and _schemas_installed():
+        from taskmesh.tasks.payload_schema import PayloadSchema
+
         try:
             payload = PayloadSchema(schema)
         except ValueError as exc:
@@ -172,3 +180,15 @@ def _advertisement(row: Any) -> Advertisement:
         payload=payload,
         worker_id=row["worker_id"],
     )
+
+
+@functools.cache
+def _schemas_installed() -> bool:
+    """Whether jsonschema is here to check advertised payload schemas; logged once when it is not."""
+    if extras.installed("schemas"):
+        return True
+    log.warning(
+        "payload_schemas_unchecked",
+        reason=extras.message("schemas", "checking payloads against the schema another instance advertises"),
+    )
+    return False
