@@ -2,7 +2,9 @@
 on the machine's stores, and the commands of a missing extra refused in words that name it.
 
 One venv per test session (the wheel built from the working tree, its dependencies from the package
-index as pip is configured here): about half a minute of pip, hence the ``install`` marker.
+index as pip is configured here): about half a minute of pip, hence the ``install`` marker. The venv's
+Python is the tests' own, or TASKMESH_TEST_FRESH_PYTHON (``python3.13``: the supported versions of
+``docs/supported-versions.md`` were checked that way).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     wheels = root / "wheels"
     pip = [sys.executable, "-m", "pip", "--quiet"]
     subprocess.run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(ROOT)], check=True, timeout=300)
-    subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=120)
+    interpreter = os.environ.get("TASKMESH_TEST_FRESH_PYTHON", sys.executable)
+    subprocess.run([interpreter, "-m", "venv", str(root / "venv")], check=True, timeout=120)
     (wheel,) = wheels.glob("taskmesh-*.whl")
     python = str(root / "venv" / "bin" / "python")
     subprocess.run(

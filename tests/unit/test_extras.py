@@ -13,6 +13,8 @@ from taskmesh import extras
 from tests.proc import ROOT
 
 OPTIONAL = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+TOOLING = {"all", "dev", "docs"}
+"""Extras that are not a part a user runs: ``all`` itself, the tests' and lint tools, the docs site's."""
 
 
 def requirements_of(extra: str) -> set[str]:
@@ -37,7 +39,7 @@ def test_each_module_the_table_checks_comes_with_its_extra(extra: str) -> None:
 
 
 def test_all_is_every_extra_a_user_can_run() -> None:
-    users = set(OPTIONAL) - {"all", "dev"}
+    users = set(OPTIONAL) - TOOLING
     assert set(extras.MODULES) <= users
     assert requirements_of("all") == set().union(*(requirements_of(e) for e in users))
 
