@@ -8,14 +8,15 @@ from typing import Any
 import pytest
 import structlog
 
-from taskmesh import extras, supervisor
+from taskmesh import extras
 from taskmesh.api.app import create_app
 from taskmesh.api.state import AppState
-from taskmesh.client import Client
+from taskmesh.clients.client import Client
 from taskmesh.console.lazy import LazyConsole
 from taskmesh.errors import ConfigError
-from taskmesh.metrics import Metrics
-from taskmesh.registry import Registry
+from taskmesh.observability.metrics import Metrics
+from taskmesh.runtime import supervisor
+from taskmesh.tasks.registry import Registry
 
 pytestmark = pytest.mark.anyio
 
