@@ -8,7 +8,6 @@ naming its setting.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from dataclasses import dataclass, field
 
