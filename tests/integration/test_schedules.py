@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,10 +20,10 @@ from taskmesh.runtime.clock import ManualClock, Waker
 from taskmesh.schedules.schedules import Schedules
 from taskmesh.services import scheduler
 from taskmesh.store import PgStore, Stores
-from taskmesh.store.postgres import connect_options
 from taskmesh.tasks.registry import Registry
 from taskmesh.tasks.tasks import Tasks
 from tests.conftest import POOLER, http, wait_for
+from tests.one_connection import OneConnectionPool, one_connection_pool
 
 pytestmark = pytest.mark.anyio
 
@@ -49,9 +50,16 @@ def report_handler(registry: Registry) -> None:
 
 
 @pytest.fixture
-def make(clean: asyncpg.Pool, stores: Stores) -> Callable[..., Schedules]:
+async def one(clean: asyncpg.Pool, database_url: str) -> AsyncIterator[OneConnectionPool]:
+    """The schedules' pool: one connection, so that a fire taking a second one fails the test."""
+    async with one_connection_pool(database_url, POOLER) as p:
+        yield p
+
+
+@pytest.fixture
+def make(one: OneConnectionPool, stores: Stores) -> Callable[..., Schedules]:
     def build(*declared: ScheduleSettings, pool: asyncpg.Pool | None = None) -> Schedules:
-        tasks = Tasks(PgStore(pool or clean), stores.redis, metrics=Metrics())
+        tasks = Tasks(PgStore(pool or one), stores.redis, metrics=Metrics())
         return Schedules(tasks, declared)
 
     return build
@@ -121,9 +129,8 @@ async def test_the_scheduler_sleeps_until_the_next_fire_and_not_before(make: Cal
 async def test_several_schedulers_on_one_database_fire_each_time_once(
     make: Callable[..., Schedules], database_url: str, instances: int
 ) -> None:
-    options = connect_options(POOLER)
-    pools = [await asyncpg.create_pool(database_url, min_size=1, max_size=3, **options) for _ in range(instances)]
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        pools = [await stack.enter_async_context(one_connection_pool(database_url, POOLER)) for _ in range(instances)]
         many = [make(sched(), sched("hourly", "0 * * * *"), pool=p) for p in pools]
         for s in many:
             await s.sync(T0)
@@ -136,9 +143,6 @@ async def test_several_schedulers_on_one_database_fire_each_time_once(
         assert len(keys) == 30 == len(set(keys))
         assert sum(fires_of(s, "every-minute", "fired") for s in many) == 30
         assert sum(fires_of(s, "every-minute", "duplicate") for s in many) == 0
-    finally:
-        for p in pools:
-            await p.close()
 
 
 async def test_an_instance_dying_between_the_task_and_the_row_makes_no_second_task(
@@ -423,9 +427,15 @@ async def test_the_list_flags_overdue_rows_and_survives_an_unreadable_one(
 async def test_fires_need_one_pool_connection_only(
     start_instance: Callable[..., Any], report_handler: None, clean: asyncpg.Pool
 ) -> None:
+    # The smallest pool an instance takes is two: the test holds one of them, so that a fire
+    # taking a second connection waits for ever (with every other service behind it) and
+    # no fire is made, instead of finding the other one free as it nearly always would.
     tick = {"name": "tick", "cron": "* * * * * *", "task": "report.build"}
-    async with start_instance(schedules=[tick], pg_pool_size=2):
-        await wait_for(lambda: _at_least(clean, 2), timeout=15)
+    async with start_instance(schedules=[tick], pg_pool_size=2) as inst:
+        assert inst.state is not None and inst.state.stores is not None
+        async with inst.state.stores.pg.pool.acquire():
+            before: int = await clean.fetchval("SELECT count(*) FROM tasks WHERE type = 'cron'")
+            await wait_for(lambda: _at_least(clean, before + 2), timeout=15)
 
 
 async def _at_least(pool: asyncpg.Pool, n: int) -> bool:
