@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,6 +25,8 @@ from taskmesh.tasks.registry import Registry
 from taskmesh.tasks.tasks import Tasks
 from taskmesh.tasks.validation import parse_task_spec
 from tests.conftest import http, wait_for
+from tests.proc import running
+from tests.process_pool import handlers
 
 pytestmark = pytest.mark.anyio
 
@@ -200,7 +204,7 @@ async def test_a_dataclass_payload_is_decoded_for_the_handler(start_instance: An
 
 
 async def test_a_run_over_its_timeout_is_cancelled_and_counts_as_a_failure(
-    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     finished: list[str] = []
 
@@ -209,16 +213,23 @@ async def test_a_run_over_its_timeout_is_cancelled_and_counts_as_a_failure(
         await anyio.sleep(30)
         finished.append("async")
 
-    @registry.task("slow.sync", timeout=0.2)
-    def slow_sync(payload: Any) -> None:
-        time.sleep(1)
-        finished.append("sync")
+    # Importable by name, so it runs in a handler process (a closure would run in a thread,
+    # which no timeout can stop); it tells from there whether it was stopped.
+    registry.task("slow.sync", timeout=0.2)(handlers.sleep_then_mark)
+    seconds = 1.0
 
     async with start_instance(worker_concurrency=2) as inst:
         a = await enqueue(inst, name="slow.async", max_retries=0)
-        b = await enqueue(inst, name="slow.sync", max_retries=1)
+        b = await enqueue(inst, name="slow.sync", max_retries=1, payload={"dir": str(tmp_path), "seconds": seconds})
         ra = await settled(inst, a, "failed")
         await wait_for(lambda: _first_run_ended(pool, b), timeout=10)
+        pid_file = tmp_path / "pid.1"
+        pid = int(pid_file.read_text())
+        assert pid != os.getpid()  # it ran in a handler process
+        assert not running(pid), "the handler process outlived its run's timeout"
+        # Past the end of the handler's sleep: a handler left running would have marked it by now.
+        await anyio.sleep(max(0.0, pid_file.stat().st_mtime + seconds + 0.3 - time.time()))
+        assert not (tmp_path / "done.1").exists(), "the timed-out handler ran to its end"
     assert ra["latest_run"]["error"] == "timed out after 0.2 s"
     runs = await runs_of(pool, b)
     assert runs[0]["error"] == "timed out after 0.2 s" and runs[0]["status"] == "retrying"

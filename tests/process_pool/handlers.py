@@ -109,6 +109,15 @@ def write_pid_and_sleep(payload: dict[str, Any]) -> None:
     time.sleep(float(payload.get("seconds", 60)))
 
 
+def sleep_then_mark(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Writes its pid to ``pid.<attempt>`` in ``payload["dir"]``, sleeps ``seconds``, then writes
+    ``done.<attempt>`` there: a handler stopped in its sleep never writes the second file."""
+    folder = Path(payload["dir"])
+    (folder / f"pid.{ctx.attempt}").write_text(str(os.getpid()))
+    time.sleep(float(payload["seconds"]))
+    (folder / f"done.{ctx.attempt}").write_text(str(os.getpid()))
+
+
 def ignore_sigterm_and_sleep(payload: dict[str, Any]) -> None:
     """Ignores SIGTERM, writes its pid, sleeps: only SIGKILL ends it."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
