@@ -37,8 +37,9 @@ lock:
 run: install
 	$(BIN)/python -m taskmesh dev
 
-# Installs nothing from the system package manager: a deployment test whose tool is missing
-# skips and names the tool and `make deploy-tools`.
+# Installs nothing from the system package manager: a test whose tool is missing skips and
+# names the tool and `make deploy-tools`; `TASKMESH_TEST_REQUIRE_TOOLS=1 make test` (as .ci/run
+# runs it) fails it instead.
 # Two pytest processes (pytest-xdist): most tests wait on real processes, stores and clocks, so
 # two of them share the machine's two cores well; each has its own database and key prefixes.
 # `make test PYTEST_WORKERS=0` runs them in one process.
@@ -73,9 +74,10 @@ test: install
 # missing: nginx, systemd and faketime as root with apt-get; promtool
 # alone is unpacked from Debian's prometheus package (no Prometheus server is installed or
 # started) into /usr/local/bin as root, else into .venv/bin. Where that fails, those tests skip
-# and say why. supervisord, PyYAML and hadolint come from PyPI with the dev extra.
+# and say why, or fail with TASKMESH_TEST_REQUIRE_TOOLS=1 (as .ci/run sets; tests/tools.py).
+# supervisord, PyYAML and hadolint come from PyPI with the dev extra.
 DEPLOY_TOOLS := nginx:nginx systemd-analyze:systemd faketime:faketime chromium:chromium chromedriver:chromium-driver pgbouncer:pgbouncer \
-	redis-server:redis-server redis-cli:redis-tools
+	redis-server:redis-server redis-cli:redis-tools openssl:openssl
 deploy-tools: | $(STAMP)
 	@missing=""; for pair in $(DEPLOY_TOOLS); do tool=$${pair%%:*}; pkg=$${pair#*:}; \
 		PATH="$$PATH:/usr/sbin:/sbin" command -v $$tool >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \

@@ -11,7 +11,6 @@ import contextlib
 import functools
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import time
@@ -38,6 +37,7 @@ from taskmesh.tasks.tasks import Tasks
 from tests.pgbouncer import PgBouncer, through
 from tests.proc import free_port
 from tests.redis_topologies import Cluster, SentinelSet, started
+from tests.tools import require_tool
 
 
 @pytest.fixture(scope="session")
@@ -270,11 +270,9 @@ def redis_server(*args: str, tls: bool = False) -> Iterator[int]:
 
     :param tls: the port speaks TLS only (``args`` name the certificate and key).
     Ready once the port accepts connections (so a TLS-only server counts too); stopped on exit.
-    Skips the test when ``redis-server`` is not on PATH.
+    Skips the test when ``redis-server`` is not on PATH (fails it under ``TASKMESH_TEST_REQUIRE_TOOLS``).
     """
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not on PATH")
+    server = require_tool("redis-server", "Debian package redis-server", "no Redis of the test's own was started")
     port = free_port()
     listen = ["--port", "0", "--tls-port", str(port)] if tls else ["--port", str(port)]
     command = [server, *listen, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *args]

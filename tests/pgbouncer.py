@@ -18,19 +18,18 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
-import pytest
-
 from tests.proc import free_port
+from tests.tools import require_tool
 
 
 def binary() -> str:
     """The pgbouncer program; skips the test when it is missing."""
-    found = shutil.which("pgbouncer") or next(
-        (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.access(p, os.X_OK)), None
+    return require_tool(
+        "pgbouncer",
+        "Debian package pgbouncer",
+        "nothing went through a transaction pooler",
+        also=["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"],
     )
-    if found is None:
-        pytest.skip("pgbouncer is not installed: run `make deploy-tools` (apt-get install pgbouncer)")
-    return found
 
 
 def through(url: str, address: str) -> str:

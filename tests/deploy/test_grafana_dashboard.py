@@ -15,9 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.deploy import promql, tool_missing
+from tests.deploy import promql
+from tests.tools import tool_missing
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "taskmesh.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -145,9 +144,9 @@ def test_dashboard_charts_throughput_failures_latency_depths_workers_schedules_h
 
 
 def test_promtool_parses_every_dashboard_expression(tmp_path: Path) -> None:
-    tool = promql.promtool()
-    if tool is None:
-        pytest.skip(tool_missing("promtool", "prometheus", "the dashboard's PromQL was not parsed"))
+    tool = promql.promtool() or tool_missing(
+        "promtool", "Debian package prometheus", "the dashboard's PromQL was not parsed"
+    )
     rules = [
         {"record": f"taskmesh:dashboard:expr{i}", "expr": re.sub(r"\$__\w+", "5m", expr)}
         for i, (_, expr) in enumerate(expressions(load()))

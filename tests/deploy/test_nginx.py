@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -21,8 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.deploy import DEPLOY, tool_missing
+from tests.deploy import DEPLOY
 from tests.proc import free_port, spawn, stores_env, wait_until
+from tests.tools import require_tool
 
 __all__ = ["spawn"]  # a fixture, used by name
 
@@ -33,10 +33,9 @@ SHIPPED = DEPLOY / "nginx" / "taskmesh.conf"
 
 @pytest.fixture
 def nginx() -> str:
-    tool = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
-    if tool is None:
-        pytest.skip(tool_missing("nginx", "nginx", "deploy/nginx/taskmesh.conf was not checked"))
-    return tool
+    return require_tool(
+        "nginx", "Debian package nginx", "deploy/nginx/taskmesh.conf was not checked", also=["/usr/sbin/nginx"]
+    )
 
 
 def wrapper(folder: Path, api_port: int, listen_port: int) -> Path:

@@ -12,21 +12,20 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
+import yaml
 
-from tests.deploy import promql, tool_missing
+from tests.deploy import promql
+from tests.tools import tool_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "alerts.test.yml"
 
-yaml = pytest.importorskip("yaml", reason="PyYAML (the dev extra) is needed to read the rule files")
-
 
 def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    tool = promql.promtool()
-    if tool is None:
-        pytest.skip(tool_missing("promtool", "prometheus", "the alert rules were not checked"))
+    tool = promql.promtool() or tool_missing(
+        "promtool", "Debian package prometheus", "the alert rules were not checked"
+    )
     return subprocess.run([tool, *args], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
 
 

@@ -8,7 +8,6 @@ runs this interpreter, otherwise the shipped file unchanged.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from taskmesh.config import Settings
-from tests.deploy import DEPLOY, tool_missing
+from tests.deploy import DEPLOY
+from tests.tools import require_tool, tool_missing
 
 SHIPPED = DEPLOY / "systemd" / "taskmesh.service"
 EXPOSURE_MAX = 2.0
@@ -38,12 +38,12 @@ def service_options(text: str) -> dict[str, list[str]]:
 
 @pytest.fixture
 def systemd_analyze() -> str:
-    tool = shutil.which("systemd-analyze") or (
-        "/usr/bin/systemd-analyze" if Path("/usr/bin/systemd-analyze").exists() else None
+    return require_tool(
+        "systemd-analyze",
+        "Debian package systemd",
+        "deploy/systemd/taskmesh.service was not verified",
+        also=["/usr/bin/systemd-analyze"],
     )
-    if tool is None:
-        pytest.skip(tool_missing("systemd-analyze", "systemd", "deploy/systemd/taskmesh.service was not verified"))
-    return tool
 
 
 @pytest.fixture
@@ -81,7 +81,11 @@ def test_the_units_exposure_stays_low(systemd_analyze: str, unit: Path) -> None:
         timeout=60,
     )
     if "--offline" in done.stderr and "unrecognized" in done.stderr:
-        pytest.skip(f"this systemd-analyze has no --offline (systemd < 252): {done.stderr.strip()}")
+        tool_missing(
+            "systemd-analyze --offline",
+            "systemd 252 or newer",
+            f"the unit's exposure was not scored ({done.stderr.strip()})",
+        )
     score = re.search(r"Overall exposure level for taskmesh\.service: ([0-9.]+)", done.stdout)
     assert score is not None, done.stdout + done.stderr
     assert float(score.group(1)) <= EXPOSURE_MAX and done.returncode == 0, done.stdout

@@ -14,7 +14,6 @@ Every instant compared is PostgreSQL's: the rows' ``created_at``, ``run_at``,
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import urllib.request
 import uuid
@@ -28,14 +27,13 @@ import pytest
 
 from taskmesh.runtime.clock import StoreClock
 from taskmesh.store import PgStore
-from tests.deploy import tool_missing
 from tests.proc import Proc, call, spawn, stop, stores_env, wait_until
+from tests.tools import require_tool
 
 __all__ = ["spawn"]  # a fixture, used by name
 
 pytestmark = pytest.mark.anyio
 
-FAKETIME = shutil.which("faketime")
 SKEW_SECONDS = 600.0
 
 
@@ -67,21 +65,17 @@ def _events(proc: Proc, name: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    FAKETIME is None,
-    reason=tool_missing("faketime", "faketime", "an instance with a wrong host clock was not run"),
-)
 @pytest.mark.parametrize("skew", ["+10m", "-10m"], ids=["ten-minutes-fast", "ten-minutes-slow"])
 @pytest.mark.usefixtures("redis_client")
 async def test_an_instance_with_a_wrong_clock_keeps_due_times_and_fires_on_postgresqls_clock(
     spawn: Any, database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, skew: str
 ) -> None:
-    assert FAKETIME is not None
+    faketime = require_tool("faketime", "Debian package faketime", "an instance with a wrong host clock was not run")
     sign = 1 if skew.startswith("+") else -1
     await pool.execute("TRUNCATE schedules")
     schedules = json.dumps([{"name": "tick", "cron": "* * * * * *", "task": "noop"}])
     env = stores_env(database_url, redis_url, prefix, TASKMESH_SCHEDULES=schedules, FAKETIME_DONT_FAKE_MONOTONIC="1")
-    proc: Proc = spawn(wrap=[FAKETIME, "-f", skew], **env)
+    proc: Proc = spawn(wrap=[faketime, "-f", skew], **env)
     wait_until(lambda: call(proc.port, "GET", "/readyz")[0] == 200, timeout=20, proc=proc)
 
     # The premise: the instance's own clock is 10 minutes off PostgreSQL's (its log's timestamps).

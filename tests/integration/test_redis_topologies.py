@@ -11,7 +11,6 @@ per-queue marker check, not the sweep.
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -24,8 +23,8 @@ from taskmesh.store.keys import Keys
 from taskmesh.store.redis_clients import open_client
 from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
-from tests.deploy import tool_missing
 from tests.redis_topologies import Cluster, SentinelSet, started
+from tests.tools import require_tool
 
 pytestmark = pytest.mark.anyio
 PER_QUEUE = 6
@@ -34,8 +33,7 @@ PER_QUEUE = 6
 
 def servers_or_skip() -> None:
     for tool, package in (("redis-server", "redis-server"), ("redis-cli", "redis-tools")):
-        if shutil.which(tool) is None:
-            pytest.skip(tool_missing(tool, package, "no Redis Cluster or Sentinel was started"))
+        require_tool(tool, f"Debian package {package}", "no Redis Cluster or Sentinel was started")
 
 
 @pytest.fixture(scope="module")

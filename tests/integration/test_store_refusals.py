@@ -11,7 +11,6 @@ and the last line it prints. While PostgreSQL does not answer, ``/readyz`` names
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from taskmesh.store.redis_urls import NOT_A_CLUSTER, cluster_refusal
 from tests.conftest import POOLER, redis_server
 from tests.proc import free_port
 from tests.redis_topologies import Node
+from tests.tools import require_tool
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,8 +61,7 @@ def cluster_node(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def tls_redis(tmp_path: Path) -> Iterator[str]:
     """``host:port`` of a Redis that speaks TLS only, with a self-signed certificate no client trusts."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not on PATH")
+    require_tool("openssl", "Debian package openssl", "no TLS-only Redis was started")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run([*OPENSSL_SELF_SIGNED, "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     args = ("--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no")
