@@ -470,11 +470,21 @@ async def _other_listener(pool: asyncpg.Pool, query: str, old: int) -> int | Non
     return pids[0] if pids else None
 
 
+class RecordingClock(ManualClock):
+    """A :class:`ManualClock` that records each instant the scheduler sleeps until."""
+
+    def __init__(self, start: datetime) -> None:
+        super().__init__(start)
+        self.deadlines: list[datetime] = []
+
+    async def sleep_until(self, when: datetime, waker: Waker) -> None:
+        self.deadlines.append(when)
+        await super().sleep_until(when, waker)
+
+
 async def test_a_row_held_by_another_instance_is_not_polled_in_a_busy_loop(
     make: Callable[..., Schedules], clean: asyncpg.Pool
 ) -> None:
-    from taskmesh.runtime.clock import SystemClock
-
     class Counting(Schedules):
         calls = 0
 
@@ -482,16 +492,29 @@ async def test_a_row_held_by_another_instance_is_not_polled_in_a_busy_loop(
             Counting.calls += 1
             return await super().fire_due(now)
 
+    async def slept(n: int) -> bool:
+        return len(clock.deadlines) >= n
+
     base = make(sched("held", "* * * * * *"))
     s = Counting(base.tasks, list(base.declared.values()))
-    await s.sync(datetime.now(UTC))
-    async with clean.acquire() as holder, holder.transaction():
-        await holder.execute("SELECT 1 FROM schedules WHERE name = 'held' FOR UPDATE")
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(functools.partial(scheduler.run, s, SystemClock(), Waker()))
-            await anyio.sleep(2.5)
-            tg.cancel_scope.cancel()
-    assert Counting.calls <= 6, Counting.calls  # about one look a second, not hundreds
+    clock = RecordingClock(T0)
+    retry = timedelta(seconds=scheduler.LOCKED_RETRY_SECONDS)
+    first_fire = T0.replace(microsecond=0) + timedelta(seconds=1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(scheduler.run, s, clock, Waker()))
+        await wait_for(lambda: slept(1))  # synced (the held row would block that), looked, asleep
+        assert clock.deadlines == [first_fire] and Counting.calls == 1
+        async with clean.acquire() as holder, holder.transaction():
+            await holder.execute("SELECT 1 FROM schedules WHERE name = 'held' FOR UPDATE")
+            clock.set(first_fire + timedelta(seconds=1))
+            for look in range(2, 6):
+                # Due, yet skipped (held): the next look is a second of the clock away, not at once.
+                await wait_for(functools.partial(slept, look))
+                assert clock.deadlines[-1] == clock.now() + retry, clock.deadlines
+                assert Counting.calls == look
+                clock.advance(scheduler.LOCKED_RETRY_SECONDS)
+        tg.cancel_scope.cancel()
+    assert await cron_keys(clean) == []
 
 
 async def test_a_row_this_version_cannot_fire_is_skipped_and_the_others_fire(
