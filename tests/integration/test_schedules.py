@@ -20,6 +20,7 @@ from taskmesh.runtime.clock import ManualClock, Waker
 from taskmesh.schedules.schedules import Schedules
 from taskmesh.services import scheduler
 from taskmesh.store import PgStore, Stores
+from taskmesh.tasks.advertised import AdvertisedHandlers
 from taskmesh.tasks.registry import Registry
 from taskmesh.tasks.tasks import Tasks
 from tests.conftest import POOLER, http, wait_for
@@ -422,6 +423,19 @@ async def test_the_list_flags_overdue_rows_and_survives_an_unreadable_one(
     assert listed["every-minute"]["state"] == "overdue"
     assert listed["martian"]["error"] == "unknown time zone 'Mars/Olympus'" and listed["martian"]["next_fires"] == []
     assert await s.fire_due(T0) != []  # the readable one still fires
+
+
+async def test_a_fire_takes_one_connection_even_when_the_handlers_read_goes_stale_during_it(
+    one: OneConnectionPool, stores: Stores
+) -> None:
+    # A read of the advertised handlers that is never fresh: one made inside the fire's
+    # transaction (when the read before it went stale meanwhile, as on a loaded machine)
+    # would take a second connection of the pool.
+    tasks = Tasks(PgStore(one), stores.redis, metrics=Metrics(), advertised=AdvertisedHandlers(ttl=0))
+    s = Schedules(tasks, [sched()])
+    await s.sync(T0)
+    fires = await s.fire_due(T0 + timedelta(minutes=1))
+    assert [f.outcome for f in fires] == ["fired"]
 
 
 async def test_fires_need_one_pool_connection_only(

@@ -327,7 +327,7 @@ class Schedules:
             return []
         fires: list[Fire] = []
         targets: list[PushTarget] = []
-        await self.tasks.learn()  # the handlers' read, on another connection, is then fresh inside
+        await self.tasks.learn()  # here, not in the transaction: it reads on another connection
         planned = await self._plan_due(now)
         async with self.pg.transaction(
             lock_timeout_ms=FIRE_LOCK_TIMEOUT_MS, idle_timeout_ms=self.idle_timeout_ms

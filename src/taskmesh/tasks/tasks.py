@@ -124,6 +124,7 @@ class Tasks(TaskActions):
         :raises QuotaExceededError: a tenant would hold more than its ``max_queued`` (nothing written).
         :raises StoreError: PostgreSQL failed; nothing was written.
         """
+        await self.learn()  # before the transaction: a read inside would take a second connection
         limited = quota and self.queued_limits is not None and self.queued_limits.limited(s.tenant_id for s in specs)
         # A quota is counted and held in the transaction of the insert; without one a lone statement commits alone.
         async with self.pg.atomic() if limited else self.pg.changing() as pg:
@@ -184,6 +185,7 @@ class Tasks(TaskActions):
             raise InvalidTaskError(
                 "connection", "must be inside a transaction (async with connection.transaction(): ...)"
             )
+        await self.learn()
         pg = PgStore(self.pg.pool, connection)
         # Never COPY here: a COPY encodes with the connection's codecs, and an application's
         # connection may have its own for jsonb; the INSERT sends payloads as text.
@@ -290,13 +292,16 @@ class Tasks(TaskActions):
         (:func:`~taskmesh.tasks.copy_enqueue.copy_many`) unless ``copy`` is false; others go in one ``task_insert_many``
         statement.
 
+        The caller reads the advertised handlers first (:meth:`learn`), before it opens the
+        transaction: a read in here, on ``pg``'s pool, would hold a second connection of it
+        while the transaction holds one (the checks use the last read, at most a few seconds old).
+
         :param quota: hold the tenants' ``max_queued`` quotas (:meth:`enforce_queued`); ``pg`` must then be
             a transaction (a schedule's fires do not: the operator's config made them).
         :raises QuotaExceededError: with ``quota``, a tenant would hold more than its ``max_queued``.
         """
         if not specs:
             return [], []
-        await self.learn()
         if copy and len(specs) >= COPY_MIN_TASKS and all(copyable(s) for s in specs):
             copied, pushes, tenants = await copy_many(
                 self, pg, len(specs), lambda a, b: specs[a:b], field_prefix, task_type, quota=quota
