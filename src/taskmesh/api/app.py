@@ -21,7 +21,7 @@ from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
 from taskmesh import __version__, extras
-from taskmesh.api import errors
+from taskmesh.api import contract, errors
 from taskmesh.api.audit_trail import AuditTrail
 from taskmesh.api.auth import SCOPE_OF
 from taskmesh.api.hygiene import BrowserGuard
@@ -62,7 +62,9 @@ def create_app(
         title="taskmesh",
         version=__version__,
         description="Distributed task platform: durable state in PostgreSQL, dispatch through Redis.",
+        openapi_tags=contract.TAGS,
     )
+    contract.install(app)
     app.state.taskmesh = state
     app.add_middleware(AuditTrail, state=state)  # innermost: the route's principal and status are known
     app.add_middleware(BodyLimit)

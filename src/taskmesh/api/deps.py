@@ -13,6 +13,7 @@ from fastapi import Depends, Path, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
+from taskmesh.api.contract import BODY_MODELS, ref
 from taskmesh.api.state import AppState
 from taskmesh.errors import BadJsonError, InvalidTaskError, NotReadyError, StoreError
 from taskmesh.observability.logs import get_logger
@@ -92,24 +93,11 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
 def body_schema(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
     """``openapi_extra`` declaring a JSON request body of ``model`` (the routes parse bodies themselves).
 
-    The model's ``$defs`` are put in place of their references: a ``#/$defs/…`` reference would
-    point nowhere inside the OpenAPI document.
+    The body is a ``$ref`` to the model's schema, which :func:`taskmesh.api.contract.install` puts
+    among the document's components (with the models it nests).
     """
-    schema = model.model_json_schema()
-    defs = schema.pop("$defs", {})
-    return {"requestBody": {"required": required, "content": {"application/json": {"schema": _inline(schema, defs)}}}}
-
-
-def _inline(node: Any, defs: dict[str, Any]) -> Any:
-    """``node`` with every ``{"$ref": "#/$defs/X"}`` replaced by ``defs[X]`` (the models are not recursive)."""
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            return _inline(defs[ref.removeprefix("#/$defs/")], defs)
-        return {k: _inline(v, defs) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_inline(v, defs) for v in node]
-    return node
+    BODY_MODELS[model.__name__] = model
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": ref(model)}}}}
 
 
 async def read_json(request: Request, nested_field: str) -> Any:

@@ -37,28 +37,13 @@ def invalid(field: str, message: str, errors: list[tuple[str, str]] | None = Non
     return problem(422, "Invalid request", f"{field}: {message}", errors=errors or [(field, message)])
 
 
-PROBLEM_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["type", "title", "status", "detail"],
-    "properties": {
-        "type": {"type": "string", "example": PROBLEM_TYPE},
-        "title": {"type": "string", "example": "Invalid request"},
-        "status": {"type": "integer", "example": 422},
-        "detail": {"type": "string", "example": "priority: must be between 0 and 1000"},
-        "errors": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
-            },
-        },
-    },
-}
+PROBLEM_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/Problem"}
+"""Every error answer's schema: :class:`taskmesh.api.schemas.Problem`, shared (``api/contract.py`` adds it)."""
 ERROR_STATUSES: dict[int, str] = {
     400: "Malformed JSON (`Malformed JSON`), or a `Host` not in `allowed_hosts` (`Host not allowed`)",
     401: "No usable API key: none, malformed, unknown, revoked or expired (`Unauthorized`, with `WWW-Authenticate`)",
     403: "The key lacks the route's scope (`Forbidden`, naming the `scope`)",
-    404: "No such task, operation or schedule (a problem naming the id)",
+    404: "No such task, operation, schedule or key (a problem naming it)",
     409: "The task's state does not allow this (`Task state conflict`, saying what would)",
     413: "The body is over the size limit (`http_max_body_bytes`)",
     415: "The body is not `application/json` (`Unsupported media type`)",

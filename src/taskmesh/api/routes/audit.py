@@ -13,6 +13,7 @@ from starlette.responses import Response
 from taskmesh.api.auth import caller, platform_wide, require
 from taskmesh.api.deps import StoresDep, json_response
 from taskmesh.api.problems import problem_responses
+from taskmesh.api.schemas import AuditPage
 from taskmesh.errors import InvalidTaskError
 from taskmesh.store.search_queries import INFINITY
 from taskmesh.tasks.search import parse_limit, parse_time
@@ -80,6 +81,9 @@ def _event(row: Any) -> dict[str, Any]:
 
 @router.get(
     "/api/v1/audit",
+    operation_id="listAuditEvents",
+    tags=["audit"],
+    response_model=AuditPage,
     dependencies=[Depends(require("audit:read"))],
     responses=problem_responses(422),
     openapi_extra={"parameters": AUDIT_PARAMETERS},

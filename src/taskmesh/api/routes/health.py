@@ -12,6 +12,7 @@ from starlette.responses import PlainTextResponse, Response
 from taskmesh.api.auth import authenticate, platform_wide
 from taskmesh.api.deps import StateDep, json_response
 from taskmesh.api.problems import problem_responses
+from taskmesh.api.schemas import Liveness, Readiness
 from taskmesh.errors import StoreError
 
 router = APIRouter()
@@ -20,7 +21,13 @@ metrics_router = APIRouter()
 PING_TIMEOUT_SECONDS = 1.0
 
 
-@router.get("/healthz", summary="Liveness: the process serves HTTP")
+@router.get(
+    "/healthz",
+    operation_id="getLiveness",
+    tags=["health"],
+    response_model=Liveness,
+    summary="Liveness: the process serves HTTP",
+)
 async def healthz() -> Response:
     """200 while the process serves."""
     return json_response({"status": "ok"})
@@ -28,8 +35,13 @@ async def healthz() -> Response:
 
 @router.get(
     "/readyz",
+    operation_id="getReadiness",
+    tags=["health"],
+    response_model=Readiness,
     summary="Readiness: 200 only when PostgreSQL and Redis answer and no critical service is down",
-    responses={503: {"description": "Not ready: the same body with `ready: false`, naming what is down"}},
+    responses={
+        503: {"description": "Not ready: the same body with `ready: false`, naming what is down", "model": Readiness}
+    },
 )
 async def readyz(state: StateDep) -> Response:
     """200 when both stores answer within a second, the instance is not draining and no critical
@@ -95,6 +107,8 @@ async def readyz_head(state: StateDep) -> Response:
 
 @metrics_router.get(
     "/metrics",
+    operation_id="getMetrics",
+    tags=["health"],
     summary="Prometheus metrics (gauges of stores sampled by the sampler, not per scrape)",
     response_class=PlainTextResponse,
     responses={

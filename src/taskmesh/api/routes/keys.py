@@ -13,6 +13,7 @@ from taskmesh.api import key_grants
 from taskmesh.api.auth import caller, reach_of, require
 from taskmesh.api.deps import StateDep, StoresDep, body_schema, json_response, parse_body
 from taskmesh.api.problems import problem, problem_responses
+from taskmesh.api.schemas import Key, KeyList, NewKey, RotatedKey
 from taskmesh.errors import InvalidTaskError
 from taskmesh.security import audit
 from taskmesh.security import keys as api_keys
@@ -76,6 +77,9 @@ def _expiry(seconds: int | None) -> datetime | None:
 
 @router.get(
     "/api/v1/keys",
+    operation_id="listKeys",
+    tags=["keys"],
+    response_model=KeyList,
     dependencies=[Depends(require("keys:admin"))],
     responses=problem_responses(),
     summary="Every API key, newest first: name, scopes, state, expiry, last use (never a secret or hash)",
@@ -90,6 +94,9 @@ async def list_keys(request: Request, stores: StoresDep) -> Response:
 
 @router.post(
     "/api/v1/keys",
+    operation_id="createKey",
+    tags=["keys"],
+    response_model=NewKey,
     status_code=201,
     dependencies=[Depends(require("keys:admin"))],
     responses=problem_responses(400, 413, 422),
@@ -138,6 +145,9 @@ async def _create(
 
 @router.post(
     "/api/v1/keys/{key_id}/revoke",
+    operation_id="revokeKey",
+    tags=["keys"],
+    response_model=Key,
     dependencies=[Depends(require("keys:admin"))],
     responses=problem_responses(404, 422),
     summary="Revoke a key: every instance refuses it within 5 seconds",
@@ -155,6 +165,9 @@ async def revoke_key(key_id: KeyIdPath, request: Request, stores: StoresDep) -> 
 
 @router.post(
     "/api/v1/keys/{key_id}/rotate",
+    operation_id="rotateKey",
+    tags=["keys"],
+    response_model=RotatedKey,
     status_code=201,
     dependencies=[Depends(require("keys:admin"))],
     responses=problem_responses(400, 404, 413, 422),

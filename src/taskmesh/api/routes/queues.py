@@ -12,6 +12,7 @@ from starlette.responses import Response
 from taskmesh.api.auth import check_queue_reach, platform_wide, reach_of, require
 from taskmesh.api.deps import QueuePath, StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
 from taskmesh.api.problems import problem_responses
+from taskmesh.api.schemas import DeadLetters, History, Queue, QueueList, QueuePause, Replayed
 from taskmesh.errors import InvalidTaskError
 from taskmesh.observability.logs import get_logger
 from taskmesh.security import audit
@@ -30,6 +31,9 @@ PAUSE_REASON_MAX = 500
 
 @router.get(
     "/api/v1/queues",
+    operation_id="listQueues",
+    tags=["queues"],
+    response_model=QueueList,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(),
     summary="Every queue with tasks, a pause or a live instance serving it: depths, age, workers, runs per minute",
@@ -45,6 +49,9 @@ async def list_queues(request: Request, stores: StoresDep) -> Response:
 
 @router.get(
     "/api/v1/queues/{queue}",
+    operation_id="getQueue",
+    tags=["queues"],
+    response_model=Queue,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(422),
     summary="One queue: depths by state, age, pause, workers, runs per minute",
@@ -68,6 +75,9 @@ class PauseRequest(BaseModel):
 
 @router.post(
     "/api/v1/queues/{queue}/pause",
+    operation_id="pauseQueue",
+    tags=["queues"],
+    response_model=QueuePause,
     dependencies=[Depends(require("queues:admin"))],
     responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(PauseRequest, required=False),
@@ -94,6 +104,9 @@ async def pause_queue(queue: QueuePath, request: Request, stores: StoresDep) -> 
 
 @router.post(
     "/api/v1/queues/{queue}/resume",
+    operation_id="resumeQueue",
+    tags=["queues"],
+    response_model=QueuePause,
     dependencies=[Depends(require("queues:admin"))],
     responses=problem_responses(422),
     summary="Resume a paused queue (a running one stays running)",
@@ -127,6 +140,9 @@ class ReplayRequest(BaseModel):
 
 @router.get(
     "/api/v1/queues/{queue}/dlq",
+    operation_id="listDeadLetters",
+    tags=["dlq"],
+    response_model=DeadLetters,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(422),
     summary="Dead-lettered tasks of a queue, oldest first",
@@ -143,6 +159,9 @@ async def get_dlq(queue: QueuePath, request: Request, tasks: TasksDep, count: st
 
 @router.post(
     "/api/v1/queues/{queue}/dlq/replay",
+    operation_id="replayDeadLetters",
+    tags=["dlq"],
+    response_model=Replayed,
     dependencies=[Depends(require("dlq:replay"))],
     responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(ReplayRequest),
@@ -166,6 +185,9 @@ async def replay(queue: QueuePath, request: Request, tasks: TasksDep) -> Respons
 
 @router.get(
     "/api/v1/history",
+    operation_id="getHistory",
+    tags=["queues"],
+    response_model=History,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(422),
     summary="Runs, waits and backlog per minute (last hour) or per five minutes (last day), from the rollup",

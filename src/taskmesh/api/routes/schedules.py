@@ -9,6 +9,7 @@ from starlette.responses import Response
 from taskmesh.api.auth import reach_of, require
 from taskmesh.api.deps import SchedulePath, SchedulesDep, StateDep, body_schema, is_name, json_response, parse_body
 from taskmesh.api.problems import problem_responses
+from taskmesh.api.schemas import Schedule, ScheduleFired, ScheduleList
 from taskmesh.errors import ScheduleNotFoundError
 from taskmesh.tasks.validation import check_json
 
@@ -31,6 +32,9 @@ def _named(name: str) -> str:
 
 @router.get(
     "/api/v1/schedules",
+    operation_id="listSchedules",
+    tags=["schedules"],
+    response_model=ScheduleList,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(),
     summary="Cron schedules: spec, zone, state, last fire and the next five fires",
@@ -42,6 +46,9 @@ async def list_schedules(request: Request, schedules: SchedulesDep) -> Response:
 
 @router.get(
     "/api/v1/schedules/{name}",
+    operation_id="getSchedule",
+    tags=["schedules"],
+    response_model=Schedule,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(404, 422),
     summary="One cron schedule",
@@ -53,9 +60,15 @@ async def get_schedule(name: SchedulePath, request: Request, schedules: Schedule
 
 @router.post(
     "/api/v1/schedules/{name}/trigger",
+    operation_id="triggerSchedule",
+    tags=["schedules"],
+    response_model=ScheduleFired,
     dependencies=[Depends(require("schedules:admin"))],
     responses={
-        200: {"description": "The idempotency_key already made a task: that task, `created: false`"},
+        200: {
+            "description": "The idempotency_key already made a task: that task, `created: false`",
+            "model": ScheduleFired,
+        },
         **problem_responses(400, 404, 413, 422),
     },
     status_code=201,
@@ -78,6 +91,9 @@ async def trigger_schedule(name: SchedulePath, request: Request, schedules: Sche
 
 @router.post(
     "/api/v1/schedules/{name}/pause",
+    operation_id="pauseSchedule",
+    tags=["schedules"],
+    response_model=Schedule,
     dependencies=[Depends(require("schedules:admin"))],
     responses=problem_responses(404, 422),
     summary="Pause a schedule until resumed or its config changes",
@@ -91,6 +107,9 @@ async def pause_schedule(name: SchedulePath, request: Request, schedules: Schedu
 
 @router.post(
     "/api/v1/schedules/{name}/resume",
+    operation_id="resumeSchedule",
+    tags=["schedules"],
+    response_model=Schedule,
     dependencies=[Depends(require("schedules:admin"))],
     responses=problem_responses(404, 422),
     summary="Resume a schedule; fires missed while paused are not made",

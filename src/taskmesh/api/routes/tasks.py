@@ -28,6 +28,17 @@ from taskmesh.api.deps import (
     with_trace,
 )
 from taskmesh.api.problems import problem, problem_responses
+from taskmesh.api.schemas import (
+    BatchCreated,
+    BulkDryRun,
+    Cancellation,
+    Operation,
+    RetriedTask,
+    TaskCreated,
+    TaskPage,
+    TaskRuns,
+    TaskWithLatestRun,
+)
 from taskmesh.errors import BeyondReachError, InvalidTaskError, StoreError, TaskNotFoundError
 from taskmesh.observability.logs import get_logger
 from taskmesh.security import audit
@@ -55,29 +66,17 @@ class BatchRequest(BaseModel):
     atomic: bool = False
 
 
-class Created(BaseModel):
-    """Answer of ``POST /api/v1/tasks``.
-
-    ``warnings`` (only when there is one): the task was stored, but no live instance serves
-    its queue, so it waits until one does (``queue 'defualt' is served by no live instance``).
-    """
-
-    task_id: str
-    status: str
-    trace_id: str | None = None
-    deduplicated: bool = False
-    warnings: list[str] | None = None
-
-
 @router.post(
     "/api/v1/tasks",
+    operation_id="createTask",
+    tags=["tasks"],
     dependencies=[Depends(require("tasks:write"))],
     responses={
-        200: {"description": "The dedup_key repeats: the existing task, `deduplicated: true`", "model": Created},
+        200: {"description": "The dedup_key repeats: the existing task, `deduplicated: true`", "model": TaskCreated},
         **problem_responses(400, 413, 422),
     },
     status_code=201,
-    response_model=Created,
+    response_model=TaskCreated,
     openapi_extra=body_schema(TaskSpec),
     summary="Create a task (200 with the existing task_id when dedup_key repeats)",
 )
@@ -171,6 +170,9 @@ def _parse_batch(data: Any, tasks: Tasks) -> tuple[list[TaskSpec], list[int], li
 
 @router.post(
     "/api/v1/tasks:batch",
+    operation_id="createTaskBatch",
+    tags=["tasks"],
+    response_model=BatchCreated,
     dependencies=[Depends(require("tasks:write"))],
     responses=problem_responses(400, 413, 422),
     openapi_extra=body_schema(BatchRequest),
@@ -223,6 +225,9 @@ FALLBACK_READ_SECONDS = 1.0
 
 @router.get(
     "/api/v1/tasks/{task_id}",
+    operation_id="getTask",
+    tags=["tasks"],
+    response_model=TaskWithLatestRun,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(404, 422),
     summary="A task and its latest run; with wait=N, once it finished or N s passed",
@@ -277,6 +282,9 @@ def parse_wait(raw: str | None) -> float:
 
 @router.get(
     "/api/v1/tasks/{task_id}/runs",
+    operation_id="listTaskRuns",
+    tags=["runs"],
+    response_model=TaskRuns,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(404, 422),
     summary="Every run (attempt) of a task, with its error and traceback",
@@ -334,6 +342,9 @@ SEARCH_PARAMETERS = [
 
 @router.get(
     "/api/v1/tasks",
+    operation_id="searchTasks",
+    tags=["tasks"],
+    response_model=TaskPage,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(422),
     openapi_extra={"parameters": SEARCH_PARAMETERS},
@@ -357,8 +368,14 @@ async def search_tasks(request: Request, stores: StoresDep) -> Response:
 
 @router.post(
     "/api/v1/tasks:bulk",
+    operation_id="bulkTasks",
+    tags=["operations"],
+    response_model=BulkDryRun,
     dependencies=[Depends(require("tasks:read"))],
-    responses=problem_responses(400, 413, 422),
+    responses={
+        202: {"description": "A real run: the operation, started (`Location` names it)", "model": Operation},
+        **problem_responses(400, 413, 422),
+    },
     openapi_extra=body_schema(BulkRequest),
     summary="Retry, replay, cancel or delete every task a filter matches (a dry run counts them first)",
 )
@@ -396,6 +413,9 @@ NOTHING_MATCHED = {"matched": 0, "complete": True, "sample": []}
 
 @router.get(
     "/api/v1/operations/{operation_id}",
+    operation_id="getOperation",
+    tags=["operations"],
+    response_model=Operation,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(404, 422),
     summary="A bulk operation's progress: done, skipped, status",
@@ -414,9 +434,15 @@ async def get_operation(operation_id: OperationIdPath, request: Request, stores:
 
 @router.post(
     "/api/v1/tasks/{task_id}/cancel",
+    operation_id="cancelTask",
+    tags=["tasks"],
+    response_model=Cancellation,
     dependencies=[Depends(require("tasks:cancel"))],
     responses={
-        202: {"description": "A running task: its worker is asked to cancel it (`cancel_requested: true`)"},
+        202: {
+            "description": "A running task: its worker is asked to cancel it (`cancel_requested: true`)",
+            "model": Cancellation,
+        },
         **problem_responses(404, 409, 422),
     },
     summary="Cancel a task: a queued one never runs (200), a running one is cancelled on its worker (202)",
@@ -442,6 +468,9 @@ class RetryRequest(BaseModel):
 
 @router.post(
     "/api/v1/tasks/{task_id}/retry",
+    operation_id="retryTask",
+    tags=["tasks"],
+    response_model=RetriedTask,
     dependencies=[Depends(require("tasks:write"))],
     responses=problem_responses(400, 404, 409, 413, 422),
     openapi_extra=body_schema(RetryRequest, required=False),
@@ -471,6 +500,8 @@ async def retry_task(task_id: TaskIdPath, request: Request, tasks: TasksDep) -> 
 
 @router.delete(
     "/api/v1/tasks/{task_id}",
+    operation_id="deleteTask",
+    tags=["tasks"],
     dependencies=[Depends(require("tasks:write"))],
     responses=problem_responses(404, 409, 422),
     status_code=204,

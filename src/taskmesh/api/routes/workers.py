@@ -10,6 +10,7 @@ from starlette.responses import Response
 from taskmesh.api.auth import platform_wide, require
 from taskmesh.api.deps import StoresDep, json_response
 from taskmesh.api.problems import problem_responses
+from taskmesh.api.schemas import WorkerList
 from taskmesh.tasks.records import iso, json_value, pause_to_dict
 
 router = APIRouter()
@@ -22,6 +23,9 @@ PAUSED_LISTED = 1000
 
 @router.get(
     "/api/v1/workers",
+    operation_id="listWorkers",
+    tags=["workers"],
+    response_model=WorkerList,
     dependencies=[Depends(require("workers:read"))],
     responses=problem_responses(),
     summary="Registered instances, live first, with their in-flight runs; queued tasks no live instance serves",
