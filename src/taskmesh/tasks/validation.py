@@ -132,6 +132,12 @@ def may_hold_big_integers(value: Any) -> bool:
     return False
 
 
+def _no_documented_default(schema: dict[str, Any]) -> None:
+    """Leave the default out of the field's JSON Schema: it is not a constant, and a client generated from
+    the OpenAPI document sends a documented default as if it were given (a queue named, not the handler's)."""
+    schema.pop("default", None)
+
+
 class TaskSpec(BaseModel):
     """A task to enqueue, in the original API's field names.
 
@@ -143,7 +149,12 @@ class TaskSpec(BaseModel):
 
     name: str = Field(pattern=NAME_REGEX, description="Handler name, [A-Za-z0-9_.:-]{1,128}.")
     type: Literal["immediate", "delayed"] = "immediate"
-    queue_name: str = Field(default="default", pattern=NAME_REGEX)
+    queue_name: str = Field(
+        default="default",
+        pattern=NAME_REGEX,
+        description="Default: the queue the handler names, else default.",
+        json_schema_extra=_no_documented_default,
+    )
     priority: StrictInt = Field(default=0, ge=0, le=PRIORITY_MAX, description="0..1000, higher runs first.")
     payload: Any = Field(default_factory=dict, description="Any JSON value, at most 64 levels deep.")
     dedup_key: str | None = Field(default=None, min_length=1, max_length=512)
