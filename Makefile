@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,dev]'
+	# the OpenAPI client generator the contract test runs, in a venv of its own: it pins Typer below the CLI's
+	$(PYTHON) -m venv $(VENV)/codegen
+	$(VENV)/codegen/bin/python -m pip install --quiet 'openapi-python-client==0.29.1'
 	@touch $(STAMP)
 
 install: $(STAMP)
