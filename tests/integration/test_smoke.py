@@ -63,7 +63,8 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
         "/metrics",
     }
     body = spec["paths"]["/api/v1/tasks"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert body["properties"]["priority"]["maximum"] == 1000
+    assert body == {"$ref": "#/components/schemas/TaskSpec"}
+    assert spec["components"]["schemas"]["TaskSpec"]["properties"]["priority"]["maximum"] == 1000
 
 
 async def test_fifty_parallel_http_creates_with_one_dedup_key_make_one_task(start_instance: Any, pool: Any) -> None:

@@ -5,9 +5,11 @@ A thin layer: routes parse and validate input, call the facades
 stores' typed queries) and render answers; no SQL or Redis here. Every error
 is RFC 9457 problem+json naming the field (``api/errors.py``). The OpenAPI
 document is at ``/openapi.json``, browsable at ``/docs`` and ``/redoc`` with their
-assets served from the installed ``fastapi-offline`` package (no CDN: they work offline).
-Routers: ``routes/tasks.py``,
-``routes/queues.py``, ``routes/schedules.py``, ``routes/workers.py``,
+assets served from the installed ``fastapi-offline`` package (no CDN: they work offline);
+each route names its operation id and tag, its answers are the shared schemas of
+``api/schemas/``, and ``api/contract.py`` completes the document (tags, problem and bodies).
+Routers: ``routes/tasks.py``, ``routes/queues.py``, ``routes/schedules.py``,
+``routes/workers.py``, ``routes/keys.py``, ``routes/audit.py``,
 ``routes/health.py`` (the last also on a worker-only instance).
 """
 

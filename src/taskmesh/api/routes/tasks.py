@@ -313,7 +313,7 @@ _TIME = {"type": "string", "format": "date-time"}
 SEARCH_PARAMETERS = [
     _query(
         "status",
-        {"type": "array", "items": {"type": "string", "enum": [s.value for s in TaskStatus]}},
+        {"type": "array", "items": {"$ref": "#/components/schemas/TaskStatus"}},  # the shared enum of Task
         "Task status; repeat it or separate by commas for several",
         style="form",
         explode=True,
