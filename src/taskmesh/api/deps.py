@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any, TypeVar
 
 import orjson
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Query, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
@@ -144,6 +144,16 @@ async def parse_body(request: Request, model: type[M], *, optional: bool = False
     except ValidationError as exc:
         errors = field_errors(exc)
         raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
+
+
+UndocumentedQuery = Annotated[str | None, Query(include_in_schema=False)]
+"""A query parameter read as text by its route and declared in the document by :func:`query_parameter`."""
+
+
+def query_parameter(name: str, schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
+    """An optional query parameter for a route's ``openapi_extra``: typed as clients should send it, for a
+    route that reads the raw text itself (to name the parameter in its own 422)."""
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description, **extra}
 
 
 REASON_MAX = 500

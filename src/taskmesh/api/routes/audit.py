@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from taskmesh.api.auth import caller, platform_wide, require
-from taskmesh.api.deps import StoresDep, json_response
+from taskmesh.api.deps import StoresDep, json_response, query_parameter
 from taskmesh.api.problems import problem_responses
 from taskmesh.api.schemas import AuditPage
 from taskmesh.errors import InvalidTaskError
@@ -27,20 +27,16 @@ OUTCOMES = ("ok", "denied", "error")
 LAST_ID = 2**63 - 1
 
 
-def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
-
-
 AUDIT_PARAMETERS = [
-    _query("tenant_id", {"type": "string", "maxLength": 128}, "Events of this tenant"),
-    _query("actor_id", {"type": "string", "maxLength": 128}, "Events of this key id (or OS user of the CLI)"),
-    _query("action", {"type": "string", "maxLength": 200}, "task.cancel, queue.pause, key.create, ..."),
-    _query("outcome", {"type": "string", "enum": list(OUTCOMES)}, "ok, denied or error"),
-    _query("resource_type", {"type": "string", "maxLength": 64}, "task, queue, schedule, key, operation"),
-    _query("resource_id", {"type": "string", "maxLength": 200}, "The resource's id or name"),
-    _query("since", {"type": "string", "format": "date-time"}, "Events at or after (RFC 3339 with an offset)"),
-    _query("limit", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}, "Events per page"),
-    _query("cursor", {"type": "string"}, "The previous page's next_cursor"),
+    query_parameter("tenant_id", {"type": "string", "maxLength": 128}, "Events of this tenant"),
+    query_parameter("actor_id", {"type": "string", "maxLength": 128}, "Events of this key id (or OS user of the CLI)"),
+    query_parameter("action", {"type": "string", "maxLength": 200}, "task.cancel, queue.pause, key.create, ..."),
+    query_parameter("outcome", {"type": "string", "enum": list(OUTCOMES)}, "ok, denied or error"),
+    query_parameter("resource_type", {"type": "string", "maxLength": 64}, "task, queue, schedule, key, operation"),
+    query_parameter("resource_id", {"type": "string", "maxLength": 200}, "The resource's id or name"),
+    query_parameter("since", {"type": "string", "format": "date-time"}, "Events at or after (RFC 3339 with an offset)"),
+    query_parameter("limit", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}, "Events per page"),
+    query_parameter("cursor", {"type": "string"}, "The previous page's next_cursor"),
 ]
 
 

@@ -10,7 +10,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
 from taskmesh.api.auth import check_queue_reach, platform_wide, reach_of, require
-from taskmesh.api.deps import QueuePath, StoresDep, TasksDep, body_schema, check_queue, json_response, parse_body
+from taskmesh.api.deps import (
+    QueuePath,
+    StoresDep,
+    TasksDep,
+    UndocumentedQuery,
+    body_schema,
+    check_queue,
+    json_response,
+    parse_body,
+    query_parameter,
+)
 from taskmesh.api.problems import problem_responses
 from taskmesh.api.schemas import DeadLetters, History, Queue, QueueList, QueuePause, Replayed
 from taskmesh.errors import InvalidTaskError
@@ -19,7 +29,7 @@ from taskmesh.security import audit
 from taskmesh.tasks.history import WINDOWS, history
 from taskmesh.tasks.queue_overview import known_queues, overview
 from taskmesh.tasks.records import pause_to_dict
-from taskmesh.tasks.validation import StrictInt, check_json
+from taskmesh.tasks.validation import NAME_REGEX, StrictInt, check_json
 
 log = get_logger("taskmesh.api")
 
@@ -138,6 +148,11 @@ class ReplayRequest(BaseModel):
         return self
 
 
+DLQ_COUNT_PARAMETER = query_parameter(
+    "count", {"type": "integer", "minimum": 1, "maximum": DLQ_COUNT_MAX, "default": 50}, "Most tasks listed"
+)
+
+
 @router.get(
     "/api/v1/queues/{queue}/dlq",
     operation_id="listDeadLetters",
@@ -145,12 +160,14 @@ class ReplayRequest(BaseModel):
     response_model=DeadLetters,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(422),
+    openapi_extra={"parameters": [DLQ_COUNT_PARAMETER]},
     summary="Dead-lettered tasks of a queue, oldest first",
 )
-async def get_dlq(queue: QueuePath, request: Request, tasks: TasksDep, count: str = "50") -> Response:
+async def get_dlq(queue: QueuePath, request: Request, tasks: TasksDep, count: UndocumentedQuery = None) -> Response:
     """Up to ``count`` (1..1000) dead-lettered tasks of ``queue`` (of the key's tenant, when it has one)."""
     check_queue(queue)
     check_queue_reach(request, queue)
+    count = "50" if count is None else count
     if not (count.isascii() and count.isdigit()) or not 1 <= int(count) <= DLQ_COUNT_MAX:
         raise InvalidTaskError("count", f"must be an integer between 1 and {DLQ_COUNT_MAX}")
     items = await tasks.dead_letters(queue, int(count), reach_of(request).tenant_id)
@@ -190,11 +207,20 @@ async def replay(queue: QueuePath, request: Request, tasks: TasksDep) -> Respons
     response_model=History,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(422),
+    openapi_extra={
+        "parameters": [
+            query_parameter("window", {"type": "string", "enum": list(WINDOWS), "default": "hour"}, "The span"),
+            query_parameter("queue", {"type": "string", "pattern": NAME_REGEX}, "One queue (else every queue summed)"),
+        ]
+    },
     summary="Runs, waits and backlog per minute (last hour) or per five minutes (last day), from the rollup",
 )
-async def get_history(request: Request, stores: StoresDep, window: str = "hour", queue: str | None = None) -> Response:
+async def get_history(
+    request: Request, stores: StoresDep, window: UndocumentedQuery = None, queue: UndocumentedQuery = None
+) -> Response:
     """``window`` ``hour`` (60 points of a minute) or ``day`` (288 of five minutes), of ``queue`` or of
     every queue summed (a key bound to a tenant is refused: the counts are every tenant's)."""
+    window = "hour" if window is None else window
     if window not in WINDOWS:
         raise InvalidTaskError("window", f"must be one of {', '.join(WINDOWS)}, not {window[:40]!r}")
     if queue is not None:

@@ -18,10 +18,12 @@ from taskmesh.api.deps import (
     StoresDep,
     TaskIdPath,
     TasksDep,
+    UndocumentedQuery,
     body_schema,
     json_response,
     parse_body,
     parse_task_id,
+    query_parameter,
     read_json,
     required_reason,
     task_warnings,
@@ -221,6 +223,9 @@ WAIT_MAX_SECONDS = 60.0
 FINISHED = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
 FALLBACK_READ_SECONDS = 1.0
 """How often a waiter reads its task while the instance's subscription is down."""
+WAIT_PARAMETER = query_parameter(
+    "wait", {"type": "number", "minimum": 0, "maximum": WAIT_MAX_SECONDS}, "Seconds to wait for the task to finish"
+)
 
 
 @router.get(
@@ -230,10 +235,11 @@ FALLBACK_READ_SECONDS = 1.0
     response_model=TaskWithLatestRun,
     dependencies=[Depends(require("tasks:read"))],
     responses=problem_responses(404, 422),
+    openapi_extra={"parameters": [WAIT_PARAMETER]},
     summary="A task and its latest run; with wait=N, once it finished or N s passed",
 )
 async def get_task(
-    task_id: TaskIdPath, request: Request, tasks: TasksDep, state: StateDep, wait: str | None = None
+    task_id: TaskIdPath, request: Request, tasks: TasksDep, state: StateDep, wait: UndocumentedQuery = None
 ) -> Response:
     """The task and its latest run, read in one statement.
 
@@ -305,32 +311,28 @@ BULK_SCOPES = {
 """The scope a real bulk action needs: the same as the action on one task."""
 
 
-def _query(name: str, schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description, **extra}
-
-
 _TIME = {"type": "string", "format": "date-time"}
 SEARCH_PARAMETERS = [
-    _query(
+    query_parameter(
         "status",
         {"type": "array", "items": {"$ref": "#/components/schemas/TaskStatus"}},  # the shared enum of Task
         "Task status; repeat it or separate by commas for several",
         style="form",
         explode=True,
     ),
-    _query("queue", {"type": "string", "pattern": NAME_REGEX}, "Tasks of this queue"),
-    _query("name", {"type": "string", "pattern": NAME_REGEX}, "Tasks of this task name"),
-    _query("tenant_id", {"type": "string", "maxLength": 128}, "Tasks of this tenant"),
-    _query("dedup_key", {"type": "string", "maxLength": 512}, "The task with this dedup key"),
-    _query("error", {"type": "string", "maxLength": 200}, "Text in the latest run's error, any case"),
-    _query("created_after", _TIME, "Created at or after (RFC 3339 with an offset)"),
-    _query("created_before", _TIME, "Created before (RFC 3339 with an offset)"),
-    _query("finished_after", _TIME, "Finished (completed, failed or cancelled) at or after"),
-    _query("finished_before", _TIME, "Finished before"),
-    _query("order", {"type": "string", "enum": ["desc", "asc"], "default": "desc"}, "Newest or oldest first"),
-    _query("limit", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}, "Tasks per page"),
-    _query("cursor", {"type": "string"}, "The previous page's next_cursor"),
-    _query(
+    query_parameter("queue", {"type": "string", "pattern": NAME_REGEX}, "Tasks of this queue"),
+    query_parameter("name", {"type": "string", "pattern": NAME_REGEX}, "Tasks of this task name"),
+    query_parameter("tenant_id", {"type": "string", "maxLength": 128}, "Tasks of this tenant"),
+    query_parameter("dedup_key", {"type": "string", "maxLength": 512}, "The task with this dedup key"),
+    query_parameter("error", {"type": "string", "maxLength": 200}, "Text in the latest run's error, any case"),
+    query_parameter("created_after", _TIME, "Created at or after (RFC 3339 with an offset)"),
+    query_parameter("created_before", _TIME, "Created before (RFC 3339 with an offset)"),
+    query_parameter("finished_after", _TIME, "Finished (completed, failed or cancelled) at or after"),
+    query_parameter("finished_before", _TIME, "Finished before"),
+    query_parameter("order", {"type": "string", "enum": ["desc", "asc"], "default": "desc"}, "Newest or oldest first"),
+    query_parameter("limit", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}, "Tasks per page"),
+    query_parameter("cursor", {"type": "string"}, "The previous page's next_cursor"),
+    query_parameter(
         "payload.{path}",
         {"type": "string"},
         "Not a literal name: payload.customer.id=42 keeps tasks whose payload contains that value (a JSON "
