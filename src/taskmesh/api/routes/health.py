@@ -11,7 +11,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from taskmesh.api.auth import authenticate, platform_wide
 from taskmesh.api.deps import StateDep, json_response
-from taskmesh.api.problems import problem_responses
+from taskmesh.api.problems import only_problems
 from taskmesh.api.schemas import Liveness, Readiness
 from taskmesh.errors import StoreError
 
@@ -26,6 +26,7 @@ PING_TIMEOUT_SECONDS = 1.0
     operation_id="getLiveness",
     tags=["health"],
     response_model=Liveness,
+    responses=only_problems(500),
     summary="Liveness: the process serves HTTP",
 )
 async def healthz() -> Response:
@@ -40,7 +41,8 @@ async def healthz() -> Response:
     response_model=Readiness,
     summary="Readiness: 200 only when PostgreSQL and Redis answer and no critical service is down",
     responses={
-        503: {"description": "Not ready: the same body with `ready: false`, naming what is down", "model": Readiness}
+        503: {"description": "Not ready: the same body with `ready: false`, naming what is down", "model": Readiness},
+        **only_problems(500),
     },
 )
 async def readyz(state: StateDep) -> Response:
@@ -113,7 +115,7 @@ async def readyz_head(state: StateDep) -> Response:
     response_class=PlainTextResponse,
     responses={
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "The exposition text"},
-        **{k: v for k, v in problem_responses().items() if k in (401, 403, 503)},
+        **only_problems(401, 403, 500, 503),
     },
 )
 async def metrics(request: Request, state: StateDep) -> Response:
