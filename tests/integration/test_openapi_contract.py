@@ -33,9 +33,10 @@ import jsonschema
 import orjson
 import pytest
 
-from taskmesh import NonRetryableError, api_keys
-from taskmesh.api_keys import SCOPES
-from taskmesh.registry import Registry
+from taskmesh import NonRetryableError
+from taskmesh.security import keys as api_keys
+from taskmesh.security.keys import SCOPES
+from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
 
 pytestmark = pytest.mark.anyio

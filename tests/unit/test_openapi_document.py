@@ -15,7 +15,7 @@ from openapi_spec_validator import validate
 from taskmesh.api.app import create_app
 from taskmesh.api.contract import TAGS
 from taskmesh.api.state import AppState
-from taskmesh.metrics import Metrics
+from taskmesh.observability.metrics import Metrics
 
 OPERATIONS = {
     "POST /api/v1/tasks": ("createTask", "tasks"),

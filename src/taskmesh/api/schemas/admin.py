@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from taskmesh.api.schemas.queues import QueuePause
-from taskmesh.states import WorkerState
+from taskmesh.tasks.states import WorkerState
 
 
 class FireTime(BaseModel):

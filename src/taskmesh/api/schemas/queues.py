@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from taskmesh.api.schemas.tasks import TaskSummary
-from taskmesh.states import WorkerState
+from taskmesh.tasks.states import WorkerState
 
 
 class QueuePause(BaseModel):

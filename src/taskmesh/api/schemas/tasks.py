@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from taskmesh.api.schemas.problem import FieldError
-from taskmesh.states import BulkAction, OperationStatus, RunStatus, TaskStatus, TaskType
+from taskmesh.tasks.states import BulkAction, OperationStatus, RunStatus, TaskStatus, TaskType
 
 
 class _TaskFields(BaseModel):
