@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install lock run test lint clean deploy-tools bench growth fuzz chaos
+.PHONY: install lock run test lint clean deploy-tools bench growth fuzz chaos docs docs-reference
 
 # Every extra and the dev tools, each at the release constraints.txt names (`make lock` renews it),
 # so that a fresh machine and CI install what the tests last passed with.
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { echo "taskmesh needs Python 3.11 or newer on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,dev,docs]'
 	# the OpenAPI client generator the contract test runs, in a venv of its own: it pins Typer below the CLI's
 	$(PYTHON) -m venv $(VENV)/codegen
 	$(VENV)/codegen/bin/python -m pip install --quiet 'openapi-python-client==0.29.1'
@@ -62,8 +62,11 @@ REDIS_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue
 	rate_limits.py dlq_listing.py bulk.py client.py due_times.py reconciler_first_look.py)
 SENTINEL_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py wait.py schedules.py \
 	cancel_and_recovery.py recovery.py crash.py client.py)
+# The docs site first (tests/docs: the strict offline build, the generated reference pages equal to
+# the code, every code block of the getting-started and guides pages run), then the whole suite.
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/docs
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --ignore=tests/docs
 	TASKMESH_TEST_PG_POOLER=transaction $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(POOLER_SUITE)
 	TASKMESH_TEST_REDIS_TOPOLOGY=cluster $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(REDIS_SUITE)
 	TASKMESH_TEST_REDIS_TOPOLOGY=sentinel $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(SENTINEL_SUITE)
@@ -121,5 +124,14 @@ fuzz: install
 chaos: install
 	CHAOS_TASKS=3000 $(BIN)/python -m pytest -s tests/chaos
 
+# The documentation site (mkdocs.yml, docs/): built offline with --strict into site/.
+docs: install
+	$(BIN)/mkdocs build --strict
+
+# The reference pages generated from the code (settings, CLI, HTTP API, metrics, log events):
+# a test fails with "run make docs-reference" when a committed page differs from what the code makes.
+docs-reference: install
+	$(BIN)/python docs/gen_reference.py
+
 clean:
-	rm -rf $(VENV) .taskmesh build dist src/*.egg-info
+	rm -rf $(VENV) .taskmesh build dist site src/*.egg-info

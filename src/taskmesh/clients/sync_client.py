@@ -111,6 +111,8 @@ class SyncClient:
     def wait(self, task_id: TaskRef, timeout: float = 60.0) -> Any:
         """As :meth:`taskmesh.Client.wait`: the task's result once it finished.
 
-        :raises TaskFailedError, TaskCancelledError, WaitTimeoutError: as the async client.
+        :raises TaskFailedError: the task failed, as the async client.
+        :raises TaskCancelledError: the task was cancelled.
+        :raises WaitTimeoutError: it did not finish within ``timeout``.
         """
         return self._call(self._client.wait, task_id, timeout)
