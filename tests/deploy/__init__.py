@@ -1,4 +1,4 @@
-"""Tests of the files in deploy/, each with the real tool where it runs here (see docs/guides/deployment.md, Deployment files)."""
+"""Tests of the files in deploy/, each with the real tool where it runs here (docs/guides/deployment.md)."""
 
 from __future__ import annotations
 

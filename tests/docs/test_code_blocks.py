@@ -191,14 +191,18 @@ def test_every_block_is_of_a_checked_kind_or_marked() -> None:
     assert sum(b.skip is not None for b in ALL) == SKIPPED, [b.where for b in ALL if b.skip]
 
 
-@pytest.mark.parametrize("block", [b for b in ALL if b.lang in ("sh", "console") and b.skip is None], ids=lambda b: b.where)
+SHELL = [b for b in ALL if b.lang in ("sh", "console") and b.skip is None]
+CONFIG = [b for b in ALL if b.lang in ("toml", "yaml", "ini") and b.skip is None]
+
+
+@pytest.mark.parametrize("block", SHELL, ids=lambda b: b.where)
 def test_a_shell_block_names_real_commands_flags_targets_and_extras(block: Block) -> None:
     for line in command_lines(block):
         words = strip_env(shlex.split(line))
         assert check_static_command(words) or words[0] == "curl", f"{block.where}: nothing checks {line!r}"
 
 
-@pytest.mark.parametrize("block", [b for b in ALL if b.lang in ("toml", "yaml", "ini") and b.skip is None], ids=lambda b: b.where)
+@pytest.mark.parametrize("block", CONFIG, ids=lambda b: b.where)
 def test_a_config_block_parses_and_a_toml_one_is_valid_settings(
     block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -295,7 +299,7 @@ async def test_the_pages_examples_run_against_a_real_instance(
     # The curl requests of the shell blocks, in page order, against the instance.
     last_task: str | None = None
     sent = 0
-    with httpx.Client(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30) as client:
         for block in ALL:
             if block.lang not in ("sh", "console") or block.skip is not None:
                 continue
@@ -303,7 +307,7 @@ async def test_the_pages_examples_run_against_a_real_instance(
                 words = strip_env(shlex.split(line))
                 if words[0] != "curl":
                     continue
-                answer = client.send(curl_request(words, proc.port, last_task))
+                answer = await client.send(curl_request(words, proc.port, last_task))
                 sent += 1
                 assert answer.status_code < 400, f"{block.where}: {line}\n{answer.status_code} {answer.text}"
                 body = answer.json() if answer.content else {}

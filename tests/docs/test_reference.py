@@ -29,7 +29,8 @@ def test_a_generated_reference_page_equals_the_committed_one(page: str, tmp_path
     GEN.write(tmp_path)
     committed = DOCS / page
     assert committed.is_file(), f"{page} is missing: run make docs-reference"
-    assert (tmp_path / page).read_text() == committed.read_text(), f"{page} differs from the code: run make docs-reference"
+    made = (tmp_path / page).read_text()
+    assert made == committed.read_text(), f"{page} differs from the code: run make docs-reference"
 
 
 def test_every_setting_command_and_public_name_is_in_its_page() -> None:
