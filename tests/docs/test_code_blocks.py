@@ -316,3 +316,16 @@ async def test_the_pages_examples_run_against_a_real_instance(
     assert (tmp_path / "exports" / "sales-2024-q4.csv").exists() or wait_until(
         lambda: (tmp_path / "exports" / "sales-2024-q4.csv").exists(), proc=proc
     )
+
+
+def test_the_readme_blocks_compile_and_name_real_commands() -> None:
+    """The README's quick start: its Python compiles, its commands are real (its curls run in the pages' copy)."""
+    readme = blocks(ROOT / "README.md")
+    assert {b.lang for b in readme} == {"sh", "python"}
+    for block in readme:
+        if block.lang == "python":
+            compile(block.body, block.where, "exec")
+            continue
+        for line in command_lines(block):
+            words = strip_env(shlex.split(line))
+            assert check_static_command(words) or words[0] == "curl", f"{block.where}: nothing checks {line!r}"
