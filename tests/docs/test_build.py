@@ -31,3 +31,9 @@ def test_the_site_builds_strict_and_offline(tmp_path: Path) -> None:
     assert {page: found for page, found in remote.items() if found} == {}
     assert not list(site.rglob("*.woff2")) or (site / "assets").is_dir()
     assert "fonts.googleapis.com" not in (site / "index.html").read_text()
+
+
+def test_no_page_has_an_empty_link() -> None:
+    """``[text]()`` links to its own page, which mkdocs lets through: a link whose target was lost."""
+    empty = [p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md") if "]()" in p.read_text()]
+    assert empty == []
