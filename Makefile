@@ -126,7 +126,7 @@ chaos: install
 
 # The documentation site (mkdocs.yml, docs/): built offline with --strict into site/.
 docs: install
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The reference pages generated from the code (settings, CLI, HTTP API, metrics, log events):
 # a test fails with "run make docs-reference" when a committed page differs from what the code makes.

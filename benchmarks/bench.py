@@ -339,7 +339,7 @@ class Bench:
         ``CHECKPOINT``, a fresh instance, one untimed task, then ``--latency-count`` at ``--rate``.
 
         Not on the instance that served the HTTP creates: after a few thousand tasks the pickup
-        was 0.7-0.8 ms slower at the median (docs/benchmarks.md, 2026-12-04, midday), and
+        was 0.7-0.8 ms slower at the median (docs/internals/benchmark-notebook.md, 2026-12-04, midday), and
         PgQueuer's is measured on a fresh worker and truncated tables.
         """
         import httpx
