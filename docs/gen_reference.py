@@ -226,33 +226,85 @@ LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
 EVENT = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)+|[a-z]+")
 
 
+def string_bindings(tree: ast.AST) -> dict[str, set[str]]:
+    """What each identifier of a module may hold as a string: ``x = "a"`` (also ``self.x``, class
+    attributes), the string values of ``x = {...}``, and a loop variable over ``d.items()`` or ``d.values()``."""
+    bound: dict[str, set[str]] = {}
+
+    def strings(node: ast.AST | None) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, ast.Dict):
+            return {v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
+        return set()
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", None)
+                if name:
+                    bound.setdefault(name, set()).update(strings(node.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.comprehension | ast.For) and isinstance(node.iter, ast.Call):
+            source = node.iter.func
+            if isinstance(source, ast.Attribute) and isinstance(source.value, ast.Name):
+                values = bound.get(source.value.id, set())
+                loop = node.target.elts[-1] if isinstance(node.target, ast.Tuple) else node.target
+                if isinstance(loop, ast.Name):
+                    bound.setdefault(loop.id, set()).update(values)
+    return bound
+
+
+def event_names(node: ast.AST, bound: dict[str, set[str]]) -> set[str]:
+    """The strings an event argument may be: a literal, either side of ``a if c else b``, or a bound name."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.IfExp):
+        return event_names(node.body, bound) | event_names(node.orelse, bound)
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    return set(bound.get(name, set())) if name else set()
+
+
+def log_call(node: ast.Call) -> tuple[set[str], ast.AST] | None:
+    """``(levels, event argument)`` of a logging call: ``log.warning(event, ...)``,
+    ``(log.warning if c else log.info)(event, ...)``, or ``ThrottledLog(logger, event)`` (a warning)."""
+    funcs = [node.func.body, node.func.orelse] if isinstance(node.func, ast.IfExp) else [node.func]
+    levels = {
+        f.attr
+        for f in funcs
+        if isinstance(f, ast.Attribute) and f.attr in LEVELS and "log" in ast.unparse(f.value).lower()
+    }
+    if levels and node.args:
+        return levels, node.args[0]
+    if isinstance(node.func, ast.Name) and node.func.id == "ThrottledLog" and len(node.args) > 1:
+        return {"warning"}, node.args[1]
+    return None
+
+
 def log_events(package: Path) -> dict[str, dict[str, set[str]]]:
     """Every log event the source names: ``{event: {"levels": ..., "modules": ...}}``.
 
-    taskmesh keeps no registry of its log events, so they are found in the source: the first
-    argument of a call of a logger's level method (``log.warning("store_unavailable", ...)``)
-    when it is a snake_case string literal, and the event given to a :class:`ThrottledLog`
-    (logged at warning). An event built at run time is not found.
+    taskmesh keeps no registry of its log events, so they are found in the source: the event
+    argument of a logger's level method (``log.warning("store_unavailable", ...)``) or of a
+    :class:`ThrottledLog` (logged at warning), when it is a snake_case literal or a name the same
+    module binds to literals (see :func:`string_bindings`). An event built at run time is not found.
     """
     found: dict[str, dict[str, set[str]]] = {}
     for source in sorted(package.rglob("*.py")):
         module = ".".join(source.relative_to(package.parent).with_suffix("").parts)
-        for node in ast.walk(ast.parse(source.read_text())):
-            if not isinstance(node, ast.Call):
+        tree = ast.parse(source.read_text())
+        bound = string_bindings(tree)
+        for node in ast.walk(tree):
+            call = log_call(node) if isinstance(node, ast.Call) else None
+            if call is None:
                 continue
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            receiver = ast.unparse(func.value).lower() if isinstance(func, ast.Attribute) else ""
-            if name in LEVELS and node.args and "log" in receiver:
-                arg, level = node.args[0], name
-            elif name == "ThrottledLog" and len(node.args) > 1:
-                arg, level = node.args[1], "warning"
-            else:
-                continue
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and EVENT.fullmatch(arg.value):
-                entry = found.setdefault(arg.value, {"levels": set(), "modules": set()})
-                entry["levels"].add(level)
-                entry["modules"].add(module)
+            levels, argument = call
+            for event in event_names(argument, bound):
+                if EVENT.fullmatch(event):
+                    entry = found.setdefault(event, {"levels": set(), "modules": set()})
+                    entry["levels"] |= levels
+                    entry["modules"].add(module)
     return found
 
 
