@@ -1,4 +1,4 @@
-"""Every code block of the getting-started and guides pages runs (River compiles its examples as tests).
+"""Every code block of the getting-started, concepts and guides pages runs (River compiles its examples as tests).
 
 How each kind of block is checked (also stated in docs/internals/development.md, "The docs tests"):
 
@@ -51,7 +51,7 @@ from tests.proc import Proc, call, spawn, wait_until
 __all__ = ["spawn"]  # the fixture, used by name
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted([*(ROOT / "docs" / "getting-started").glob("*.md"), *(ROOT / "docs" / "guides").glob("*.md")])
+PAGES = sorted(p for part in ("getting-started", "concepts", "guides") for p in (ROOT / "docs" / part).glob("*.md"))
 SKIP = re.compile(r"<!-- docs-test: skip \((.+?)\) -->\s*$")
 SKIPPED = 1
 """Blocks marked ``docs-test: skip``: the audit log query, which needs a key made first."""
