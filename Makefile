@@ -104,8 +104,8 @@ deploy-tools: | $(STAMP)
 	test -x $$dest/promtool && echo "promtool installed into $$dest" || echo "could not get promtool: its tests will skip"
 
 lint: install
-	$(BIN)/ruff check src tests examples benchmarks docs/gen_reference.py
-	$(BIN)/ruff format --check src tests examples benchmarks docs/gen_reference.py
+	$(BIN)/ruff check src tests examples benchmarks docs/gen_reference.py docs/hooks.py
+	$(BIN)/ruff format --check src tests examples benchmarks docs/gen_reference.py docs/hooks.py
 	$(BIN)/mypy
 
 # The benchmark is not part of the package: it runs from the repository root, where `benchmarks` imports.

@@ -25,7 +25,8 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer.main
 from pydantic.fields import FieldInfo
@@ -75,11 +76,17 @@ def attribute_docstrings(cls: type) -> dict[str, str]:
 
 
 def type_name(annotation: Any) -> str:
-    """A field's annotation as a reader writes it (``list[str]``, ``float | None``)."""
-    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
-    text = re.sub(r"\b(typing|collections\.abc|taskmesh(\.\w+)*)\.", "", text)
-    text = re.sub(r"Annotated\[(.+?), NoDecode\]", r"\1", text)
-    return text.replace("NoneType", "None")
+    """A field's annotation as a reader writes it: ``list[str]``, ``float | None``, ``"keys" | "none"``."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return " | ".join(json.dumps(a) for a in args)
+    if origin in (Union, UnionType):
+        return " | ".join(type_name(a) for a in args)
+    if origin is Annotated:
+        return type_name(args[0])
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(type_name(a) for a in args)}]"
+    return "None" if annotation is type(None) else str(getattr(annotation, "__name__", annotation))
 
 
 def default_of(field: FieldInfo) -> Any:
