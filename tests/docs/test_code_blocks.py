@@ -13,7 +13,8 @@ How each kind of block is checked (also stated in docs/internals/development.md,
 - ``sh`` and ``console`` (lines after ``$ ``): each command line, continuations joined, comments and
   leading ``VAR=value`` assignments dropped: ``taskmesh ...`` (and ``python -m taskmesh``,
   ``docker compose run --rm migrate ...``) is parsed by the Typer app's own parser, command path and
-  every flag; ``make T`` needs a target ``T`` in the Makefile; ``pip install 'taskmesh[x]'`` needs
+  every flag, and then run (but ``dev``): the operator verbs through the test instance's API, then
+  ``keys`` on its database (``KEY_ID`` a key the pages made), each must exit 0; ``make T`` needs a target ``T`` in the Makefile; ``pip install 'taskmesh[x]'`` needs
   the extra ``x``; ``curl`` to ``localhost:8080`` is sent to the test's instance and must be answered
   below 400;
 - a block preceded by ``<!-- docs-test: skip (why) -->`` is not run; :data:`SKIPPED` holds their
@@ -184,6 +185,25 @@ def curl_request(words: list[str], port: int, last_task: str | None) -> httpx.Re
     return httpx.Request(method, url, headers=headers, content=data)
 
 
+def cli_lines() -> list[tuple[Block, list[str]]]:
+    """The ``taskmesh`` command lines of the pages, with their arguments, ``dev`` left out (it starts servers)."""
+    found = []
+    for block in ALL:
+        if block.lang in ("sh", "console") and block.skip is None:
+            for line in command_lines(block):
+                args = taskmesh_args(strip_env(shlex.split(line)))
+                if args is not None and args[:1] != ["dev"]:
+                    found.append((block, args))
+    return found
+
+
+def run_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m taskmesh ARGS`` as a reader runs it; its output in the answer."""
+    return subprocess.run(
+        [sys.executable, "-m", "taskmesh", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_every_block_is_of_a_checked_kind_or_marked() -> None:
     kinds = {"python", "toml", "yaml", "ini", "sh", "console"}
     unknown = [b.where for b in ALL if b.skip is None and b.lang not in kinds]
@@ -313,6 +333,27 @@ async def test_the_pages_examples_run_against_a_real_instance(
                 body = answer.json() if answer.content else {}
                 last_task = body.get("task_id", last_task) if isinstance(body, dict) else last_task
     assert sent >= 6
+
+    # The command lines: the operator verbs through the instance's API, then `keys` on its database
+    # (last: the first key closes the open instance). KEY_ID is the id of the first key made.
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_") and k not in ("DATABASE_URL", "REDIS_URL")
+    }
+    cli_env = {**base, **env, "TASKMESH_URL": f"http://127.0.0.1:{proc.port}"}
+    lines = cli_lines()
+    for block, args in sorted(lines, key=lambda line: line[1][:1] == ["keys"]):
+        if "--url" in args:
+            args = [*args[: args.index("--url") + 1], cli_env["TASKMESH_URL"], *args[args.index("--url") + 2 :]]
+        if args[:1] == ["keys"]:
+            if "KEY_ID" in args:
+                listed = run_cli(["keys", "list", "--json"], {**cli_env, "TASKMESH_URL": ""}, tmp_path)
+                key_id = json.loads(listed.stdout)["keys"][-1]["key_id"]
+                args = [key_id if a == "KEY_ID" else a for a in args]
+            done = run_cli(args, {**cli_env, "TASKMESH_URL": ""}, tmp_path)
+        else:
+            done = run_cli(args, cli_env, tmp_path)
+        assert done.returncode == 0, f"{block.where}: taskmesh {shlex.join(args)}\n{done.stdout}\n{done.stderr}"
+    assert len(lines) >= 10
     assert (tmp_path / "exports" / "sales-2024-q4.csv").exists() or wait_until(
         lambda: (tmp_path / "exports" / "sales-2024-q4.csv").exists(), proc=proc
     )
