@@ -15,8 +15,8 @@ How each kind of block is checked (also stated in docs/internals/development.md,
   ``docker compose run --rm migrate ...``) is parsed by the Typer app's own parser, command path and
   every flag, and then run (but ``dev``): the operator verbs through the test instance's API, then
   ``keys`` on its database (``KEY_ID`` a key the pages made), each must exit 0; ``make T`` needs
-  a target ``T`` in the Makefile; ``pip install 'taskmesh[x]'`` needs the extra ``x``; ``curl`` to ``localhost:8080`` is sent to the test's instance and must be answered
-  below 400;
+  a target ``T`` in the Makefile; ``pip install 'taskmesh[x]'`` needs the extra ``x``; ``curl`` to
+  ``localhost:8080`` is sent to the test's instance and must be answered below 400;
 - a block preceded by ``<!-- docs-test: skip (why) -->`` is not run; :data:`SKIPPED` holds their
   number, so a new unchecked block fails this test until it is counted on purpose.
 """
