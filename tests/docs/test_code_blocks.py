@@ -277,6 +277,7 @@ for where, source in json.load(sys.stdin):
 
 
 @pytest.mark.anyio
+@pytest.mark.timeout(300)  # an instance, two scripts, a dozen CLI processes: about 40 s here
 async def test_the_pages_examples_run_against_a_real_instance(
     docs_stores: tuple[str, str], spawn: Callable[..., Proc], tmp_path: Path
 ) -> None:
