@@ -359,6 +359,39 @@ def python_api_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def first_sentence(path: Path) -> str:
+    """The first sentence of a module's docstring (empty when it has none)."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    end = paragraph.find(". ")
+    return paragraph if end < 0 else paragraph[: end + 1]
+
+
+def module_map_page() -> str:
+    """``internals/module-map.md``: each package of ``src/taskmesh`` with its modules, from their docstrings."""
+    package = Path(taskmesh.__file__).resolve().parent
+    lines = [
+        "# Module map",
+        "",
+        GENERATED.strip(),
+        "",
+        "The packages of `src/taskmesh`, each with the first sentence of its docstring, then its modules.",
+        "Imports flow one way, and `tests/unit/test_import_graph.py` fails on any import circle.",
+    ]
+    packages = [package] + sorted(d for d in package.iterdir() if (d / "__init__.py").is_file())
+    for directory in packages:
+        name = "taskmesh" if directory == package else f"taskmesh.{directory.name}"
+        lines += ["", f"## `{name}`", ""]
+        summary = first_sentence(directory / "__init__.py")
+        if summary:
+            lines += [cell(summary), ""]
+        lines += ["| module | holds |", "| --- | --- |"]
+        for source in sorted(directory.glob("*.py")):
+            if source.name != "__init__.py":
+                lines.append(f"| `{source.stem}` | {cell(first_sentence(source))} |")
+    return "\n".join(lines) + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "reference/settings.md": settings_page,
     "reference/cli.md": cli_page,
@@ -366,6 +399,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "metrics.md": lambda: Metrics().markdown(),
     "reference/log-events.md": log_events_page,
     "reference/python-api.md": python_api_page,
+    "internals/module-map.md": module_map_page,
 }
 """Each generated page, by its path under the docs directory."""
 

@@ -4,7 +4,7 @@ on the machine's stores, and the commands of a missing extra refused in words th
 One venv per test session (the wheel built from the working tree, its dependencies from the package
 index as pip is configured here): about half a minute of pip, hence the ``install`` marker. The venv's
 Python is the tests' own, or TASKMESH_TEST_FRESH_PYTHON (``python3.13``: the supported versions of
-``docs/supported-versions.md`` were checked that way).
+``docs/getting-started/install.md`` were checked that way).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The web console (issue 13): server-rendered pages under ``/console`` over the operator API.
+"""The web console: server-rendered pages under ``/console`` over the operator API.
 
 Pages read, and forms act, through the instance's own API as the signed-in key
 (:mod:`taskmesh.console.api_client`), so the console has the API's scopes, tenant rule, rate
