@@ -378,7 +378,7 @@ def module_map_page() -> str:
         "The packages of `src/taskmesh`, each with the first sentence of its docstring, then its modules.",
         "Imports flow one way, and `tests/unit/test_import_graph.py` fails on any import circle.",
     ]
-    packages = [package] + sorted(d for d in package.iterdir() if (d / "__init__.py").is_file())
+    packages = [package, *sorted(d for d in package.iterdir() if (d / "__init__.py").is_file())]
     for directory in packages:
         name = "taskmesh" if directory == package else f"taskmesh.{directory.name}"
         lines += ["", f"## `{name}`", ""]
