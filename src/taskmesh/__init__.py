@@ -17,8 +17,7 @@ Public API::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+import importlib.metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from taskmesh.errors import (
@@ -36,6 +35,12 @@ from taskmesh.errors import (
     TaskStateError,
     WaitTimeoutError,
 )
+
+try:
+    # One source of truth: the package metadata (pyproject.toml's ``version``), as pip installed it.
+    __version__ = _metadata.version("taskmesh")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from taskmesh.clients.client import Client

@@ -22,6 +22,9 @@ BARE_RUN: tuple[list[str], ...] = ([], ["run"])
 BARE_WORKER: list[str] = ["worker"]
 """The command line (after the program's name) that starts an instance's workers alone, without HTTP:
 with :data:`BARE_RUN`, what runs without the ``cli`` extra (``pip install taskmesh`` alone)."""
+VERSION: list[str] = ["--version"]
+"""The command line (after the program's name) that prints the version: answered here, without the ``cli``
+extra, as the command line's own ``--version`` does (``taskmesh 0.2.0``)."""
 
 
 def main() -> None:
@@ -35,6 +38,11 @@ def main() -> None:
     previous = signal.signal(signal.SIGINT, note)
     try:
         args = sys.argv[1:]
+        if args == VERSION:
+            from taskmesh import __version__
+
+            print(f"taskmesh {__version__}")
+            return
         start = _bare_run() if args in BARE_RUN else _bare_worker() if args == BARE_WORKER else _command_line()
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -3,6 +3,7 @@ rely on, and no traceback for a closed pipe, an unreachable API or a store that 
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -196,3 +197,21 @@ def test_a_bare_start_maps_its_end_as_the_command_line_does_without_loading_it(a
     )
     assert "taskmesh.runtime.supervisor" in imported
     assert not imported & {"typer", "taskmesh.cli.app", "httpx"}
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--version", "--url", "http://127.0.0.1:1"]], ids=["light", "typer"])
+def test_version_prints_the_package_metadata_s_version_with_or_without_loading_the_command_line(
+    args: list[str],
+) -> None:
+    # the light path answers `taskmesh --version` alone without typer; with more, the command line does
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "taskmesh", *args],
+        env=env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert (done.returncode, done.stdout) == (0, f"taskmesh {importlib.metadata.version('taskmesh')}\n")
+    assert ("typer" in imported) == (len(args) > 1)

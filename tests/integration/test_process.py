@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import taskmesh
 from tests.proc import call, spawn, stop, stores_env, task_status, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
@@ -70,7 +71,7 @@ async def test_with_postgres_down_the_instance_stays_up_says_503_and_names_the_s
 
     # Only the store that does not answer reads "down" (issue 14); Redis answered.
     assert wait_until(settled) == (503, {"ready": False, "postgres": "down", "redis": "ok"})
-    assert call(proc.port, "GET", "/healthz") == (200, {"status": "ok"})
+    assert call(proc.port, "GET", "/healthz") == (200, {"status": "ok", "version": taskmesh.__version__})
     status, body = call(proc.port, "POST", "/api/v1/tasks", {"name": "x"})
     assert status == 503 and body["title"] == "Not ready"
     code, _, out = stop(proc, 10)

@@ -9,6 +9,7 @@ import anyio
 from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
+from taskmesh import __version__
 from taskmesh.api.auth import authenticate, platform_wide
 from taskmesh.api.deps import StateDep, json_response
 from taskmesh.api.problems import only_problems
@@ -30,8 +31,8 @@ PING_TIMEOUT_SECONDS = 1.0
     summary="Liveness: the process serves HTTP",
 )
 async def healthz() -> Response:
-    """200 while the process serves."""
-    return json_response({"status": "ok"})
+    """200 while the process serves, naming the release it runs (``version``)."""
+    return json_response({"status": "ok", "version": __version__})
 
 
 @router.get(

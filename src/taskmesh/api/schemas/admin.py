@@ -185,6 +185,7 @@ class Liveness(BaseModel):
     """The process serves."""
 
     status: Literal["ok"]
+    version: str = Field(description="The release this instance runs (the package's version: `0.2.0`).")
 
 
 class StoreState(StrEnum):
