@@ -23,6 +23,6 @@ async def _injected_bug(*args: Any, **kwargs: Any) -> Any:
 
 _module = {"sampler": sampler, "reclaimer": reclaimer}.get(WHICH)
 if _module is not None:
-    for name in ("run_once", "sample_once"):  # sample_once: the sampler's tick before issue 10
+    for name in ("run_once", "sample_once"):  # sample_once: the sampler's old tick
         if hasattr(_module, name):
             setattr(_module, name, _injected_bug)

@@ -1,4 +1,4 @@
-"""A real PgBouncer in transaction mode in front of the test PostgreSQL (issue 14).
+"""A real PgBouncer in transaction mode in front of the test PostgreSQL.
 
 Debian's ``pgbouncer`` (``make deploy-tools``), started on a free loopback port with a
 config of its own: every database of the server behind it, trust authentication (as the

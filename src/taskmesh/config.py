@@ -62,7 +62,7 @@ def usable_cores() -> int:
 
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-"""Allowed task and queue names (issue 2): letters, digits, ``_ . : -``, 1-128 chars."""
+"""Allowed task and queue names: letters, digits, ``_ . : -``, 1-128 chars."""
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\[\]:-]+$")
 """A web origin as browsers send it in ``Origin``: scheme and host, maybe a port, nothing after."""
 
@@ -122,7 +122,7 @@ MISFIRE_ALL_CAP = 1000
 
 
 class TenantQuota(BaseModel):
-    """A tenant's quotas (``[tenant_quotas.<tenant>]`` in TOML; each unset one is no limit), issue 12.
+    """A tenant's quotas (``[tenant_quotas.<tenant>]`` in TOML; each unset one is no limit).
 
     Checked on every create through the API, whichever key makes the task; a refusal is a
     problem+json naming the quota (429, or 413 for payload bytes).
@@ -146,7 +146,7 @@ class TenantQuota(BaseModel):
 
 
 class ScheduleSettings(BaseModel):
-    """One ``[[schedules]]`` table: a cron spec that makes a task per fire (issue 5).
+    """One ``[[schedules]]`` table: a cron spec that makes a task per fire.
 
     Each fire creates a task of ``type = "cron"`` whose idempotency key is
     ``cron:{name}:{fire time in UTC, ISO 8601}``, so instances firing the same
@@ -665,7 +665,7 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def check_schedule_tasks(settings: Settings, known: set[str], has_fallback: bool) -> None:
-    """Refuse schedules naming a task no handler runs (issue 5: nothing starts half-configured).
+    """Refuse schedules naming a task no handler runs (nothing starts half-configured).
 
     :param known: registered handler names.
     :param has_fallback: a fallback handler runs unknown names (the ``dev`` profile).

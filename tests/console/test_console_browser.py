@@ -1,4 +1,4 @@
-"""The console in a real browser (issue 13): headless Chromium against a real instance on real stores.
+"""The console in a real browser: headless Chromium against a real instance on real stores.
 
 Each test signs in with a key made as an operator makes one, clicks through the pages as a
 person would, checks what the API then holds, and saves a screenshot of each page it visits

@@ -1,4 +1,4 @@
-"""Every console page over a long history (issue 13): each page, timed end to end over HTTP.
+"""Every console page over a long history: each page, timed end to end over HTTP.
 
 ``CONSOLE_HISTORY`` tasks (default 30,000; the issue's figure is measured with 1,000,000:
 ``CONSOLE_HISTORY=1000000 .venv/bin/python -m pytest tests/console/test_console_growth.py -s``)

@@ -1,4 +1,4 @@
-"""The console's pages load at its first request, not at the instance's start (issue 15: start-up).
+"""The console's pages load at its first request, not at the instance's start (start-up).
 
 An instance that never serves a console page never imports its pages, templates or API client;
 the first request under ``/console`` loads them and is answered as every later one is, an

@@ -1,4 +1,4 @@
-"""The console's sessions and forms over plain HTTP (issue 13): what a forged, stale or foreign request gets.
+"""The console's sessions and forms over plain HTTP: what a forged, stale or foreign request gets.
 
 No browser here: these requests are the ones a browser would refuse to make, or an attacker's
 page would try. Each names the exact status and message.

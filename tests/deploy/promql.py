@@ -1,6 +1,6 @@
 """What the alert rules and the dashboard may reference, and a small PromQL reader to check them.
 
-``CONTRACT`` is the metric contract of issue 6 (names as exposed, labels, closed
+``CONTRACT`` is the metric contract (names as exposed, labels, closed
 label values): the alert rules and the Grafana dashboard may use these, the
 ``process_*`` collectors and ``up``, nothing else. ``test_metric_contract.py``
 checks that the code exposes exactly these names with these labels.
@@ -101,7 +101,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
 
 RESERVED_LABEL_VALUES: dict[str, str] = {"queue": "(unserved)", "task_name": "(other)"}
 """The one value every queue, and every task name, outside the bounded set is counted under
-(issue 10, break 10): ``queue`` and ``task_name`` are open labels, but only registered task
+``queue`` and ``task_name`` are open labels, but only registered task
 names and served queues get a value of their own; no name can take these (names match
 ``[A-Za-z0-9_.:-]``). A rule or panel may match them; ``taskmesh_queue_depth`` has
 ``queue="(unserved)"`` only with ``state="ready"``."""

@@ -1,4 +1,4 @@
-"""The audit log (issue 12): every change and every refused call, who made it, how it ended; written
+"""The audit log: every change and every refused call, who made it, how it ended; written
 in the change's own transaction; read back with filters and keyset pages; append-only; a month at a
 time dropped by retention."""
 

@@ -1,4 +1,4 @@
-"""API keys and scopes (issue 12): who may call which route, and when an instance runs open.
+"""API keys and scopes: who may call which route, and when an instance runs open.
 
 Keys are made with the CLI against the real database (as an operator makes the first one),
 then used against real instances. Every ``/api/v1`` route is walked from the OpenAPI

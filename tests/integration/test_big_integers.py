@@ -1,4 +1,4 @@
-"""Payload integers beyond 64 bits (issue 10, break 11): refused naming their path, never rounded to floats.
+"""Payload integers beyond 64 bits: refused naming their path, never rounded to floats.
 
 orjson, which parses request bodies and writes payloads, reads an integer
 literal outside -2^63 .. 2^64-1 as a float, silently rounded; it cannot write

@@ -1,4 +1,4 @@
-"""Break 9 of issue 10: an async handler that blocks the event loop must not make the instance deaf.
+"""An async handler that blocks the event loop must not make the instance deaf.
 
 Before, a handler calling ``time.sleep`` inside ``async def`` made SIGTERM, and
 the second SIGTERM, do nothing; only SIGKILL ended the instance. Now the

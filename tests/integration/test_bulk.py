@@ -1,4 +1,4 @@
-"""Bulk enqueue: one statement, one pipeline, each item's outcome reported (issue 4)."""
+"""Bulk enqueue: one statement, one pipeline, each item's outcome reported."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bulk operations (issue 11): ``POST /api/v1/tasks:bulk`` with a dry run first, then in the background.
+"""Bulk operations: ``POST /api/v1/tasks:bulk`` with a dry run first, then in the background.
 
 A dry run counts what a filter matches and shows a sample at once; a real run is
 answered 202 with an operation that ``GET /api/v1/operations/{id}`` follows to its

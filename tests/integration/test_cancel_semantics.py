@@ -1,4 +1,4 @@
-"""Break 6 of issue 10: cancel and replay agree, and failed runs keep their traceback.
+"""Cancel and replay agree, and failed runs keep their traceback.
 
 Before, a running task cancelled with 202 whose handler failed before the
 next heartbeat was retried and completed (the README says not retried); and a

@@ -1,4 +1,4 @@
-"""``taskmesh queues``, ``workers``, ``dlq`` and ``bulk`` (issue 11), as real processes against a real instance."""
+"""``taskmesh queues``, ``workers``, ``dlq`` and ``bulk``, as real processes against a real instance."""
 
 from __future__ import annotations
 

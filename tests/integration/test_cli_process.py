@@ -1,4 +1,4 @@
-"""The command line as a whole (issue 11): help for every command and flag, exit statuses a script can
+"""The command line as a whole: help for every command and flag, exit statuses a script can
 rely on, and no traceback for a closed pipe, an unreachable API or a store that refuses a password."""
 
 from __future__ import annotations

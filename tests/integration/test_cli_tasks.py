@@ -1,4 +1,4 @@
-"""``taskmesh tasks list|show|retry|cancel|delete`` (issue 11), as real processes against a real instance.
+"""``taskmesh tasks list|show|retry|cancel|delete``, as real processes against a real instance.
 
 Each verb is checked for its table, its ``--json`` (the API's own answer), and the
 exact message and exit status of each way it can be refused.

@@ -1,4 +1,4 @@
-"""PostgreSQL's clock is the clock of record for due times and fires (issue 10, break 7).
+"""PostgreSQL's clock is the clock of record for due times and fires.
 
 The claim checks ``run_at <= now()`` in PostgreSQL, so ``run_at``, ``delay_seconds``
 and the scheduler's "now" must come from PostgreSQL's clock too: an instance whose

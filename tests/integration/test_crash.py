@@ -1,4 +1,4 @@
-"""Crash safety with real processes: kill -9, a poison task, a frozen worker, signals (issue 3)."""
+"""Crash safety with real processes: kill -9, a poison task, a frozen worker, signals."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The dev profile's stores keep their URLs across restarts of one ``TASKMESH_DEV_DIR``, and say them (issue 11).
+"""The dev profile's stores keep their URLs across restarts of one ``TASKMESH_DEV_DIR``, and say them.
 
 The embedded PostgreSQL listens on a Unix socket in its data directory (its URL
 follows the directory); the embedded Valkey takes the port it had last time in

@@ -1,4 +1,4 @@
-"""The DLQ listing carries no payloads (issue 10, break 15): each item says why it failed instead.
+"""The DLQ listing carries no payloads: each item says why it failed instead.
 
 ``GET /api/v1/queues/{q}/dlq?count=1000`` once loaded every payload: 36.9 MB for
 40 tasks of 900 KiB. Now each item is the task without ``payload`` and with

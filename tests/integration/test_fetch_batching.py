@@ -1,4 +1,4 @@
-"""The fetcher claims in batches while its executors still have claimed tasks waiting (issue 15).
+"""The fetcher claims in batches while its executors still have claimed tasks waiting.
 
 A queue that runs a few hundred tasks a second with prefetch used to claim one task per
 finished task: one commit each. While the channel holds a claimed task for every executor,

@@ -1,6 +1,6 @@
 """A fetcher holds the ids it popped until their claim answers (the reconciler reads them).
 
-Without it, every count the reconciler took during a drain looked like lost ids (issue 15).
+Without it, every count the reconciler took during a drain looked like lost ids.
 The fetcher runs alone on real stores; the claim is the real one, wrapped to look at the count.
 """
 

@@ -1,4 +1,4 @@
-"""The queues' history (issue 13's charts): the per-minute rollup that every instance's sampler writes.
+"""The queues' history (the console's charts): the per-minute rollup that every instance's sampler writes.
 
 Runs, waits and the sampled backlog go through the real sampler into ``queue_minutes`` on
 PostgreSQL and come back through ``GET /api/v1/history``; two instances' counts add up.

@@ -1,4 +1,4 @@
-"""What a browser can be made to send (issue 12): bodies that are not JSON (415) and Hosts not allowed (400)."""
+"""What a browser can be made to send: bodies that are not JSON (415) and Hosts not allowed (400)."""
 
 from __future__ import annotations
 

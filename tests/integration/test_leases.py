@@ -1,4 +1,4 @@
-"""Leases, heartbeats, reclaim and fencing against real PostgreSQL and Redis (issue 3)."""
+"""Leases, heartbeats, reclaim and fencing against real PostgreSQL and Redis."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A payload that does not fit its handler's declared type is refused at enqueue (issue 11).
+"""A payload that does not fit its handler's declared type is refused at enqueue.
 
 When the enqueuing process has the handler registered, the payload is validated
 against the handler's pydantic model or dataclass before anything is written:

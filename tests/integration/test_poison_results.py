@@ -1,4 +1,4 @@
-"""Break 1 of issue 10: a result or error PostgreSQL cannot store fails that one run, never the committer.
+"""A result or error PostgreSQL cannot store fails that one run, never the committer.
 
 Before, a handler whose return value or error text held U+0000 (or a lone
 surrogate) made the committer retry the same batch for ever as a "store

@@ -1,4 +1,4 @@
-"""Through PgBouncer in transaction mode (issue 14): a real PgBouncer of each test's own.
+"""Through PgBouncer in transaction mode: a real PgBouncer of each test's own.
 
 - five migrations at once through it apply each version once, and leave no lock behind
   (the next start does not wait);

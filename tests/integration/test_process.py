@@ -69,7 +69,7 @@ async def test_with_postgres_down_the_instance_stays_up_says_503_and_names_the_s
         answer = call(proc.port, "GET", "/readyz")
         return answer if "connecting" not in answer[1].values() else None
 
-    # Only the store that does not answer reads "down" (issue 14); Redis answered.
+    # Only the store that does not answer reads "down"; Redis answered.
     assert wait_until(settled) == (503, {"ready": False, "postgres": "down", "redis": "ok"})
     assert call(proc.port, "GET", "/healthz") == (200, {"status": "ok", "version": taskmesh.__version__})
     status, body = call(proc.port, "POST", "/api/v1/tasks", {"name": "x"})

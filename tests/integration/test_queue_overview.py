@@ -1,4 +1,4 @@
-"""The queues as an operator sees them (issue 11): ``GET /api/v1/queues`` and ``GET /api/v1/queues/{q}``.
+"""The queues as an operator sees them: ``GET /api/v1/queues`` and ``GET /api/v1/queues/{q}``.
 
 Every queue with tasks, a pause or a live instance serving it is listed with
 its depth by state (ready, delayed, retrying, running, dead-lettered), the age

@@ -1,4 +1,4 @@
-"""Pausing a queue (issue 11): no instance claims its tasks until it is resumed.
+"""Pausing a queue: no instance claims its tasks until it is resumed.
 
 The pause is a row in PostgreSQL that the claim statement itself reads, so it
 holds on every instance from its commit on and survives restarts; enqueue goes

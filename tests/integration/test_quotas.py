@@ -1,4 +1,4 @@
-"""Tenants' quotas (issue 12): most open tasks, most payload bytes, tasks per second; each refusal
+"""Tenants' quotas: most open tasks, most payload bytes, tasks per second; each refusal
 names its quota and tenant, stores nothing, and leaves other tenants alone."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rate limits (issue 12): one budget per API key and class of requests, shared by every instance
+"""Rate limits: one budget per API key and class of requests, shared by every instance
 through Redis, refused with 429 and the IETF RateLimit fields."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An instance's first look at a queue that clients filled before any instance marked it (issue 15).
+"""An instance's first look at a queue that clients filled before any instance marked it.
 
 Clients push what they enqueue; only the reconciler writes a queue's marker. Before, the first
 instance to look at such a queue walked its whole backlog (a read of every queued row at every

@@ -1,4 +1,4 @@
-"""Recovery from what Redis loses or holds that taskmesh did not write (issue 10, breaks 11a, 11b, 12, 13).
+"""Recovery from what Redis loses or holds that taskmesh did not write.
 
 Real PostgreSQL, real Redis, real instances: in-process (``start_instance``) where the
 reconciler and the delayed mover are what is under test, real processes (``spawn``) where

@@ -1,6 +1,6 @@
 """Nothing is lost when a Redis Cluster node is flushed or restarted, or a Sentinel-watched master dies.
 
-Issue 14. Each test runs a real instance against real servers started here on loopback: three
+Each test runs a real instance against real servers started here on loopback: three
 cluster masters (``redis-cli --cluster create``), or a master, a replica and three Sentinels.
 Tasks wait in ready and delayed sets on every node while one node loses its memory
 (``FLUSHALL`` on it, or ``kill -9`` and a start with nothing saved), or while the master is

@@ -1,4 +1,4 @@
-"""Tasks that fail together do not retry together (issue 10, break 14).
+"""Tasks that fail together do not retry together.
 
 The backoff after the n-th failure is ``min(2^n, 3600)`` s times a uniform factor in
 [0.5, 1.5): the executor draws it in Python (``retry.backoff_seconds``), the

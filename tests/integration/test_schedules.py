@@ -1,4 +1,4 @@
-"""Cron schedules against real PostgreSQL and Redis, time driven by a manual clock (issue 5)."""
+"""Cron schedules against real PostgreSQL and Redis, time driven by a manual clock."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Finding tasks (issue 11): ``GET /api/v1/tasks`` with filters, keyset pages and opaque cursors.
+"""Finding tasks: ``GET /api/v1/tasks`` with filters, keyset pages and opaque cursors.
 
 Twelve tasks with known creation times, queues, names, tenants, payloads and
 outcomes are searched every way the API allows; pages are walked with their

@@ -1,4 +1,4 @@
-"""How the task search behaves over a long history (issue 11): every filter's first page, timed.
+"""How the task search behaves over a long history: every filter's first page, timed.
 
 ``SEARCH_HISTORY`` tasks (default 200,000; the issue's figure is measured with
 1,000,000: ``SEARCH_HISTORY=1000000 .venv/bin/python -m pytest

@@ -1,4 +1,4 @@
-"""Secrets (issue 12): the stores' passwords are never logged nor answered, through a start, work,
+"""Secrets: the stores' passwords are never logged nor answered, through a start, work,
 an outage and a refused password, at the most talkative log level."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ async def test_a_refused_redis_password_is_reported_without_the_password(
         TASKMESH_REDIS_PREFIX=prefix,
         TASKMESH_LOG_LEVEL="debug",
     )
-    assert proc.wait(30) == 2  # a refused password ends start-up (issue 14), it is not waited out
+    assert proc.wait(30) == 2  # a refused password ends start-up, it is not waited out
     log = proc.output()
     assert "redis_url: Redis refused the user or password" in log
     assert wrong not in log and PG_SECRET not in log

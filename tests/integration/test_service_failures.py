@@ -1,4 +1,4 @@
-"""Breaks 4 and 5 of issue 10: a service's bug, or a broken migration, against real processes.
+"""A service's bug, or a broken migration, against real processes.
 
 Before, an unexpected exception in any service (say the sampler) made the
 instance exit 1 within seconds, with no drain, no hand-back, its runs left

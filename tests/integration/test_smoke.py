@@ -133,7 +133,7 @@ async def test_every_api_route_documents_its_errors_as_problems_and_the_search_i
         for method, operation in operations.items():
             where = f"{method.upper()} {path}"
             errors = {int(s) for s in operation["responses"] if int(s) >= 400}
-            wanted = {400, 401, 403, 429, 500, 503}  # a Host not allowed; a scope and a rate limit (issue 12)
+            wanted = {400, 401, 403, 429, 500, 503}  # a Host not allowed; a scope and a rate limit
             if any(p in path for p in ("{task_id}", "{operation_id}", "{name}", "{key_id}")):
                 wanted.add(404)
             if operation.get("parameters"):

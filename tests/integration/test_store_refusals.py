@@ -1,4 +1,4 @@
-"""Start-up ends with exit 2 and a message naming the setting when a store refuses for good (issue 14).
+"""Start-up ends with exit 2 and a message naming the setting when a store refuses for good.
 
 A refused password, a failed TLS handshake, a database number the server refuses, a Redis
 Cluster node behind the standalone client: none of them is an outage that waiting fixes, so

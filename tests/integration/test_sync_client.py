@@ -1,4 +1,4 @@
-"""The Python clients (issue 11): a script that is not async enqueues and waits; every end has its exception.
+"""The Python clients: a script that is not async enqueues and waits; every end has its exception.
 
 ``taskmesh.SyncClient`` offers the async client's methods as plain calls;
 ``wait`` returns the result or raises ``TaskFailedError`` / ``TaskCancelledError``

@@ -1,4 +1,4 @@
-"""Break 3 of issue 10: ``def`` handlers can be stopped, so two attempts of one task never run at once.
+"""``def`` handlers can be stopped, so two attempts of one task never run at once.
 
 Before, a ``def`` handler ran in a thread: past its ``timeout``, or when its
 task was cancelled, it kept running while the next attempt started (measured:

@@ -1,4 +1,4 @@
-"""Acting on one task (issue 11): retry a failed or cancelled one, delete a finished one.
+"""Acting on one task: retry a failed or cancelled one, delete a finished one.
 
 ``POST /api/v1/tasks/{id}/retry`` queues a failed or cancelled task again, due
 now, with a fresh retry budget and optionally a new priority or queue; its next

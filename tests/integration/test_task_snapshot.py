@@ -1,4 +1,4 @@
-"""``GET /api/v1/tasks/{id}`` reads the task and its latest run in one statement (issue 10, layout).
+"""``GET /api/v1/tasks/{id}`` reads the task and its latest run in one statement.
 
 Before, two statements read them, so a reader could get a ``running`` task
 with a ``succeeded`` run (the committer finishing the run between the two

@@ -1,4 +1,4 @@
-"""Tenants that cannot see each other (issue 12): every route, both ways.
+"""Tenants that cannot see each other: every route, both ways.
 
 Two tenants, ``acme`` and ``globex``, each with queued, completed and dead-lettered tasks,
 a schedule, a bulk operation and a key. An ``acme`` key is walked over every ``/api/v1``

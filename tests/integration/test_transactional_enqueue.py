@@ -1,4 +1,4 @@
-"""Transactional enqueue (issue 11): a task stored inside the application's own transaction.
+"""Transactional enqueue: a task stored inside the application's own transaction.
 
 ``Client.enqueue(..., connection=conn)`` writes the task through the application's
 asyncpg connection, in its transaction: rolled back, the task never existed and

@@ -1,4 +1,4 @@
-"""Waiting for a task's end (issue 11): ``GET /api/v1/tasks/{id}?wait=N``.
+"""Waiting for a task's end: ``GET /api/v1/tasks/{id}?wait=N``.
 
 The answer comes as soon as the task is completed, failed or cancelled, or when N
 seconds passed. The end is heard on a Redis channel that the committer publishes

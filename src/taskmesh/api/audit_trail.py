@@ -1,4 +1,4 @@
-"""ASGI middleware that records each ``/api/`` request's :class:`~taskmesh.security.audit.AuditEvent` (issue 12).
+"""ASGI middleware that records each ``/api/`` request's :class:`~taskmesh.security.audit.AuditEvent`.
 
 Every request that changes something (POST, PUT, PATCH, DELETE on a route) and every
 request refused for its key (401, 403, and 429 past an address's budget of refused

@@ -1,4 +1,4 @@
-"""Who is calling (issue 12): the API key of a request, its scopes, and each route's guard.
+"""Who is calling: the API key of a request, its scopes, and each route's guard.
 
 Every ``/api/v1`` route declares the scope it needs with :func:`require`; the guard
 reads ``Authorization: Bearer tmk_…`` (or ``X-API-Key``), finds the key through a

@@ -214,8 +214,8 @@ def is_name(value: str) -> bool:
 async def task_warnings(state: AppState, created: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """A warning for each created ``(queue, task name)`` that no live instance will run.
 
-    Either no live instance serves the queue (issue 10, break 10: a typo such as ``defualt``
-    waits for ever), or none of those serving it has a handler for the name (issue 11: the
+    Either no live instance serves the queue (a typo such as ``defualt``
+    waits for ever), or none of those serving it has a handler for the name (the
     task would fail when claimed). The create still succeeds and says so. What live instances
     serve is cached (:class:`~taskmesh.api.state.ServedQueues`). When PostgreSQL cannot say,
     there are no warnings (the task is stored already; the answer must not turn into an error).

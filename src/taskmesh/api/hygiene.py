@@ -1,4 +1,4 @@
-"""ASGI middleware for what a browser can be made to send (issue 12): a ``Host`` not allowed, a
+"""ASGI middleware for what a browser can be made to send: a ``Host`` not allowed, a
 request from another site's page, and a body that is not JSON; and pages no other page may frame.
 
 - **Host** (DNS rebinding): a page on ``evil.example`` whose name is made to resolve to

@@ -7,7 +7,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from taskmesh.api.problems import problem
 
 MAX_BODY_BYTES = 1024 * 1024
-"""Largest request body accepted, bytes (1 MiB, issue 2)."""
+"""Largest request body accepted, bytes (1 MiB)."""
 
 
 class BodyLimit:

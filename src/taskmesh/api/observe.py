@@ -1,4 +1,4 @@
-"""ASGI middleware: count HTTP requests and their latency by route template (issue 6).
+"""ASGI middleware: count HTTP requests and their latency by route template.
 
 The route label is the matched template (``/api/v1/tasks/{task_id}``), never the
 raw path, so ids do not become series; requests matching no route count as

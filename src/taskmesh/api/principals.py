@@ -1,4 +1,4 @@
-"""Callers of the API (issue 12): a :class:`Principal` per request, found through a :class:`KeyCache`.
+"""Callers of the API: a :class:`Principal` per request, found through a :class:`KeyCache`.
 
 See :mod:`taskmesh.api.auth` for how routes use them and when an instance runs open.
 """

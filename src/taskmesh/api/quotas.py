@@ -1,4 +1,4 @@
-"""Tenants' quotas (issue 12): most tasks queued or running, most payload bytes, tasks per second.
+"""Tenants' quotas: most tasks queued or running, most payload bytes, tasks per second.
 
 Payload bytes and the rate are checked here, before a create through the API stores anything,
 for each tenant the request's tasks belong to (whichever key makes them: a quota is the

@@ -29,9 +29,9 @@ class ServedQueues:
     """The queues live (running or draining) workers serve and the task names they have handlers
     for, read at most every ``ttl`` seconds.
 
-    Creates ask it whether their queue is served and their name handled there (issue 10, break
-    10; issue 11), so it must stay cheap: one read of the ``workers`` table per ``ttl`` however
-    many creates, while other creates keep the last answer. Before the first read completes every
+    Creates ask it whether their queue is served and their name handled there, so it must stay
+    cheap: one read of the ``workers`` table per ``ttl`` however many creates, while other creates
+    keep the last answer. Before the first read completes every
     caller reads.
 
     :param own: the queues this instance serves itself (its ``queue_names`` when its workers are
@@ -79,9 +79,9 @@ class AppState:
     queues: list[str]
     served: ServedQueues = field(default_factory=ServedQueues)
     keys: KeyCache = field(default_factory=KeyCache)
-    """API keys as last read, and whether the instance runs open (issue 12)."""
+    """API keys as last read, and whether the instance runs open."""
     rate_policies: dict[str, RatePolicy] = field(default_factory=dict)
-    """Per-key rate limits by class (``read``, ``write``, ``admin``); empty: none (issue 12)."""
+    """Per-key rate limits by class (``read``, ``write``, ``admin``); empty: none."""
     rate_burst_seconds: float = 2.0
     """A key's own rates (its ``rate_limits``) allow bursts of this many seconds of them."""
     rate_unchecked: ThrottledLog = field(
@@ -97,7 +97,7 @@ class AppState:
     denials: Denials = field(default_factory=Denials)
     """Refused requests counted for the audit log, so that a flood writes a bounded number of rows."""
     quotas: Quotas = field(default_factory=Quotas)
-    """Tenants' quotas (issue 12)."""
+    """Tenants' quotas."""
     metrics_protected: bool = False
     """``/metrics`` needs ``metrics:read`` (``metrics_auth = "scope"``)."""
     console_session_seconds: float = 8 * 3600.0

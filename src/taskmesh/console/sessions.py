@@ -1,4 +1,4 @@
-"""Console sessions (issue 13): a cookie made from an API key at sign-in, stored hashed in PostgreSQL.
+"""Console sessions: a cookie made from an API key at sign-in, stored hashed in PostgreSQL.
 
 The cookie (:data:`COOKIE`) holds a random secret; ``console_sessions`` holds SHA-256 of it, the
 key it was made with (``None`` for a visitor of an open instance), a CSRF token and an expiry.

@@ -46,7 +46,7 @@ def store_address(url: str) -> str:
 
 
 def run_keys(task: Any, worker_id: str) -> dict[str, Any]:
-    """The keys every log line about a run carries (issue 6): task, name, queue, attempt, trace, worker.
+    """The keys every log line about a run carries: task, name, queue, attempt, trace, worker.
 
     :param task: a :class:`~taskmesh.tasks.models.ClaimedTask`.
     """

@@ -6,7 +6,7 @@ test) owns its own :class:`Metrics` with its own registry; every family is
 listed in :attr:`Metrics.catalog`, from which ``docs/metrics.md`` is generated
 (``python -m taskmesh.observability.metrics_doc > docs/metrics.md``; a test keeps them equal).
 
-Task names and queues come from clients, so they are bounded (issue 10, break 10:
+Task names and queues come from clients, so they are bounded (
 1,000 random names once grew ``/metrics`` from 144 series to 48,178): a task name
 is a label only when a handler is registered under it, else it counts as
 ``(other)`` (also when the dev profile's fallback handler runs it); a queue only
@@ -69,7 +69,7 @@ DURATION_BUCKETS = (
     1800,
     3600,
 )
-"""Run duration and queue wait buckets: 1 ms to 1 h (issue 6), seconds."""
+"""Run duration and queue wait buckets: 1 ms to 1 h, seconds."""
 HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 """HTTP request latency buckets, seconds."""
 

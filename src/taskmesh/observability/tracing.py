@@ -1,4 +1,4 @@
-"""Trace ids: taken from a W3C ``traceparent`` or an ``X-Request-ID`` header, else made (issue 6).
+"""Trace ids: taken from a W3C ``traceparent`` or an ``X-Request-ID`` header, else made.
 
 A task's trace id is stored on the task, returned by the API, given to the
 handler (``ctx.trace_id``) and carried by every log line about the task on any

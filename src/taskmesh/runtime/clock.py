@@ -1,7 +1,7 @@
 """Time sources: PostgreSQL's clock as seen from this instance, the system clock, a manual one for tests.
 
 PostgreSQL's clock is the one clock of record for due times, leases and cron
-fires (issue 10): the claim checks ``run_at <= now()`` there, so an instance
+fires: the claim checks ``run_at <= now()`` there, so an instance
 whose own clock runs ahead must not move a delayed task early or fire a
 schedule early. :class:`StoreClock` is the host's clock plus an offset measured
 against PostgreSQL (``clock_sync`` refreshes it); services that need "now"
@@ -11,7 +11,7 @@ wait) read it.
 The scheduler never reads the time itself; it asks a :class:`Clock`, so that a
 test can run a simulated hour (or a DST night) in milliseconds, and it never
 sleeps for a fixed period: it sleeps until an absolute instant, which is what
-keeps it from drifting over days (issue 5).
+keeps it from drifting over days.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cron expressions evaluated in a time zone: the fire times of one schedule (issue 5).
+"""Cron expressions evaluated in a time zone: the fire times of one schedule.
 
 Parsing and matching are croniter's; what this module adds is the mapping
 from wall-clock times in the schedule's zone to instants, with explicit rules

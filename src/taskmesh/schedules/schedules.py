@@ -1,6 +1,6 @@
 """Cron schedules over the stores: sync from config, fire what is due, and the operator's verbs.
 
-Exactly one task per fire, however many instances run (issue 5):
+Exactly one task per fire, however many instances run:
 
 1. Each instance upserts its ``[[schedules]]`` into the ``schedules`` table at
    start (:meth:`Schedules.sync`); a changed declaration (its hash differs)
@@ -191,7 +191,7 @@ def _last_fire(spec: CronSpec | None, last: datetime | None) -> dict[str, str | 
 def plan_fires(
     spec: CronSpec, first: datetime, now: datetime, *, policy: str, grace_seconds: float
 ) -> tuple[list[tuple[datetime, bool]], int]:
-    """Decide which due fire times to make, by the misfire policy (pure; the rule of issue 5).
+    """Decide which due fire times to make, by the misfire policy (pure).
 
     A due fire is *on time* when ``now - fire <= grace``; on-time fires are made
     under every policy. Late ones (misfires): ``skip`` drops them, ``once``

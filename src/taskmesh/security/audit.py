@@ -1,4 +1,4 @@
-"""The audit log (issue 12): who did what to which resource, and how it ended.
+"""The audit log: who did what to which resource, and how it ended.
 
 An :class:`AuditEvent` is opened for each API request (``taskmesh.api.audit_trail``) and
 for each ``taskmesh keys`` command (actor ``cli`` with the OS user). While it is

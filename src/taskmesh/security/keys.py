@@ -1,4 +1,4 @@
-"""API keys (issue 12): their form, their scopes, their hashes, and making, rotating and revoking them.
+"""API keys: their form, their scopes, their hashes, and making, rotating and revoking them.
 
 A key is ``tmk_<id>_<secret>``: ``<id>`` (16 characters of base32) names its row in
 ``api_keys``; ``<secret>`` (48 hex digits, 192 bits) is shown once, at creation, and only

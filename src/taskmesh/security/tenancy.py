@@ -1,4 +1,4 @@
-"""What a caller may see and touch (issue 12): a key's tenant and queues, as a :class:`Reach`.
+"""What a caller may see and touch: a key's tenant and queues, as a :class:`Reach`.
 
 A key bound to a tenant sees only tasks, runs, dead-lettered tasks, search results, bulk
 operations, schedules, keys and audit events of that tenant; a key bound to queues only

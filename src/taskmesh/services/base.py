@@ -2,7 +2,7 @@
 
 A periodic service is a module with ``run_once(...)`` (one tick, returning a
 small dict of counts, which is what tests call) and ``run(...)``, which calls
-:func:`run_periodic`. The loop's failure model (issue 10):
+:func:`run_periodic`. The loop's failure model:
 
 - a **transient** :class:`~taskmesh.errors.StoreError` (an outage) is logged
   once per outage (``store_unavailable``, naming the service and the store),

@@ -12,7 +12,7 @@ the instance far more CPU than a row, and that CPU is taken from the handlers
 (5 ms ``def`` tasks drained 4-16% faster with writes at most every 25 ms than
 with one write per batch of one or two results, side by side, 2026-12-04).
 
-Failure model (issue 10):
+Failure model:
 
 - a **transient** store error (an outage) keeps the batch and writes it again
   with backoff (``store_unavailable`` once per outage);

@@ -5,8 +5,8 @@ The executors count each run they start (:meth:`RunTally.waited`) and end (:meth
 a dict update each: nothing on the hot path touches a store; the sampler takes the counts every
 ``metrics_sample_seconds`` and adds them to the current minute's rows of
 ``queue_minutes`` in PostgreSQL (one statement), where every instance's counts meet:
-the operator API's throughput and failures per queue (issue 11) and the console's
-charts (issue 13) read them there. Counts the sampler could not write are put back and
+the operator API's throughput and failures per queue and the console's
+charts read them there. Counts the sampler could not write are put back and
 written with the next ones; counts of an instance killed in between are lost (at most
 one sample period's worth).
 """

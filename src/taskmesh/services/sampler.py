@@ -1,4 +1,4 @@
-"""Sampler: queue depths, the oldest ready task's age and workers by state, into gauges (issue 6).
+"""Sampler: queue depths, the oldest ready task's age and workers by state, into gauges.
 
 Every ``interval`` seconds (``metrics_sample_seconds``, 5), not per scrape (a
 scrape must not cost a query per queue, and ten Prometheus servers must not
@@ -14,7 +14,7 @@ own (:meth:`Metrics.set_served_queues`, at most 1,000), and the due queued
 tasks of every other queue are summed into
 ``taskmesh_queue_depth{queue="(unserved)", state="ready"}``, so a task sent to
 a queue no instance works (a typo: ``defualt``) shows without one series per
-typo (issue 10, break 10).
+typo.
 
 Each sample first adds this instance's ended runs and its started runs' waits
 (:class:`RunTally`) to the current minute's rows of ``queue_minutes``, and then raises

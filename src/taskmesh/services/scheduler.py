@@ -1,4 +1,4 @@
-"""Scheduler: fires cron schedules (design.md section 5, issue 5).
+"""Scheduler: fires cron schedules (docs/internals/design.md, section 5).
 
 It syncs the instance's ``[[schedules]]`` into PostgreSQL, then loops: fire
 what is due (:meth:`taskmesh.schedules.schedules.Schedules.fire_due`), read the earliest

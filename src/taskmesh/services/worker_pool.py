@@ -7,7 +7,7 @@ whose claim fails (already claimed, not queued) are dropped quietly, ids not
 due yet go back to the delayed set. It stops at the top of its loop once
 ``stop`` is set (within ``pop_timeout`` seconds).
 
-A **paused** queue (issue 11: a row in ``queues``) is refused by the claim
+A **paused** queue (a row in ``queues``) is refused by the claim
 statement itself, on every instance, from the pause's commit on; its popped
 ids go back to the ready set. A pop whose ids were all refused makes the
 fetcher ask PostgreSQL whether the queue is paused; while it is, the fetcher

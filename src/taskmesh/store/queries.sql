@@ -8,8 +8,8 @@
 -- ======================================================================
 
 -- name: task_insert_many
--- Bulk enqueue: every task in one statement (issue 4). No run row yet: the first claim writes
--- it (issue 15; until then the task shows a pending run built from its row).
+-- Bulk enqueue: every task in one statement. No run row yet: the first claim writes
+-- it (until then the task shows a pending run built from its row).
 -- Repeated idempotency keys (in the table or within the batch) insert nothing.
 -- run_at: the given instant (a past one, however old, means now), else
 -- now() + the delay (0 for an immediate task), so an instance whose clock runs ahead cannot
@@ -85,7 +85,7 @@ SELECT t.tenant,
 FROM unnest($1::text[], $2::int[]) AS t(tenant, most);
 
 -- name: task_owner
--- Whose a task is (issue 12): its tenant and queue, for a key bound to a tenant or queues.
+-- Whose a task is: its tenant and queue, for a key bound to a tenant or queues.
 SELECT tenant_id, queue FROM tasks WHERE id = $1;
 
 -- name: run_list_by_task
@@ -104,7 +104,7 @@ ORDER BY attempt;
 -- name: task_claim_many
 -- Design.md principle 3: one conditional UPDATE claims the batch; a task that
 -- is no longer queued (claimed elsewhere, cancelled), not yet due (a stray
--- id pushed early) or in a paused queue (issue 11) is simply not returned.
+-- id pushed early) or in a paused queue is simply not returned.
 -- The claimed attempt's run row is created (its id the pending run's: taskmesh_run_id), or
 -- the queued row of a requeue (or of an enqueue before migration 0017) taken over.
 -- `status || ''` and `queue || ''` keep the planner off the partial index of queued tasks
@@ -314,7 +314,7 @@ DELETE FROM tasks WHERE id = $1 AND status IN ('completed', 'failed', 'cancelled
 RETURNING status, queue;
 
 -- name: task_requeue
--- Move the tasks of ids $1 whose status is in $2 back to queued (issue 11: retry one task, replay
+-- Move the tasks of ids $1 whose status is in $2 back to queued (retry one task, replay
 -- chosen dead letters, bulk retry and replay): due now, a fresh retry budget, at priority $3 and
 -- in queue $4 when they are not null, only those of queue $5 and of tenant $6 when not null; the cancel
 -- request of the cycle that ended is forgotten. `attempts` first catches up with the highest
@@ -394,7 +394,7 @@ DELETE FROM tasks WHERE id = ANY(ARRAY(
 SELECT status FROM tasks WHERE id = $1;
 
 -- name: task_sample_running_by_queue
--- Metrics sampler (issue 6): running runs by queue, through the partial index on running runs.
+-- Metrics sampler: running runs by queue, through the partial index on running runs.
 SELECT t.queue, count(*) AS n
   FROM task_runs r JOIN tasks t ON t.id = r.task_id
  WHERE r.status = 'running' AND t.queue = ANY($1::text[])
@@ -459,7 +459,7 @@ LIMIT $2;
 -- name: worker_heartbeat
 -- Register or refresh this instance and extend the leases of the runs it holds
 -- ($8: ids of runs in its executors, its channels and its committer's hands), in
--- one statement (issue 3). A running run of this instance that it no longer holds
+-- one statement. A running run of this instance that it no longer holds
 -- keeps its lease and is reclaimed once that expires. Returns the held runs'
 -- tasks whose cancellation was requested, for the instance to cancel.
 -- A held run whose row another transaction has locked is skipped, not waited for: that is
@@ -549,7 +549,7 @@ ORDER BY q.queue
 LIMIT $1;
 
 -- ======================================================================
--- schedules (issue 5): declared in config, mirrored here, fired by whichever
+-- schedules: declared in config, mirrored here, fired by whichever
 -- instance locks a due row.
 -- ======================================================================
 
@@ -570,7 +570,7 @@ RETURNING name;
 
 -- name: schedule_set_queue
 -- The effective queue of a declaration (its own, else its handler's, else default), which a
--- handler's new default changes without a change of the declaration (issue 11: schedules list
+-- handler's new default changes without a change of the declaration (schedules list
 -- their queue, never null). Writes nothing when it is already right.
 UPDATE schedules SET queue = $2, updated_at = now() WHERE name = $1 AND queue IS DISTINCT FROM $2;
 
@@ -618,7 +618,7 @@ RETURNING *;
 UPDATE schedules SET last_task_id = $2, updated_at = now() WHERE name = $1;
 
 -- ======================================================================
--- queues (issue 11): pause and resume, persisted; a queue without a row runs.
+-- queues: pause and resume, persisted; a queue without a row runs.
 -- ======================================================================
 
 -- name: queue_pause
@@ -768,7 +768,7 @@ SELECT q.queue,
 FROM unnest($1::text[]) AS q(queue);
 
 -- ======================================================================
--- bulk operations (issue 11): the tasks' side of each action, on a batch of ids, each task
+-- bulk operations: the tasks' side of each action, on a batch of ids, each task
 -- acted on only from the states the action applies to (the others are counted as skipped),
 -- and the operation's own row.
 -- ======================================================================
@@ -838,7 +838,7 @@ WHERE id = $1 AND lease_owner = $2 AND status = 'running'
 RETURNING *;
 
 -- ======================================================================
--- api keys (issue 12): the hash of each key's secret, its scopes, tenant and queues.
+-- api keys: the hash of each key's secret, its scopes, tenant and queues.
 -- ======================================================================
 
 -- name: key_pepper_ensure
@@ -899,7 +899,7 @@ WHERE id = $1 AND revoked_at IS NULL
 RETURNING id, name, scopes, tenant_id, queues, expires_at, revoked_at, created_at, last_used_at, rate_limits::text;
 
 -- ======================================================================
--- audit log (issue 12): append-only, partitioned by month (migration 0014).
+-- audit log: append-only, partitioned by month (migration 0014).
 -- ======================================================================
 
 -- name: audit_insert

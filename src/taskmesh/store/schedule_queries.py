@@ -1,4 +1,4 @@
-"""Typed calls of the ``schedule_*`` blocks of ``queries.sql`` (issue 5)."""
+"""Typed calls of the ``schedule_*`` blocks of ``queries.sql``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
--- The task search (issue 11). search_queries.py builds one statement per window key and order
+-- The task search. search_queries.py builds one statement per window key and order
 -- from these templates: {key} is the window's indexed condition on $1 (queue, name, tenant_id,
 -- idempotency_key, payload containment, or none) and {source} the table whose index it ranges
 -- over (task_search for the keys that never change, migration 0020; tasks for the others),

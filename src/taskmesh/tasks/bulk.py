@@ -1,4 +1,4 @@
-"""Bulk operations (issue 11): an action on every task a search filter matches.
+"""Bulk operations: an action on every task a search filter matches.
 
 ``POST /api/v1/tasks:bulk`` takes ``{"filter": {...}, "action": "retry" | "replay" |
 "cancel" | "delete", "dry_run": bool, "reason": str}``. The filter has the search's

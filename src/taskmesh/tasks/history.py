@@ -1,4 +1,4 @@
-"""The queues' history for charts (issue 13): the per-minute rollup ``queue_minutes`` over an hour or a day.
+"""The queues' history for charts: the per-minute rollup ``queue_minutes`` over an hour or a day.
 
 Each instance's sampler adds its ended runs, its started runs' waits (a histogram) and the
 most ready tasks and oldest ready age it saw to the current minute's rows, so the history

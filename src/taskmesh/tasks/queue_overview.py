@@ -1,4 +1,4 @@
-"""What the operator sees of a queue (issue 11): depths by state, age, pause, workers, runs per minute.
+"""What the operator sees of a queue: depths by state, age, pause, workers, runs per minute.
 
 ``GET /api/v1/queues`` and ``GET /api/v1/queues/{q}`` answer with :func:`overview`.
 Every figure comes from a bounded read: ready and delayed sizes from Redis

@@ -1,4 +1,4 @@
-"""Finding tasks (issue 11): ``GET /api/v1/tasks``'s filters, keyset pages and opaque cursors.
+"""Finding tasks: ``GET /api/v1/tasks``'s filters, keyset pages and opaque cursors.
 
 Pages come newest first (``order=desc``, the default) or oldest first, by
 ``(created_at, id)``. Each page reads at most :data:`WINDOW` rows of one index

@@ -3,7 +3,7 @@
 PostgreSQL's ``text`` cannot hold U+0000 and ``jsonb`` refuses ``\\u0000``;
 neither can hold a lone surrogate (Python strings can). A run whose result or
 error text held one used to make the committer retry the same batch for ever
-(issue 10, break 1). Here, pure and cheap on the common path:
+Here, pure and cheap on the common path:
 
 - error texts and tracebacks are escaped (``\\x00``, ``\\ud800``) and bounded,
   so they always store and still say what happened;

@@ -219,7 +219,7 @@ class Tasks(TaskActions):
         return None, self.advertised.get(name)
 
     def check_payload(self, spec: TaskSpec, field_prefix: str = "") -> None:
-        """Refuse ``spec`` when its payload does not fit its handler's declared type (issue 11).
+        """Refuse ``spec`` when its payload does not fit its handler's declared type.
 
         By this process's own handler of the name; else by the payload schema a live instance
         advertises for it (``payload_schema.py``: it never refuses what the handler would take);

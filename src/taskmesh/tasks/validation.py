@@ -1,7 +1,7 @@
 """Validation of tasks to enqueue, shared by the HTTP API and the Python client.
 
 Design.md principle 7: bad input is refused at the edge, before anything is
-written. Limits (issue 2): names and queue names match
+written. Limits: names and queue names match
 ``[A-Za-z0-9_.:-]{1,128}``; priority 0..1000 (higher runs first); max_retries
 0..100; delay_seconds from 0 and run_at at most ``max_delay_seconds`` ahead
 (a setting, default 31,536,000: one year); any past run_at means "now", as in

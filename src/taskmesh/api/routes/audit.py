@@ -1,4 +1,4 @@
-"""The audit log's route (issue 12): ``GET /api/v1/audit`` with ``audit:read``, newest first, keyset pages."""
+"""The audit log's route: ``GET /api/v1/audit`` with ``audit:read``, newest first, keyset pages."""
 
 from __future__ import annotations
 

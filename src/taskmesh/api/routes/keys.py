@@ -1,4 +1,4 @@
-"""Key routes (issue 12): API keys managed over the API with ``keys:admin``, as ``taskmesh keys`` does."""
+"""Key routes: API keys managed over the API with ``keys:admin``, as ``taskmesh keys`` does."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Schedule routes: list, read, trigger, pause, resume (issue 5)."""
+"""Schedule routes: list, read, trigger, pause, resume."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
--- Worker registry and heartbeats, cancellation requests (issue 3; design.md sections 4 and 5).
+-- Worker registry and heartbeats, cancellation requests (docs/internals/design.md, sections 4 and 5).
 CREATE TABLE workers (
     id           text PRIMARY KEY,             -- host-pid-random
     host         text NOT NULL,

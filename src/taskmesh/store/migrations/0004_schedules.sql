@@ -1,4 +1,4 @@
--- Cron schedules mirrored from config (issue 5, design.md section 4).
+-- Cron schedules mirrored from config (docs/internals/design.md, section 4).
 -- One row per declared schedule; instances upsert their declarations at start and
 -- take a due row with FOR UPDATE SKIP LOCKED, so one fire is made once however
 -- many instances run (the task's idempotency key cron:{name}:{fire} backs that up).

@@ -1,4 +1,4 @@
--- The failure model (issue 10).
+-- The failure model.
 -- A failed run keeps its handler's traceback (bounded to 16 KiB by the executor).
 ALTER TABLE task_runs ADD COLUMN traceback text;
 -- The reconciler walks whole backlogs in (run_at, id) order, page by page: the id makes the

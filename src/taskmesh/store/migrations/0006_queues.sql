@@ -1,4 +1,4 @@
--- Queues an operator has acted on (issue 11). A row exists once a queue was paused; a queue
+-- Queues an operator has acted on. A row exists once a queue was paused; a queue
 -- without a row is running. The claim reads it (one primary-key probe per claim statement),
 -- so a pause holds on every instance at once and survives restarts.
 CREATE TABLE queues (

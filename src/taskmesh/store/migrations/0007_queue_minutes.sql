@@ -1,4 +1,4 @@
--- Runs that ended, per queue and minute (issue 11: a queue's throughput and failures; issue 13's
+-- Runs that ended, per queue and minute (a queue's throughput and failures; the console's
 -- charts). Each instance counts its own in memory and its sampler adds them here every
 -- metrics_sample_seconds, so a row is the sum of every instance's runs of that minute.
 -- Retention deletes rows older than retention_stats_days.

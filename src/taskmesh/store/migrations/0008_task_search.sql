@@ -1,4 +1,4 @@
--- The task search (issue 11): newest (or oldest) first by (created_at, id), each page a range
+-- The task search: newest (or oldest) first by (created_at, id), each page a range
 -- scan of one of these, so no filter combination reads the history.
 CREATE INDEX tasks_created_idx ON tasks (created_at, id);
 CREATE INDEX tasks_queue_created_idx ON tasks (queue, created_at, id);

@@ -1,4 +1,4 @@
--- Bulk operations (issue 11): an action on every task a filter matches, run in the background in
+-- Bulk operations: an action on every task a filter matches, run in the background in
 -- batches by whichever instance holds its lease, resumable from its keyset cursor when that
 -- instance dies. One row per operation; its counters move with each batch, in the batch's
 -- transaction, so that every task is counted once.

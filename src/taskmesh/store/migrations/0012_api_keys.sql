@@ -1,4 +1,4 @@
--- API keys (issue 12): `tmk_<id>_<secret>`; only SHA-256(pepper || secret) is stored. A key
+-- API keys: `tmk_<id>_<secret>`; only SHA-256(pepper || secret) is stored. A key
 -- belongs to a principal (`name`; several keys per name, so a rotation overlaps), holds its
 -- scopes, may be bound to one tenant and to some queues, may expire, and is revoked by
 -- setting `revoked_at` (rows are kept for the audit trail).

@@ -1,4 +1,4 @@
--- Tenants (issue 12). A schedule may belong to a tenant (its tasks carry it, and only that
+-- Tenants. A schedule may belong to a tenant (its tasks carry it, and only that
 -- tenant's keys see the schedule). A bulk operation keeps the reach of the key that started
 -- it (its tenant and queues), so that only keys reaching as far see it.
 ALTER TABLE schedules ADD COLUMN tenant_id text;

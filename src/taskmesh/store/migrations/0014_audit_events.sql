@@ -1,4 +1,4 @@
--- The audit log (issue 12): who did what to which resource, and how it ended. Append-only:
+-- The audit log: who did what to which resource, and how it ended. Append-only:
 -- a trigger refuses UPDATE and DELETE (dropping a whole month's partition is the only way
 -- rows leave, by retention). Partitioned by month of `at`; taskmesh_audit_partitions() makes
 -- the months ahead and drops those past retention (the retention service calls it). The

@@ -1,4 +1,4 @@
--- Console sessions (issue 13): a person signs in to /console with an API key and gets a session
+-- Console sessions: a person signs in to /console with an API key and gets a session
 -- cookie; only SHA-256 of the cookie's secret is stored. The session acts as its key: the key's
 -- scopes, tenant, queues and rate limits, and a revoked or expired key ends its sessions within
 -- the key cache's period. `csrf_token` is sent back by the console's forms and checked on every

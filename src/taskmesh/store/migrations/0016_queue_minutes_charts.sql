@@ -1,4 +1,4 @@
--- The console's charts (issue 13): besides the runs that ended, each minute of a queue keeps how
+-- The console's charts: besides the runs that ended, each minute of a queue keeps how
 -- long its started runs had waited (a histogram, so a p95 can be read over any span), the most
 -- ready tasks and the oldest ready task's age any instance's sampler saw in it. Instances add
 -- their counts (wait_counts element by element) and raise the maxima; retention is unchanged

@@ -1,4 +1,4 @@
--- How many dead-lettered tasks each queue holds, at a cost independent of how many (issue 15):
+-- How many dead-lettered tasks each queue holds, at a cost independent of how many:
 -- counting the failed partial index took 117 ms per queue at 1,000,000 rows, every 5 s on
 -- every instance. Triggers append a +1 or -1 to dead_letter_deltas whenever a task enters or
 -- leaves status 'failed' (insert, update, delete), without locking any shared row, so

@@ -1,4 +1,4 @@
--- Fewer index entries per task (issue 15). Most tasks have no dedup key, yet every insert and
+-- Fewer index entries per task. Most tasks have no dedup key, yet every insert and
 -- every state change (none of which can be a HOT update: status is indexed) wrote a NULL entry
 -- into the dedup index; now only keyed tasks are in it. The arbiter of ON CONFLICT names the
 -- same predicate (task_insert_many).

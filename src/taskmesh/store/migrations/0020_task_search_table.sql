@@ -1,4 +1,4 @@
--- The search's indexes leave the tasks table (issue 15). A state change of a task cannot be a
+-- The search's indexes leave the tasks table. A state change of a task cannot be a
 -- HOT update (status is indexed), so each one wrote a new entry into every index of the row,
 -- those of the search (migration 0008) included: a task's insert, claim and end wrote nine
 -- entries into the (created_at, id), (queue, created_at, id) and (name, created_at, id)
