@@ -281,7 +281,7 @@ class NonRetryableError(TaskmeshError):
     """Raised by a handler: the run fails and the task goes straight to ``failed``.
 
     Use it for errors that another attempt cannot fix (bad input, a missing
-    record); design.md section 3 lists it among the non-retryable outcomes.
+    record); docs/internals/design.md section 3 lists it among the non-retryable outcomes.
     """
 
 

@@ -2,7 +2,7 @@
 
 Events are snake_case verbs with fixed keys (``run_finished``,
 ``store_unavailable``); task log lines carry task_id, task_name, queue,
-attempt, trace_id and worker_id (design.md section 6).
+attempt, trace_id and worker_id (docs/internals/design.md section 6).
 """
 
 from __future__ import annotations

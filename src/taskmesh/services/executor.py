@@ -7,7 +7,7 @@ under the handler's ``timeout``, and returns a
 :class:`~taskmesh.tasks.models.RunResult` whose texts PostgreSQL can store
 (``taskmesh.tasks.storable``). It never raises but for cancellation from outside (an
 operator's cancel arrives through ``cancels``; a shutdown past its grace
-cancels the caller). Outcomes (design.md section 3):
+cancels the caller). Outcomes (docs/internals/design.md section 3):
 
 - handler returned: ``succeeded`` (a result PostgreSQL cannot store fails the
   run, not retried, naming where the bad character is);

@@ -1,4 +1,4 @@
-"""Reconciler: Redis is rebuilt from PostgreSQL, the source of truth (design.md principle 1).
+"""Reconciler: Redis is rebuilt from PostgreSQL, the source of truth (docs/internals/design.md principle 1).
 
 Three jobs, each safe to run in every instance at once (``ZADD NX``; the DLQ
 mirror is rewritten in one MULTI):

@@ -211,7 +211,7 @@ class QueueWorkers:
         """Take up to ``most`` more free slots, waiting while fewer than ``enough``.
 
         Under load executors free up one by one; waiting a moment for a few more
-        turns one claim per task into one claim per batch (design.md principle 6).
+        turns one claim per task into one claim per batch (docs/internals/design.md principle 6).
         An idle queue's slots are all free at once, so no wait happens there. The
         wait is up to :data:`GATHER_SECONDS`, and longer (up to
         :data:`GATHER_MAX_SECONDS`) while the channel still holds a claimed task for

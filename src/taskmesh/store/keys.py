@@ -1,4 +1,4 @@
-"""Redis key builders and scores (design.md section 4): every key taskmesh touches is made here.
+"""Redis key builders and scores (docs/internals/design.md section 4): every key taskmesh touches is made here.
 
 Each queue's keys share the hash tag ``{q}`` so every Lua script touches one
 Redis Cluster slot; a singleton lock scoped to a queue carries the same tag.

@@ -8,7 +8,7 @@ one connection inside one transaction. Every failure is a
 
 Migrations are the numbered files in ``migrations/`` (``0001_name.sql``), applied
 in order, each in its own transaction, under ``pg_advisory_xact_lock`` so that two
-instances starting at once neither fail nor apply one twice (design.md section 4).
+instances starting at once neither fail nor apply one twice (docs/internals/design.md section 4).
 Applied versions are recorded in ``schema_migrations``. A migration that fails
 with an error retrying cannot fix raises :class:`~taskmesh.errors.MigrationError`.
 
@@ -99,7 +99,7 @@ class PgStore:
             transaction would meet on the same server connection (``statement_cache_size=0``).
 
         taskmesh keeps no session state on pooled connections (as PgBouncer in
-        transaction mode requires, design.md section 7), so a released connection
+        transaction mode requires, docs/internals/design.md section 7), so a released connection
         skips asyncpg's reset query (advisory unlock, ``CLOSE ALL``, ``UNLISTEN *``,
         ``RESET ALL``): that is a round trip per statement on the hot path. asyncpg
         still rolls back a transaction left open. Code that takes session state

@@ -1,7 +1,7 @@
 """The Redis store: pushes into the per-queue structures, pops, the Lua scripts, locks, markers.
 
 :class:`RedisStore` is the only holder of the redis-py client. Redis holds only
-task ids (design.md principle 1); every method can be repeated safely: pushes
+task ids (docs/internals/design.md principle 1); every method can be repeated safely: pushes
 use ``ZADD NX``, the DLQ mirror removes before it adds. Lua scripts are loaded
 from ``lua/`` and registered once (called by SHA, loaded again after a
 ``SCRIPT FLUSH`` or a restart). Every failure is a
@@ -439,7 +439,7 @@ class RedisStore:
         """Take a short singleton lock (``SET key token NX PX ttl``).
 
         :returns: the holder token, or ``None`` when another holder has it. The lock
-            only saves work (design.md principle 5); it never guards correctness.
+            only saves work (docs/internals/design.md principle 5); it never guards correctness.
         """
         token = secrets.token_hex(8)
         with redis_call("try_lock"):

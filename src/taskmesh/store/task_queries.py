@@ -116,7 +116,7 @@ class TaskQueries(Queries):
     async def claim_many(
         self, ids: Sequence[uuid.UUID], queue: str, worker_id: str, lease_seconds: float
     ) -> list[asyncpg.Record]:
-        """``task_claim_many``: the claimed tasks with their new ``run_id`` (design.md principle 3)."""
+        """``task_claim_many``: the claimed tasks with their new ``run_id`` (docs/internals/design.md principle 3)."""
         return await self._fetch("task_claim_many", list(ids), queue, worker_id, lease_seconds)
 
     async def list_unclaimed_queued(self, ids: Sequence[uuid.UUID]) -> list[asyncpg.Record]:

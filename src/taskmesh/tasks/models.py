@@ -78,7 +78,7 @@ class RunResult:
 class TaskContext:
     """What a handler may want to know about the run it is executing.
 
-    Handlers must be idempotent (design.md principle 4): ``task_id``,
+    Handlers must be idempotent (docs/internals/design.md principle 4): ``task_id``,
     ``attempt`` and ``idempotency_key`` let them check for earlier effects.
     """
 

@@ -6,7 +6,7 @@ cancel can really stop it; in a thread with ``pool="thread"``, see
 ``services/sync_handlers.py``). It receives the payload as its first argument, decoded
 into the annotated type when that is a pydantic model or a dataclass, and a
 :class:`~taskmesh.tasks.models.TaskContext` as ``ctx`` when it declares a parameter
-of that name. A payload that cannot be decoded is not retryable (design.md
+of that name. A payload that cannot be decoded is not retryable (docs/internals/design.md
 section 3).
 """
 

@@ -1,6 +1,6 @@
 """Backoff policy (pure).
 
-The rule comes from design.md section 3 and the unified task table seed:
+The rule comes from docs/internals/design.md section 3 and the unified task table seed:
 after the n-th failure of a delivery cycle (n = 0 for the first) the next
 attempt waits ``min(2**n, 3600)`` seconds, the *base*. By default a uniform
 jitter multiplies it by 0.5 to 1.5 (500 tasks that fail together

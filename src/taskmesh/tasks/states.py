@@ -1,4 +1,4 @@
-"""Task, run and worker states, run outcomes, the allowed transitions and the terminal sets (design.md §3).
+"""Task, run and worker states, run outcomes, the allowed transitions, terminal sets (docs/internals/design.md §3).
 
 Pure: imports nothing of taskmesh. Every status string the Python code writes
 or compares comes from here; ``tests/unit/test_states.py`` checks that these
@@ -100,10 +100,10 @@ LIVE_WORKER_STATES = frozenset({WorkerState.RUNNING, WorkerState.DRAINING})
 
 
 def can_transition_task(old: TaskStatus, new: TaskStatus) -> bool:
-    """Whether design.md's state machine allows a task to go from ``old`` to ``new``."""
+    """Whether docs/internals/design.md's state machine allows a task to go from ``old`` to ``new``."""
     return new in TASK_TRANSITIONS[old]
 
 
 def can_transition_run(old: RunStatus, new: RunStatus) -> bool:
-    """Whether design.md's state machine allows a run to go from ``old`` to ``new``."""
+    """Whether docs/internals/design.md's state machine allows a run to go from ``old`` to ``new``."""
     return new in RUN_TRANSITIONS[old]

@@ -1,6 +1,6 @@
 """The one facade for a task's life: enqueue, read, claim, finish, cancel, dead-letter, replay.
 
-Every write commits in PostgreSQL first and only then touches Redis (design.md
+Every write commits in PostgreSQL first and only then touches Redis (docs/internals/design.md
 principle 1); a Redis failure after the commit is logged
 (``redis_push_failed``) and left to the reconciler, never reported as a failed
 enqueue. Store failures come up as :class:`~taskmesh.errors.StoreError`.
@@ -287,7 +287,7 @@ class Tasks(TaskActions):
         """The PostgreSQL half of :meth:`enqueue_many`, on ``pg`` (a transaction's store, or the pool's).
 
         The caller pushes the returned targets with :meth:`push` once the
-        transaction committed (design.md principle 1: PostgreSQL first).
+        transaction committed (docs/internals/design.md principle 1: PostgreSQL first).
         :data:`COPY_MIN_TASKS` or more immediate tasks without a dedup key are copied
         (:func:`~taskmesh.tasks.copy_enqueue.copy_many`) unless ``copy`` is false; others go in one ``task_insert_many``
         statement.
@@ -422,7 +422,7 @@ class Tasks(TaskActions):
     # -- claim and finish ----------------------------------------------------------
 
     async def claim(self, queue: str, ids: Sequence[str], worker_id: str, lease_seconds: float) -> list[ClaimedTask]:
-        """Claim popped ids in one conditional UPDATE (design.md principle 3).
+        """Claim popped ids in one conditional UPDATE (docs/internals/design.md principle 3).
 
         Ids that are no longer queued (claimed elsewhere, duplicates) are dropped
         quietly; ids not due yet go back to the delayed set, and those of a paused

@@ -1,4 +1,4 @@
--- tasks and task_runs (design.md section 4).
+-- tasks and task_runs (docs/internals/design.md section 4).
 CREATE TABLE tasks (
     id              uuid PRIMARY KEY,
     name            text NOT NULL,
