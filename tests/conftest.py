@@ -29,7 +29,8 @@ from taskmesh.observability.logs import configure
 from taskmesh.runtime import supervisor
 from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
-from taskmesh.store.postgres import connect_options, migrate_url
+from taskmesh.store.postgres import migrate_url
+from taskmesh.store.sql import connect_options
 from taskmesh.store.redis_clients import open_client
 from taskmesh.store.redis_types import RedisMode
 from taskmesh.tasks.registry import Registry

@@ -22,7 +22,7 @@ from typing import Any, cast
 import asyncpg
 from asyncpg.pool import PoolAcquireContext, PoolConnectionProxy
 
-from taskmesh.store.postgres import connect_options
+from taskmesh.store.sql import connect_options
 
 ACQUIRE_WAIT_SECONDS = 10.0
 """How long an acquire waits for the one connection: far longer than a fire holds it (milliseconds),

@@ -27,14 +27,14 @@ async def test_five_concurrent_migrations_apply_each_version_exactly_once(empty_
     async def one() -> None:
         conn = await asyncpg.connect(empty_database)
         try:
-            applied.append(await migrate(conn))
+            applied.append((await migrate(conn)).applied)
         finally:
             await conn.close()
 
     async with anyio.create_task_group() as tg:
         for _ in range(5):
             tg.start_soon(one)
-    versions = [v for v, _, _ in migrations()]
+    versions = [m.version for m in migrations()]
     assert sorted(v for batch in applied for v in batch) == versions
     conn = await asyncpg.connect(empty_database)
     rows = await conn.fetch("SELECT version FROM schema_migrations ORDER BY version")
@@ -50,6 +50,62 @@ async def test_the_migrate_command_applies_then_reports_an_up_to_date_schema(emp
     first = await anyio.run_process(command, env=env, check=False)
     second = await anyio.run_process(command, env=env, check=False)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.decode().strip() == f"migrations applied: {[v for v, _, _ in migrations()]}"
+    assert first.stdout.decode().strip() == f"migrations applied: {[m.version for m in migrations()]}"
     assert second.returncode == 0
     assert second.stdout.decode().strip() == "migrations applied: none, schema is up to date"
+
+
+PREVIOUS_CONFLICT_TARGETS = {
+    "before per-tenant dedup keys": "ON CONFLICT (idempotency_key) DO NOTHING",
+    "before the index of keyed tasks only": "ON CONFLICT (idempotency_key, (COALESCE(tenant_id, ''))) DO NOTHING",
+}
+"""The ``ON CONFLICT`` targets earlier releases' creates name, each a unique index some migration replaced."""
+
+
+async def previous_creates_work(conn: asyncpg.Connection) -> dict[str, bool]:
+    """Whether each earlier release's create statement still finds its unique index."""
+    works = {}
+    for release, target in PREVIOUS_CONFLICT_TARGETS.items():
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO tasks (id, name, type, queue, priority, payload, idempotency_key, max_retries,"
+                    " status, run_at)"
+                    f" VALUES (gen_random_uuid(), 'n', 'immediate', 'q', 0, '{{}}', 'k', 0, 'queued', now()) {target}"
+                )
+            works[release] = True
+        except asyncpg.InvalidColumnReferenceError:
+            works[release] = False
+    return works
+
+
+async def test_contract_steps_wait_while_an_instance_of_another_version_is_live(empty_database: str) -> None:
+    conn = await asyncpg.connect(empty_database)
+    try:
+        contract = [m.version for m in migrations() if m.contract]
+        assert contract, "no contract migration: this test guards none"
+        # An instance of an older release is live on the schema as it knew it.
+        await conn.execute(
+            """CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+                                               applied_at timestamptz NOT NULL DEFAULT now())"""
+        )
+        for m in migrations():
+            if m.version <= 2:
+                await conn.execute(m.sql)
+                await conn.execute("INSERT INTO schema_migrations VALUES ($1, $2)", m.version, m.name)
+        await conn.execute(
+            "INSERT INTO workers (id, host, pid, queues, version, state)"
+            " VALUES ('old-1', 'old', 1, '{}', '0.1.0', 'running')"
+        )
+        held = await migrate(conn)
+        assert held.applied == [m.version for m in migrations() if m.version > 2 and not m.contract]
+        assert held.held == contract
+        assert held.held_by == ["old:1 (0.1.0)"]
+        assert await previous_creates_work(conn) == dict.fromkeys(PREVIOUS_CONFLICT_TARGETS, True)
+        # Still live: held again. Gone (stopped): the contract steps apply, and the old targets are gone.
+        assert (await migrate(conn)).held == contract
+        await conn.execute("UPDATE workers SET state = 'stopped'")
+        assert (await migrate(conn)).applied == contract
+        assert await previous_creates_work(conn) == dict.fromkeys(PREVIOUS_CONFLICT_TARGETS, False)
+    finally:
+        await conn.close()

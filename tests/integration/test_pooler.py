@@ -26,7 +26,8 @@ import asyncpg
 import pytest
 
 from taskmesh.clients.client import Client
-from taskmesh.store.postgres import connect_options, migrate, migrations
+from taskmesh.store.postgres import migrate, migrations
+from taskmesh.store.sql import connect_options
 from taskmesh.tasks.registry import Registry
 from tests.conftest import http, scratch_database, wait_for
 from tests.pgbouncer import PgBouncer, through
@@ -56,7 +57,7 @@ async def test_concurrent_migrations_through_pgbouncer_apply_each_version_once_a
         async def one() -> None:
             conn = await asyncpg.connect(url, **TRANSACTION)
             try:
-                applied.append(await migrate(conn))
+                applied.append((await migrate(conn, pooler="transaction")).applied)
             finally:
                 await conn.close()
 
@@ -64,7 +65,7 @@ async def test_concurrent_migrations_through_pgbouncer_apply_each_version_once_a
             async with anyio.create_task_group() as tg:
                 for _ in range(5):
                     tg.start_soon(one)
-        versions = [v for v, _, _ in migrations()]
+        versions = [m.version for m in migrations()]
         assert sorted(v for batch in applied for v in batch) == versions
         conn = await asyncpg.connect(direct)
         try:
@@ -78,7 +79,7 @@ async def test_concurrent_migrations_through_pgbouncer_apply_each_version_once_a
         conn = await asyncpg.connect(url, **TRANSACTION)
         try:
             with anyio.fail_after(5):
-                assert await migrate(conn) == []
+                assert (await migrate(conn, pooler="transaction")).applied == []
         finally:
             await conn.close()
 

@@ -22,7 +22,7 @@ from taskmesh.tasks.states import (
 def _checked_values() -> dict[tuple[str, str], set[str]]:
     """``{(table, column): values}`` of every ``CHECK (column IN (...))`` the migrations create."""
     found: dict[tuple[str, str], set[str]] = {}
-    for _, _, sql in migrations():
+    for sql in (m.sql for m in migrations()):
         for table, body in re.findall(r"CREATE TABLE (\w+) \((.*?)\n\);", sql, re.S):
             for column, values in re.findall(r"^\s*(\w+)\s+text NOT NULL CHECK \(\w+ IN \(([^)]*)\)\)", body, re.M):
                 found[(table, column)] = set(re.findall(r"'([^']*)'", values))

@@ -132,7 +132,15 @@ def migrate() -> None:
     database_url = settings.database_url
 
     async def go() -> None:
-        applied = await migrate_url(database_url, pooler=settings.pg_pooler)
-        print(f"migrations applied: {applied or 'none, schema is up to date'}")
+        run = await migrate_url(database_url, pooler=settings.pg_pooler)
+        if run.applied or run.held:
+            print(f"migrations applied: {run.applied or 'none'}")
+        else:
+            print("migrations applied: none, schema is up to date")
+        if run.held:
+            print(
+                f"held back until no instance of another version runs: {run.held}"
+                f" (live: {', '.join(run.held_by)}); run `taskmesh migrate` again once they have stopped"
+            )
 
     anyio.run(go)

@@ -7,6 +7,7 @@ cannot fix becomes the configuration error it is.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import anyio
@@ -60,7 +61,9 @@ async def connect_until_stopped(
         try:
             await call_until_done("postgres", lambda: clock.sync(pg.now), on_failure=down("postgres"))
             if settings.migrate_on_start:
-                await call_until_done("postgres", pg.migrate, on_failure=down("postgres"))
+                await call_until_done(
+                    "postgres", functools.partial(pg.migrate, pooler=settings.pg_pooler), on_failure=down("postgres")
+                )
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await pg.close()

@@ -1,4 +1,4 @@
-"""The PostgreSQL store: the asyncpg pool, transactions, migrations, and the typed queries.
+"""The PostgreSQL store: the asyncpg pool, transactions, and the typed queries.
 
 :class:`PgStore` is the only holder of the pool. Its ``tasks``, ``workers``, ``queues`` and
 ``schedules`` attributes run the named blocks of ``queries.sql`` (one method
@@ -6,39 +6,31 @@ per block); :meth:`PgStore.transaction` gives the same attributes bound to
 one connection inside one transaction. Every failure is a
 :class:`~taskmesh.errors.StoreError` naming the operation, transient or not.
 
-Migrations are the numbered files in ``migrations/`` (``0001_name.sql``), applied
-in order, each in its own transaction, under ``pg_advisory_xact_lock`` so that two
-instances starting at once neither fail nor apply one twice (docs/internals/design.md section 4).
-Applied versions are recorded in ``schema_migrations``. A migration that fails
-with an error retrying cannot fix raises :class:`~taskmesh.errors.MigrationError`.
-
-Log events: ``migration_applied`` (version, migration), ``migration_failed``.
+Migrations are applied by ``store/migrator.py`` (:meth:`PgStore.migrate` at an instance's start).
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from datetime import datetime
-from importlib import resources
 from typing import Any
 
 import anyio
 import asyncpg
 
-from taskmesh.errors import MigrationError
 from taskmesh.observability.logs import get_logger
 from taskmesh.store.audit_queries import AuditQueries
 from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
 from taskmesh.store.key_queries import KeyQueries
+from taskmesh.store.migrator import MigrationRun, migrate, migrate_url, migrations
 from taskmesh.store.operation_queries import OperationQueries
 from taskmesh.store.queue_queries import QueueQueries
 from taskmesh.store.schedule_queries import ScheduleQueries
 from taskmesh.store.search_queries import SearchQueries
 from taskmesh.store.session_queries import SessionQueries
-from taskmesh.store.sql import Executor, queries
+from taskmesh.store.sql import Executor, connect_options, queries
 from taskmesh.store.task_queries import TaskQueries
 from taskmesh.store.worker_queries import WorkerQueries
 
@@ -51,18 +43,6 @@ BEFORE_COMMIT: ContextVar[Callable[[PgStore], Awaitable[None]] | None] = Context
 __all__ = ["Listener", "PgStore", "migrate", "migrate_url", "migrations", "queries"]
 
 log = get_logger("taskmesh.postgres")
-
-MIGRATION_LOCK_ID = 0x7461736B6D657368 & 0x7FFFFFFFFFFFFFFF  # "taskmesh" as a bigint
-
-
-def migrations() -> list[tuple[int, str, str]]:
-    """The migration files as ``(version, name, sql)``, by version."""
-    found = []
-    for entry in resources.files("taskmesh.store").joinpath("migrations").iterdir():
-        match = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
-        if match:
-            found.append((int(match.group(1)), match.group(2), entry.read_text()))
-    return sorted(found)
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -228,95 +208,20 @@ class PgStore:
         except POSTGRES_ERRORS as exc:
             raise postgres_error("notify", exc) from exc
 
-    async def migrate(self) -> list[int]:
-        """Apply the migrations this database lacks, under the advisory lock.
+    async def migrate(self, *, pooler: str = "none") -> MigrationRun:
+        """Apply the migrations this database lacks, under the advisory lock (``store/migrator.py``).
 
-        :returns: the versions applied now (empty when up to date).
+        :param pooler: the pool's ``pg_pooler`` (a ``no-transaction`` migration refuses a transaction pooler).
+        :returns: the versions applied now and the contract versions held back.
         :raises MigrationError: a migration failed with an error retrying cannot fix
             (a syntax error, an object that already exists); nothing of it was applied.
         :raises StoreError: PostgreSQL did not answer (transient: retry).
         """
         try:
             async with self.pool.acquire() as conn:
-                return await migrate(conn)
+                return await migrate(conn, pooler=pooler)
         except POSTGRES_ERRORS as exc:
             raise postgres_error("migrate", exc) from exc
-
-
-def connect_options(pooler: str) -> dict[str, Any]:
-    """asyncpg's connection options for ``pooler`` (``none`` or ``transaction``; see :meth:`PgStore.connect`).
-
-    Straight to PostgreSQL, each statement is prepared once per connection and, after its fifth
-    run, PostgreSQL may cache a generic plan for it: the hot statements are written so that plan
-    looks rows up by primary key, never by an index of the whole backlog (the growth test reads
-    the rows each one touches beside a backlog). Behind a transaction pooler statements are
-    unnamed and planned each time.
-    """
-    return {"statement_cache_size": 0} if pooler == "transaction" else {}
-
-
-async def migrate(conn: Any) -> list[int]:
-    """Apply the migrations this database lacks on ``conn`` (a connection of its own, not in a transaction).
-
-    Each migration runs in a transaction of its own that first takes the migration lock
-    (``pg_advisory_xact_lock``) and looks again whether another instance applied it meanwhile.
-    A transaction-level lock, unlike a session-level one, is released by the commit on the
-    server connection that took it, so it cannot leak through a pooler in transaction mode
-    (PgBouncer), where a session's statements may each run on another server connection.
-
-    :returns: the versions applied now.
-    :raises MigrationError: a migration failed with an error retrying cannot fix.
-    :raises asyncpg.PostgresError, OSError: the connection failed (callers wrap it).
-    """
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_ID)
-        await conn.execute(
-            """CREATE TABLE IF NOT EXISTS schema_migrations (
-                   version integer PRIMARY KEY,
-                   name text NOT NULL,
-                   applied_at timestamptz NOT NULL DEFAULT now())"""
-        )
-        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
-    applied = []
-    for version, name, sql in migrations():
-        if version in done:
-            continue
-        try:
-            async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_ID)
-                if await conn.fetchval("SELECT 1 FROM schema_migrations WHERE version = $1", version):
-                    continue  # another instance applied it while this one waited for the lock
-                await conn.execute(sql)
-                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
-        except POSTGRES_ERRORS as exc:
-            error = postgres_error(f"migration {version:04d}_{name}", exc)
-            if error.transient:
-                raise
-            log.error("migration_failed", version=version, migration=name, error=error.detail)
-            raise MigrationError(version, name, error.detail) from exc
-        log.info("migration_applied", version=version, migration=name)
-        applied.append(version)
-    return applied
-
-
-async def migrate_url(database_url: str, *, pooler: str = "none") -> list[int]:
-    """Apply migrations through one short-lived connection (tests, ``taskmesh migrate``).
-
-    :param pooler: see :meth:`PgStore.connect`.
-    :raises MigrationError: see :meth:`PgStore.migrate`.
-    :raises StoreError: PostgreSQL did not answer or refused the connection.
-    """
-    try:
-        conn = await asyncpg.connect(database_url, timeout=5, **connect_options(pooler))
-    except POSTGRES_ERRORS as exc:
-        raise postgres_error("connect", exc) from exc
-    try:
-        return await migrate(conn)
-    except POSTGRES_ERRORS as exc:
-        raise postgres_error("migrate", exc) from exc
-    finally:
-        with contextlib.suppress(*POSTGRES_ERRORS):
-            await conn.close(timeout=2)
 
 
 class Listener:

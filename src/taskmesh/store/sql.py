@@ -25,6 +25,18 @@ Executor = asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
+def connect_options(pooler: str) -> dict[str, Any]:
+    """asyncpg's connection options for ``pooler`` (``none`` or ``transaction``; see :meth:`PgStore.connect`).
+
+    Straight to PostgreSQL, each statement is prepared once per connection and, after its fifth
+    run, PostgreSQL may cache a generic plan for it: the hot statements are written so that plan
+    looks rows up by primary key, never by an index of the whole backlog (the growth test reads
+    the rows each one touches beside a backlog). Behind a transaction pooler statements are
+    unnamed and planned each time.
+    """
+    return {"statement_cache_size": 0} if pooler == "transaction" else {}
+
+
 @cache
 def queries() -> dict[str, str]:
     """The named blocks of ``queries.sql``: ``{"task_insert_many": "WITH ...", ...}``."""

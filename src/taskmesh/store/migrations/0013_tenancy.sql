@@ -12,8 +12,9 @@ CREATE INDEX tasks_tenant_open_idx ON tasks (tenant_id)
 -- A dedup key is unique within its tenant (tasks without one form one more): a tenant's key
 -- can then neither be refused for a key another tenant used, nor learn that tenant's task id
 -- from the answer. idempotency_key leads, so a search by dedup key still reads this index.
+-- The unique index of the release before (tasks_idempotency_key_key), which its ON CONFLICT
+-- names, stays until the contract step 0023: until then a dedup key is also unique across tenants.
 CREATE UNIQUE INDEX tasks_dedup_key ON tasks (idempotency_key, (COALESCE(tenant_id, '')));
-DROP INDEX tasks_idempotency_key_key;
 
 -- A key's own request rates by class ({"read": 50, "write": 5}), instead of the settings'.
 ALTER TABLE api_keys ADD COLUMN rate_limits jsonb;
