@@ -275,7 +275,8 @@ def event_names(node: ast.AST, bound: dict[str, set[str]]) -> set[str]:
 
 def log_call(node: ast.Call) -> tuple[set[str], ast.AST] | None:
     """``(levels, event argument)`` of a logging call: ``log.warning(event, ...)``,
-    ``(log.warning if c else log.info)(event, ...)``, or ``ThrottledLog(logger, event)`` (a warning)."""
+    ``(log.warning if c else log.info)(event, ...)``, or ``ThrottledLog(logger, event)`` (a warning, or
+    its literal ``level=``)."""
     funcs = [node.func.body, node.func.orelse] if isinstance(node.func, ast.IfExp) else [node.func]
     levels = {
         f.attr
@@ -285,7 +286,9 @@ def log_call(node: ast.Call) -> tuple[set[str], ast.AST] | None:
     if levels and node.args:
         return levels, node.args[0]
     if isinstance(node.func, ast.Name) and node.func.id == "ThrottledLog" and len(node.args) > 1:
-        return {"warning"}, node.args[1]
+        level = next((k.value for k in node.keywords if k.arg == "level"), None)
+        named = level.value if isinstance(level, ast.Constant) and level.value in LEVELS else "warning"
+        return {named}, node.args[1]
     return None
 
 

@@ -381,6 +381,12 @@ class Settings(BaseSettings):
         default=30.0, ge=0, le=3600, validation_alias=_aliases("shutdown_grace_seconds")
     )
     """Seconds in-flight runs get to finish after SIGTERM/SIGINT."""
+    schema_error_window_seconds: float = Field(
+        default=60.0, gt=0, le=3600, validation_alias=_aliases("schema_error_window_seconds")
+    )
+    """How long ``/readyz`` stays 503 after a statement PostgreSQL refused against its schema (this
+    release and the database's schema disagree: run ``taskmesh migrate``, or replace the instance),
+    seconds; it turns 200 again once none was refused for that long."""
     loop_block_threshold_seconds: float = Field(
         default=1.0, ge=0.25, le=600, validation_alias=_aliases("loop_block_threshold_seconds")
     )

@@ -239,15 +239,32 @@ class StoreError(TaskmeshError):
         what taskmesh wrote): fail the one request, result or tick at hand with a
         clear message, and carry on.
     :param detail: the driver's message, one line.
+    :param sqlstate: PostgreSQL's SQLSTATE of the error (``42703``), ``None`` when it sent none.
     """
 
-    def __init__(self, store: str, operation: str, *, transient: bool, detail: str) -> None:
+    def __init__(
+        self, store: str, operation: str, *, transient: bool, detail: str, sqlstate: str | None = None
+    ) -> None:
         kind = "unavailable" if transient else "error"
         super().__init__(f"{store} {kind} in {operation}: {detail}")
         self.store = store
         self.operation = operation
         self.transient = transient
         self.detail = detail
+        self.sqlstate = sqlstate
+
+    @property
+    def schema_mismatch(self) -> bool:
+        """Whether PostgreSQL refused the statement against its schema (SQLSTATE class 42: an undefined
+        column, table or function, an ``ON CONFLICT`` target no unique index matches, ...).
+
+        What an instance meets when its release and the database's schema disagree (an older
+        instance after a newer ``taskmesh migrate``, or a newer one before it): not an outage, and
+        not the one request or row at hand either. A missing privilege (``42501``) is a grant to
+        give, not a schema to change, and is not counted.
+        """
+        state = self.sqlstate or ""
+        return self.store == "postgres" and state.startswith("42") and state != "42501"
 
 
 class MigrationError(TaskmeshError):

@@ -1,4 +1,4 @@
-"""What a store error says: the hint for named prepared statements behind a transaction pooler."""
+"""What a store error says: the hint for named prepared statements behind a transaction pooler, a schema mismatch."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import redis.exceptions
 
 from taskmesh.errors import StoreError
 from taskmesh.store.classify import POOLER_HINT, postgres_error, redis_call, redis_error
+from taskmesh.store.schema_watch import Mismatch, SchemaWatch
 
 
 @pytest.mark.parametrize(
@@ -62,3 +63,50 @@ def test_a_connection_closed_under_a_redis_call_is_an_outage_and_our_own_bug_is_
     with pytest.raises(AttributeError):
         with redis_call("pop_ready"):
             gone.writelines([b"x"])  # raised in this module: a bug, not an outage
+
+
+@pytest.mark.parametrize(
+    ("exc", "sqlstate", "mismatch"),
+    [
+        (asyncpg.exceptions.UndefinedColumnError('column "priority" does not exist'), "42703", True),
+        (asyncpg.exceptions.UndefinedTableError('relation "tasks" does not exist'), "42P01", True),
+        (asyncpg.exceptions.InvalidColumnReferenceError("no unique or exclusion constraint matching"), "42P10", True),
+        (asyncpg.exceptions.UndefinedFunctionError("function uuidv7() does not exist"), "42883", True),
+        (asyncpg.exceptions.InsufficientPrivilegeError("permission denied for table tasks"), "42501", False),
+        (asyncpg.exceptions.UniqueViolationError("duplicate key"), "23505", False),
+        (asyncpg.exceptions.AdminShutdownError("terminating connection"), "57P01", False),
+        (asyncpg.InterfaceError("connection is closed"), None, False),
+        (ConnectionResetError("reset by peer"), None, False),
+    ],
+)
+def test_a_statement_the_schema_refuses_is_a_schema_mismatch_and_nothing_else_is(
+    exc: Exception, sqlstate: str | None, mismatch: bool
+) -> None:
+    """SQLSTATE class 42 but a missing privilege: the release and the schema disagree; never an outage."""
+    error = postgres_error("task_insert_many", exc)
+    assert (error.sqlstate, error.schema_mismatch) == (sqlstate, mismatch)
+    if mismatch:
+        assert not error.transient
+
+
+def test_a_redis_error_is_never_a_schema_mismatch() -> None:
+    error = redis_error("push", redis.exceptions.ResponseError("ERR unknown command"))
+    assert (error.sqlstate, error.schema_mismatch) == (None, False)
+
+
+def test_the_watch_counts_and_keeps_a_mismatch_for_its_window_only() -> None:
+    now = [100.0]
+    counts: list[str] = []
+    watch = SchemaWatch(60.0, count=counts.append, clock=lambda: now[0])
+    watch.error("task_claim_many", asyncpg.exceptions.UniqueViolationError("duplicate key"))
+    assert (counts, watch.recent()) == ([], None)
+    error = watch.error("task_claim_many", asyncpg.exceptions.UndefinedColumnError('column "x" does not exist'))
+    assert error.schema_mismatch
+    assert counts == ["task_claim_many"]
+    assert watch.recent() == Mismatch(
+        "task_claim_many", "42703", 'UndefinedColumnError: column "x" does not exist', 100.0
+    )
+    now[0] = 159.9
+    assert watch.recent() is not None
+    now[0] = 160.0
+    assert watch.recent() is None

@@ -16,6 +16,7 @@
 | ``ForgedRequestError`` | 403 | Forbidden (a console session's change from elsewhere; names the header) |
 | ``QuotaExceededError`` | 429, 413 for payload bytes | Quota exceeded (names the ``quota`` and tenant) |
 | ``StoreError``, transient | 503 | Store unavailable (names the store) |
+| ``StoreError``, a schema mismatch | 500 | Schema mismatch (names the way out; logged by the store) |
 | ``StoreError``, not transient; anything else | 500 | Internal error (logged with its traceback) |
 | Starlette's ``HTTPException`` (404 route; 405 method, with ``Allow``: every method of the path) | its own | its own |
 """
@@ -32,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
+from taskmesh import __version__
 from taskmesh.api.problems import invalid, problem
 from taskmesh.errors import (
     AuthenticationError,
@@ -120,6 +122,19 @@ def _rate_limited(exc: Any) -> Response:
     )
 
 
+SCHEMA_MISMATCH_DETAIL = (
+    "the database schema and this instance's version ({version}) disagree: run `taskmesh migrate`, "
+    "or replace this instance with the release that applied the schema"
+)
+"""The detail of a schema mismatch's answer: the way out, never the statement or PostgreSQL's message."""
+
+
+def schema_mismatch(exc: StoreError) -> Response:
+    """500 for a statement PostgreSQL refused against its schema; its message was logged by the store's watch."""
+    detail = SCHEMA_MISMATCH_DETAIL.format(version=__version__)
+    return problem(500, "Schema mismatch", detail, operation=exc.operation, sqlstate=exc.sqlstate)
+
+
 def _not_ready(exc: Any) -> Response:
     return problem(503, "Not ready", "the instance is still connecting to PostgreSQL and Redis")
 
@@ -152,6 +167,8 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, StoreError)
         if exc.transient:
             return problem(503, "Store unavailable", f"{exc.store} did not answer ({exc.operation})")
+        if exc.schema_mismatch:
+            return schema_mismatch(exc)
         log.error("api_error", path=request.url.path, error=str(exc))
         return problem(500, "Internal error", "the server failed to answer; the error is logged")
 

@@ -17,6 +17,7 @@ from taskmesh.observability.logs import get_logger
 from taskmesh.observability.metrics import Metrics
 from taskmesh.services.base import call_until_done
 from taskmesh.store import Stores
+from taskmesh.store.schema_watch import SchemaWatch
 
 log = get_logger("taskmesh.api.policy")
 
@@ -67,6 +68,7 @@ def app_state(settings: Settings, metrics: Metrics, own_names: list[str] | None)
         auth_refusals=RatePolicy.of(settings.auth_refusals_per_minute / 60, 60.0),
         quotas=Quotas(settings.tenant_quotas, settings.tenant_quota_default, settings.rate_limit_burst_seconds),
         console_session_seconds=settings.console_session_hours * 3600,
+        schema=SchemaWatch(settings.schema_error_window_seconds, count=metrics.schema_mismatched),
     )
 
 

@@ -53,7 +53,8 @@ ERROR_STATUSES: dict[int, str] = {
         "authentications (`Too many requests`, `Retry-After`, `RateLimit`; `policy` names which)"
     ),
     422: "A field or parameter failed validation (`Invalid request`: `detail` and `errors` name each field)",
-    500: "The server failed to answer (`Internal error`); the error is logged",
+    500: "The server failed to answer (`Internal error`), or PostgreSQL refused a statement against its schema "
+    "(`Schema mismatch`: this release and the database's schema disagree); the error is logged",
     503: "PostgreSQL or Redis is unavailable (`Store unavailable`, naming it), or not yet connected (`Not ready`)",
 }
 

@@ -16,6 +16,7 @@ from taskmesh.schedules.schedules import Schedules
 from taskmesh.services.finished_feed import FinishedWaiters
 from taskmesh.services.supervision import ServiceStates
 from taskmesh.store import PgStore, Stores
+from taskmesh.store.schema_watch import SchemaWatch
 from taskmesh.tasks.tasks import Tasks
 
 SERVED_CACHE_SECONDS = 5.0
@@ -105,6 +106,8 @@ class AppState:
     waiters: FinishedWaiters = field(default_factory=FinishedWaiters)
     startup: dict[str, str] = field(default_factory=lambda: {"postgres": "connecting", "redis": "connecting"})
     """Each store's state while the instance starts (``connecting``, ``down``, ``ok``), for ``/readyz``."""
+    schema: SchemaWatch = field(default_factory=SchemaWatch)
+    """The statements PostgreSQL refused against its schema, for ``/readyz`` (the instance's store records them)."""
     stores: Stores | None = None
     tasks: Tasks | None = None
     schedules: Schedules | None = None

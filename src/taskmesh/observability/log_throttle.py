@@ -21,17 +21,21 @@ LOG_INTERVAL_SECONDS = 10.0
 
 
 class ThrottledLog:
-    """One warning event, logged at most once per ``interval`` with the count it stands for.
+    """One event, logged at most once per ``interval`` with the count it stands for.
 
-    :param logger: where the line goes (at warning): a :func:`taskmesh.observability.logs.get_logger` logger.
+    :param logger: where the line goes: a :func:`taskmesh.observability.logs.get_logger` logger.
     :param event: the event's name (``http_connections_capped``).
     :param interval: seconds between two lines of the event.
+    :param level: the lines' level (the name of the logger's method: ``warning``, ``error``).
     """
 
-    def __init__(self, logger: Any, event: str, interval: float = LOG_INTERVAL_SECONDS) -> None:
+    def __init__(
+        self, logger: Any, event: str, interval: float = LOG_INTERVAL_SECONDS, *, level: str = "warning"
+    ) -> None:
         self.logger = logger
         self.event = event
         self.interval = interval
+        self.level = level
         self.pending = 0
         self.fields: dict[str, Any] = {}
         self.quiet_from = float("-inf")
@@ -59,7 +63,7 @@ class ThrottledLog:
             self.timer.cancel()
             self.timer = None
         if self.pending:
-            self.logger.warning(self.event, count=self.pending, **self.fields)
+            getattr(self.logger, self.level)(self.event, count=self.pending, **self.fields)
             self.pending = 0
             if loop is not None:
                 self.quiet_from = loop.time() + self.interval

@@ -1,9 +1,9 @@
 """Prometheus metrics of one instance (``taskmesh_`` prefix, base units, bounded labels).
 
-Labels are queue, task name, outcome, state, schedule, store, and the HTTP
-route template: never a task id or a payload value. Each instance (and each
-test) owns its own :class:`Metrics` with its own registry; every family is
-listed in :attr:`Metrics.catalog`, from which ``docs/metrics.md`` is generated
+Labels are queue, task name, outcome, state, schedule, store, a store operation
+(a named statement: a fixed set), and the HTTP route template: never a task id or
+a payload value. Each instance (and each test) owns its own :class:`Metrics` with
+its own registry; every family is listed in :attr:`Metrics.catalog`, from which ``docs/metrics.md`` is generated
 (``python -m taskmesh.observability.metrics_doc > docs/metrics.md``; a test keeps them equal).
 
 Task names and queues come from clients, so they are bounded (
@@ -215,6 +215,13 @@ class Metrics:
             "taskmesh_redis_push_failures", "Pushes to Redis that failed after the commit (re-pushed later)."
         )
         self.store_errors = c("taskmesh_store_errors", "Failed calls to a store, by store: postgres, redis.", "store")
+        self.store_schema_errors = c(
+            "taskmesh_store_schema_errors",
+            "Statements PostgreSQL refused against its schema (SQLSTATE class 42: an undefined column, table "
+            "or function, ...), by operation (the named statement): this instance's release and the database's "
+            "schema disagree; run taskmesh migrate or replace the instance. /readyz is 503 meanwhile.",
+            "operation",
+        )
         self.clock_offset = g(
             "taskmesh_clock_offset_seconds",
             "PostgreSQL's clock minus this host's, as last measured; due times and fires use PostgreSQL's.",
@@ -375,6 +382,10 @@ class Metrics:
     def store_failed(self, store: str) -> None:
         """Count one failed store call (``postgres`` or ``redis``)."""
         self.store_errors.labels(store).inc()
+
+    def schema_mismatched(self, operation: str) -> None:
+        """Count one statement PostgreSQL refused against its schema (``operation``: the statement's name)."""
+        self.store_schema_errors.labels(operation).inc()
 
     def render(self) -> bytes:
         """The exposition text of every family."""

@@ -18,6 +18,7 @@ from taskmesh.runtime.clock import StoreClock
 from taskmesh.services.base import Outage, call_until_done
 from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
+from taskmesh.store.schema_watch import SchemaWatch
 
 
 async def connect_until_stopped(
@@ -27,11 +28,13 @@ async def connect_until_stopped(
     clock: StoreClock,
     stop: anyio.Event,
     startup: dict[str, str],
+    schema: SchemaWatch | None = None,
 ) -> Stores | None:
     """Connect, measure PostgreSQL's clock and migrate, through outages; ``None`` when stopped first.
 
     PostgreSQL and Redis are tried side by side, each store's state kept in ``startup``
     (``connecting``, ``down``, ``ok``) for ``/readyz``, so that it names only the one that failed.
+    ``schema`` records the PostgreSQL store's failures (see :meth:`PgStore.connect`).
 
     :raises MigrationError: a migration failed for good.
     :raises ConfigError: a store refused the connection in a way retrying cannot fix (a refused
@@ -50,7 +53,7 @@ async def connect_until_stopped(
         outage = Outage("postgres")
         while True:
             try:
-                pg = await PgStore.connect(database_url, settings.pg_pool_size, pooler=settings.pg_pooler)
+                pg = await PgStore.connect(database_url, settings.pg_pool_size, pooler=settings.pg_pooler, watch=schema)
                 break
             except StoreError as exc:
                 if not exc.transient:

@@ -251,7 +251,7 @@ async def _run_root(
         notify.status(f"connecting to PostgreSQL and Redis; {http}")
         clock = StoreClock()
         try:
-            stores = await connect_until_stopped(settings, *urls, clock, inst.stop, state.startup)
+            stores = await connect_until_stopped(settings, *urls, clock, inst.stop, state.startup, state.schema)
         except (ConfigError, MigrationError, StoreError) as exc:
             fatal.append(exc)
             stores = None

@@ -89,7 +89,7 @@ _POOLER_SYMPTOMS: tuple[type[BaseException], ...] = (
 
 
 def postgres_error(operation: str, exc: BaseException) -> StoreError:
-    """Wrap an asyncpg failure of ``operation`` as a :class:`StoreError`.
+    """Wrap an asyncpg failure of ``operation`` as a :class:`StoreError` carrying its SQLSTATE.
 
     A prepared statement that does not exist, or already does, on the server connection is
     what a transaction pooler does to a client that keeps them: the detail then says which
@@ -98,7 +98,9 @@ def postgres_error(operation: str, exc: BaseException) -> StoreError:
     detail = _one_line(exc)
     if isinstance(exc, _POOLER_SYMPTOMS):
         detail = f"{detail} ({POOLER_HINT})"
-    return StoreError("postgres", operation, transient=postgres_is_transient(exc), detail=detail)
+    state = getattr(exc, "sqlstate", None) if isinstance(exc, asyncpg.PostgresError) else None
+    transient = postgres_is_transient(exc)
+    return StoreError("postgres", operation, transient=transient, detail=detail, sqlstate=str(state) if state else None)
 
 
 def redis_error(operation: str, exc: BaseException) -> StoreError:

@@ -4,7 +4,9 @@
 ``schedules`` attributes run the named blocks of ``queries.sql`` (one method
 per block); :meth:`PgStore.transaction` gives the same attributes bound to
 one connection inside one transaction. Every failure is a
-:class:`~taskmesh.errors.StoreError` naming the operation, transient or not.
+:class:`~taskmesh.errors.StoreError` naming the operation, transient or not, and goes
+through the store's :class:`~taskmesh.store.schema_watch.SchemaWatch`, shared by its
+transactions, which counts and logs a statement the schema refused.
 
 Migrations are applied by ``store/migrator.py`` (:meth:`PgStore.migrate` at an instance's start).
 """
@@ -28,6 +30,7 @@ from taskmesh.store.migrator import MigrationRun, migrate, migrate_url, migratio
 from taskmesh.store.operation_queries import OperationQueries
 from taskmesh.store.queue_queries import QueueQueries
 from taskmesh.store.schedule_queries import ScheduleQueries
+from taskmesh.store.schema_watch import SchemaWatch
 from taskmesh.store.search_queries import SearchQueries
 from taskmesh.store.session_queries import SessionQueries
 from taskmesh.store.sql import Executor, connect_options, queries
@@ -54,29 +57,42 @@ class PgStore:
 
     :param pool: the instance's pool.
     :param executor: what queries run on: the pool (default) or a connection in a transaction.
+    :param watch: where its failures are recorded; ``None``: a watch of its own (no metric).
     """
 
-    def __init__(self, pool: asyncpg.Pool, executor: Executor | None = None) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, executor: Executor | None = None, *, watch: SchemaWatch | None = None
+    ) -> None:
         self.pool = pool
         ex = executor if executor is not None else pool
         self._ex = ex
-        self.tasks = TaskQueries(ex)
-        self.workers = WorkerQueries(ex)
-        self.schedules = ScheduleQueries(ex)
-        self.queues = QueueQueries(ex)
-        self.search = SearchQueries(ex)
-        self.operations = OperationQueries(ex)
-        self.keys = KeyQueries(ex)
-        self.audit = AuditQueries(ex)
-        self.sessions = SessionQueries(ex)
+        self.watch = watch if watch is not None else SchemaWatch()
+        w = self.watch
+        self.tasks = TaskQueries(ex, w)
+        self.workers = WorkerQueries(ex, w)
+        self.schedules = ScheduleQueries(ex, w)
+        self.queues = QueueQueries(ex, w)
+        self.search = SearchQueries(ex, w)
+        self.operations = OperationQueries(ex, w)
+        self.keys = KeyQueries(ex, w)
+        self.audit = AuditQueries(ex, w)
+        self.sessions = SessionQueries(ex, w)
+
+    def on(self, connection: Executor) -> PgStore:
+        """This store's queries on ``connection`` (a caller's own, inside its transaction), sharing its watch."""
+        return PgStore(self.pool, connection, watch=self.watch)
 
     @classmethod
-    async def connect(cls, database_url: str, size: int = 10, *, pooler: str = "none") -> PgStore:
+    async def connect(
+        cls, database_url: str, size: int = 10, *, pooler: str = "none", watch: SchemaWatch | None = None
+    ) -> PgStore:
         """Open a pool of at most ``size`` connections (at least 2 are kept open).
 
         :param pooler: ``transaction`` when ``database_url`` is a pooler in transaction mode
             (PgBouncer): asyncpg keeps no named prepared statements, which another client's
             transaction would meet on the same server connection (``statement_cache_size=0``).
+        :param watch: where the store's failures are recorded (the instance's, with its metric and
+            ``/readyz``); ``None``: a watch of its own.
 
         taskmesh keeps no session state on pooled connections (as PgBouncer in
         transaction mode requires, docs/internals/design.md section 7), so a released connection
@@ -101,10 +117,11 @@ class PgStore:
         except POSTGRES_ERRORS as exc:
             raise postgres_error("connect", exc) from exc
         assert pool is not None
-        return cls(pool)
+        return cls(pool, watch=watch)
 
     async def close(self, timeout: float = 3.0) -> None:  # noqa: ASYNC109  # a bound on close, not a timeout of the caller
         """Close the pool; after ``timeout`` seconds (a dead server) terminate it instead."""
+        self.watch.flush()
         with anyio.move_on_after(timeout) as waited:
             try:
                 await self.pool.close()
@@ -141,13 +158,13 @@ class PgStore:
                         f"{lock_timeout_ms or 0}ms",
                         f"{idle_timeout_ms or 0}ms",
                     )
-                tx = PgStore(self.pool, conn)
+                tx = PgStore(self.pool, conn, watch=self.watch)
                 yield tx
                 hook = BEFORE_COMMIT.get()
                 if hook is not None:
                     await hook(tx)
         except POSTGRES_ERRORS as exc:
-            raise postgres_error("transaction", exc) from exc
+            raise self.watch.error("transaction", exc) from exc
 
     @contextlib.asynccontextmanager
     async def changing(self) -> AsyncIterator[PgStore]:
@@ -185,7 +202,7 @@ class PgStore:
         try:
             await self._ex.fetchval("SELECT 1", timeout=timeout)
         except POSTGRES_ERRORS as exc:
-            raise postgres_error("ping", exc) from exc
+            raise self.watch.error("ping", exc) from exc
 
     async def now(self) -> datetime:
         """PostgreSQL's clock (``clock_timestamp()``), the clock of record for due times.
@@ -195,7 +212,7 @@ class PgStore:
         try:
             value: datetime = await self._ex.fetchval("SELECT clock_timestamp()")
         except POSTGRES_ERRORS as exc:
-            raise postgres_error("now", exc) from exc
+            raise self.watch.error("now", exc) from exc
         return value
 
     async def notify(self, channel: str, payload: str) -> None:
@@ -206,7 +223,7 @@ class PgStore:
         try:
             await self._ex.execute("SELECT pg_notify($1, $2)", channel, payload)
         except POSTGRES_ERRORS as exc:
-            raise postgres_error("notify", exc) from exc
+            raise self.watch.error("notify", exc) from exc
 
     async def migrate(self, *, pooler: str = "none") -> MigrationRun:
         """Apply the migrations this database lacks, under the advisory lock (``store/migrator.py``).

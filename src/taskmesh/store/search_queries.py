@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import asyncpg
 
+from taskmesh.store.schema_watch import SchemaWatch
 from taskmesh.store.sql import Queries
 
 Key = Literal["all", "status", "queue", "name", "tenant_id", "dedup_key", "payload"]
@@ -107,8 +108,8 @@ class SearchFilter:
 class SearchQueries(Queries):
     """The search statements on one executor."""
 
-    def __init__(self, executor: Any) -> None:
-        super().__init__(executor)
+    def __init__(self, executor: Any, watch: SchemaWatch | None = None) -> None:
+        super().__init__(executor, watch)
         self._q = search_statements()
 
     def _args(self, f: SearchFilter, cursor: tuple[datetime, uuid.UUID], window: int) -> tuple[tuple[Any, ...], Key]:

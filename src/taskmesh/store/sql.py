@@ -2,8 +2,9 @@
 
 Every call goes through :class:`Queries`, whose helpers turn any asyncpg or
 socket failure into a :class:`~taskmesh.errors.StoreError` naming the block,
-classified as transient or not (``store/classify.py``). Nothing outside
-``taskmesh.store`` sees asyncpg's exceptions.
+classified as transient or not (``store/classify.py``), and hand it to the store's
+:class:`~taskmesh.store.schema_watch.SchemaWatch` (a statement the schema refused is
+counted and logged there). Nothing outside ``taskmesh.store`` sees asyncpg's exceptions.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from taskmesh.errors import StoreError
 from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
+from taskmesh.store.schema_watch import SchemaWatch
 
 Executor = asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy
 """What a query runs on: the pool (one statement, autocommit) or a connection (inside a transaction)."""
@@ -50,11 +53,16 @@ class Queries:
     """Base of the per-entity query classes: runs named blocks on one executor.
 
     :param executor: the pool, or a connection whose transaction the caller owns.
+    :param watch: where failures are recorded (the store's); ``None``: nowhere.
     """
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, watch: SchemaWatch | None = None) -> None:
         self._ex = executor
         self._q = queries()
+        self._watch = watch
+
+    def _failed(self, name: str, exc: BaseException) -> StoreError:
+        return self._watch.error(name, exc) if self._watch is not None else postgres_error(name, exc)
 
     async def _call(self, method: str, name: str, args: tuple[Any, ...]) -> Any:
         """Run block ``name`` with ``method`` (fetch, fetchrow, fetchval, execute) on the executor.
@@ -73,7 +81,7 @@ class Queries:
                         raise
             return await getattr(self._ex, method)(sql, *args)
         except POSTGRES_ERRORS as exc:
-            raise postgres_error(name, exc) from exc
+            raise self._failed(name, exc) from exc
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
         result: list[asyncpg.Record] = await self._call("fetch", name, args)
@@ -100,7 +108,7 @@ class Queries:
         try:
             await self._ex.copy_to_table(table, source=source, columns=list(columns))
         except POSTGRES_ERRORS as exc:
-            raise postgres_error(name, exc) from exc
+            raise self._failed(name, exc) from exc
 
     async def _execute(self, name: str, *args: Any) -> str:
         result: str = await self._call("execute", name, args)

@@ -186,7 +186,7 @@ class Tasks(TaskActions):
                 "connection", "must be inside a transaction (async with connection.transaction(): ...)"
             )
         await self.learn()
-        pg = PgStore(self.pg.pool, connection)
+        pg = self.pg.on(connection)
         # Never COPY here: a COPY encodes with the connection's codecs, and an application's
         # connection may have its own for jsonb; the INSERT sends payloads as text.
         out, targets = await self.insert_many(pg, specs, copy=False, quota=True)

@@ -40,15 +40,17 @@ async def healthz() -> Response:
     operation_id="getReadiness",
     tags=["health"],
     response_model=Readiness,
-    summary="Readiness: 200 only when PostgreSQL and Redis answer and no critical service is down",
+    summary="Readiness: 200 only when PostgreSQL and Redis answer, no critical service is down and the schema fits",
     responses={
         503: {"description": "Not ready: the same body with `ready: false`, naming what is down", "model": Readiness},
         **only_problems(500),
     },
 )
 async def readyz(state: StateDep) -> Response:
-    """200 when both stores answer within a second, the instance is not draining and no critical
-    service is restarting or failed; 503 otherwise. Services not running are named in ``services``.
+    """200 when both stores answer within a second, the instance is not draining, no critical
+    service is restarting or failed and PostgreSQL refused no statement against its schema within
+    ``schema_error_window_seconds`` (named in ``schema_mismatch``); 503 otherwise. Services not
+    running are named in ``services``.
 
     Each store reads ``ok``, ``down`` (no answer), ``error`` (an answer taskmesh cannot work with,
     such as ``MOVED``; the message is in ``errors``) or, before the instance has connected,
@@ -80,11 +82,13 @@ async def readyz(state: StateDep) -> Response:
             tg.start_soon(check, "postgres", lambda: stores.pg.ping(timeout=PING_TIMEOUT_SECONDS))
             tg.start_soon(check, "redis", redis_ping)
     down = state.services.down()
+    mismatch = state.schema.recent()
     ready = (
         stores is not None
         and not state.draining
         and all(v == "ok" for v in checks.values())
         and not state.services.critical_down()
+        and mismatch is None
     )
     body: dict[str, Any] = {"ready": ready, **checks}
     if errors:
@@ -93,6 +97,9 @@ async def readyz(state: StateDep) -> Response:
         body["services"] = down
     if state.draining:
         body["draining"] = True
+    if mismatch is not None:
+        ago = round(max(0.0, state.schema.clock() - mismatch.at), 3)
+        body["schema_mismatch"] = {"operation": mismatch.operation, "sqlstate": mismatch.sqlstate, "seconds_ago": ago}
     return json_response(body, 200 if ready else 503)
 
 

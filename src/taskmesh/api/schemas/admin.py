@@ -197,6 +197,14 @@ class StoreState(StrEnum):
     CONNECTING = "connecting"
 
 
+class SchemaMismatch(BaseModel):
+    """The last statement PostgreSQL refused against its schema (run ``taskmesh migrate``, or replace the instance)."""
+
+    operation: str = Field(description="The named statement (task_insert_many).")
+    sqlstate: str = Field(description="PostgreSQL's SQLSTATE, class 42 (42703: an undefined column).")
+    seconds_ago: float = Field(description="How long ago it was refused, seconds.")
+
+
 class Readiness(BaseModel):
     """Whether the instance takes work; each store's state, and what is down."""
 
@@ -206,3 +214,8 @@ class Readiness(BaseModel):
     errors: dict[str, str] | None = Field(default=None, description="A store's answer taskmesh cannot work with.")
     services: dict[str, str] | None = Field(default=None, description="Services restarting or failed, by name.")
     draining: bool | None = Field(default=None, description="Only while the instance drains.")
+    schema_mismatch: SchemaMismatch | None = Field(
+        default=None,
+        description="Only while PostgreSQL refused a statement against its schema within "
+        "schema_error_window_seconds: this release and the database's schema disagree.",
+    )
