@@ -30,9 +30,9 @@ from taskmesh.runtime import supervisor
 from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import migrate_url
-from taskmesh.store.sql import connect_options
 from taskmesh.store.redis_clients import open_client
 from taskmesh.store.redis_types import RedisMode
+from taskmesh.store.sql import connect_options
 from taskmesh.tasks.registry import Registry
 from taskmesh.tasks.tasks import Tasks
 from tests.pgbouncer import PgBouncer, through

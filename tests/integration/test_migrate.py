@@ -9,6 +9,7 @@ import anyio
 import asyncpg
 import pytest
 
+from taskmesh.store.classify import postgres_error
 from taskmesh.store.postgres import migrate, migrations
 from tests.conftest import scratch_database
 
@@ -109,3 +110,25 @@ async def test_contract_steps_wait_while_an_instance_of_another_version_is_live(
         assert await previous_creates_work(conn) == dict.fromkeys(PREVIOUS_CONFLICT_TARGETS, False)
     finally:
         await conn.close()
+
+
+async def test_a_plan_a_migration_outdated_under_a_transaction_is_an_outage_that_the_next_call_outlives(
+    empty_database: str,
+) -> None:
+    instance = await asyncpg.connect(empty_database)
+    migration = await asyncpg.connect(empty_database)
+    try:
+        await instance.execute("CREATE TABLE t (x integer)")
+        statement = "SELECT * FROM t"
+        await instance.fetch(statement)  # prepared and cached, as the store's named statements are
+        await migration.execute("ALTER TABLE t ADD COLUMN y integer")
+        with pytest.raises(asyncpg.exceptions.InvalidCachedStatementError) as caught:
+            async with instance.transaction():
+                await instance.fetch(statement)
+        error = postgres_error("task_claim_many", caught.value)
+        assert error.transient and not error.schema_mismatch
+        async with instance.transaction():  # the retry the transient error asks for
+            assert await instance.fetch(statement) == []
+    finally:
+        await instance.close()
+        await migration.close()

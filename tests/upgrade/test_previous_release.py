@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.usefixtures("redi
 PREVIOUS_RELEASE = "e93f40f12a326f0f1481c455e9889e0f44a521e8"
 """0.1.0 as main stood on 2026-12-01, before per-tenant dedup keys (migration 0013): the release
 whose instances the upgrade trial saw fail every create once today's migrations committed."""
+OUTDATED_PLAN = "plan is invalid due to a database schema or configuration change"
 PREVIOUS_SCHEMA = 12
 """The last migration the previous release has."""
 
@@ -143,7 +144,9 @@ async def test_the_previous_release_keeps_working_beside_this_one_through_migrat
             after = exercise(old, "old-after")
             await check(old, pool, after, "old-after")
             wait_until(lambda: call(old.port, "GET", "/readyz")[0] == 200, proc=old)
-            assert await fires_since(pool, migrated, time.time()) >= 2  # the previous release's scheduler alone
+            with anyio.fail_after(10):  # the previous release's scheduler alone fires on the new schema
+                while await fires_since(pool, migrated) < 2:
+                    await anyio.sleep(0.2)
             new = start(Path(sys.executable), env, tmp_path / "new.log")
             beside = exercise(new, "new-beside")
             await check(new, pool, beside, "new-beside")
@@ -160,6 +163,9 @@ async def test_the_previous_release_keeps_working_beside_this_one_through_migrat
                     await anyio.sleep(0.2)
 
             errors = [e for p in (old, new) for e in p.events() if e.get("level") in ("error", "critical")]
+            # The previous release takes a plan a migration outdated under its transaction for an
+            # error of the fire (this release retries it as an outage); the next fire goes through.
+            errors = [e for e in errors if not (e in old.events() and OUTDATED_PLAN in str(e.get("error")))]
             assert errors == [], errors
             runs = await pool.fetch(
                 "SELECT task_id, attempt, count(*) AS n FROM task_runs GROUP BY task_id, attempt HAVING count(*) > 1"

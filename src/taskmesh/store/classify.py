@@ -23,6 +23,8 @@ TRANSIENT_SQLSTATES = frozenset({"55P03", "25006", "25P03"})
 """lock_not_available (lock_timeout), read_only_sql_transaction (a failover's old primary),
 idle_in_transaction_session_timeout."""
 
+_PLAN_OUTDATED = (asyncpg.exceptions.InvalidCachedStatementError, asyncpg.exceptions.OutdatedSchemaCacheError)
+
 POSTGRES_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
@@ -60,6 +62,11 @@ def postgres_is_transient(exc: BaseException) -> bool:
 
     :param exc: an exception raised by asyncpg (or the socket under it).
     """
+    if isinstance(exc, _PLAN_OUTDATED):
+        # A migration beside a running instance changed a table a prepared statement reads: in a
+        # transaction asyncpg cannot prepare it again, but it has cleared its caches, so the same
+        # call succeeds next time (its SQLSTATE, 0A000 feature_not_supported, says otherwise).
+        return True
     if isinstance(exc, asyncpg.PostgresError):
         state = str(getattr(exc, "sqlstate", "") or "")
         if not state:  # a client-side error asyncpg raised as a PostgresError

@@ -206,7 +206,7 @@ async def _apply(conn: Any, migration: Migration, pooler: str) -> bool:
             return True
         # Polled, not waited for: a session blocked in pg_advisory_lock holds a snapshot, which the
         # concurrent index build of the session holding the lock waits out: a deadlock.
-        while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", MIGRATION_LOCK_ID):
+        while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", MIGRATION_LOCK_ID):  # noqa: ASYNC110
             await anyio.sleep(LOCK_POLL_SECONDS)
         try:
             if await conn.fetchval("SELECT 1 FROM schema_migrations WHERE version = $1", version):
