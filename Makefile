@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install lock run test lint clean deploy-tools bench growth fuzz chaos docs docs-reference
+.PHONY: install lock run test lint clean deploy-tools bench growth migration-locks fuzz chaos docs docs-reference
 
 # Every extra and the dev tools, each at the release constraints.txt names (`make lock` renews it),
 # so that a fresh machine and CI install what the tests last passed with.
@@ -115,6 +115,12 @@ bench: install
 # What a long history costs the hot paths: `make growth ARGS="--rows 10000000"` (benchmarks/growth.py).
 growth: install
 	$(BIN)/python -m benchmarks.growth $(ARGS)
+
+# What each migration locks, and for how long, beside 1,000,000 tasks (a few minutes; benchmarks/migration_locks.py),
+# on a scratch database of TASKMESH_TEST_DATABASE_URL's server: the table of docs/guides/upgrading.md.
+# `make migration-locks ARGS="--rows 2000"` for a quick look at new migration files.
+migration-locks: install
+	$(BIN)/python -m benchmarks.migration_locks $(ARGS)
 
 # The long forms of the bounded runs `make test` holds short: the OpenAPI fuzzing with five
 # times the cases, and the chaos ledger with 3,000 tasks (about 10 minutes together).
