@@ -33,13 +33,17 @@ def test_a_migration_that_removes_is_a_contract_step_and_indexes_on_big_tables_a
         assert table not in BIG_TABLES, f"{migration.name}: an index on {table} built without CONCURRENTLY"
 
 
-def test_an_unknown_directive_is_refused_and_no_transaction_files_have_no_function_bodies() -> None:
+def test_an_unknown_directive_is_refused_and_a_no_transaction_file_splits_around_function_bodies() -> None:
     with pytest.raises(ValueError, match="unknown directive 'contrakt'"):
         migrator._parse(99, "x", "-- taskmesh: contrakt\nSELECT 1;\n")
-    with pytest.raises(ValueError, match=r"cannot hold a \$\$ body"):
-        migrator._parse(99, "x", "-- taskmesh: no-transaction\nDO $$ BEGIN END $$;\n")
-    parsed = migrator._parse(
-        99, "x", "-- taskmesh: no-transaction\n-- why\nCREATE INDEX CONCURRENTLY a ON t (x);\nSELECT 2;\n"
+    sql = (
+        "-- taskmesh: no-transaction\n-- why\nCREATE INDEX CONCURRENTLY a ON t (x);\n"
+        "DO $$\nBEGIN\n    -- inside; kept\n    PERFORM 1;\n    COMMIT;\nEND\n$$;\nSELECT 2;\n"
     )
+    parsed = migrator._parse(99, "x", sql)
     assert not parsed.transactional and not parsed.contract
-    assert parsed.statements() == ["CREATE INDEX CONCURRENTLY a ON t (x)", "SELECT 2"]
+    assert parsed.statements() == [
+        "CREATE INDEX CONCURRENTLY a ON t (x)",
+        "DO $$\nBEGIN\n    -- inside; kept\n    PERFORM 1;\n    COMMIT;\nEND\n$$",
+        "SELECT 2",
+    ]

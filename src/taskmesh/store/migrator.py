@@ -19,9 +19,11 @@ The first lines of a file may carry directives (``-- taskmesh: <directive>``):
     a copy in batches), under the session-level migration lock, released before the
     connection is. Its statements must be idempotent (``IF NOT EXISTS``), since a crash may
     leave some of them applied; an index a failed concurrent build left invalid is dropped by
-    its ``DROP INDEX IF EXISTS`` line first. Through a pooler in transaction mode (where the lock
-    and the statements might land on different server connections) the file runs in one
-    transaction instead, without ``CONCURRENTLY``.
+    its ``DROP INDEX IF EXISTS`` line first. A copy in batches is a ``DO`` block that commits
+    after each batch when the setting ``taskmesh.migrate_batches`` is ``on``, as it is here.
+    Through a pooler in transaction mode (where the lock and the statements might land on
+    different server connections) the file runs in one transaction instead, without
+    ``CONCURRENTLY`` and without the commits between batches.
 
 Log events: ``migration_applied`` (version, migration), ``migration_failed``, ``migration_held``
 (version, migration, instances: the other versions' ``host:pid (version)``), ``migration_in_one_transaction``.
@@ -78,9 +80,19 @@ class Migration:
     transactional: bool = True
 
     def statements(self) -> list[str]:
-        """The statements of a ``no-transaction`` file: split at each ``;`` that ends a line."""
-        body = "\n".join(line for line in self.sql.splitlines() if not line.lstrip().startswith("--"))
-        return [s.strip() for s in re.split(r";\s*$", body, flags=re.MULTILINE) if s.strip()]
+        """The statements of a ``no-transaction`` file: split at each ``;`` that ends a line outside ``$$``."""
+        statements, current, quoted = [], [], False
+        for line in self.sql.splitlines():
+            if not quoted and line.lstrip().startswith("--"):
+                continue
+            current.append(line)
+            quoted ^= line.count("$$") % 2 == 1
+            if not quoted and line.rstrip().endswith(";"):
+                statements.append("\n".join(current).strip().removesuffix(";").strip())
+                current = []
+        if "\n".join(current).strip():
+            statements.append("\n".join(current).strip())
+        return [s for s in statements if s]
 
 
 @dataclass
@@ -107,8 +119,6 @@ def _parse(version: int, name: str, sql: str) -> Migration:
             if match.group(1) not in _KNOWN_DIRECTIVES:
                 raise ValueError(f"migration {version:04d}_{name}: unknown directive {match.group(1)!r}")
             directives.add(match.group(1))
-    if "no-transaction" in directives and "$$" in sql:
-        raise ValueError(f"migration {version:04d}_{name}: a no-transaction file cannot hold a $$ body")
     return Migration(version, name, sql, "contract" in directives, "no-transaction" not in directives)
 
 
@@ -211,11 +221,13 @@ async def _apply(conn: Any, migration: Migration, pooler: str) -> bool:
         try:
             if await conn.fetchval("SELECT 1 FROM schema_migrations WHERE version = $1", version):
                 return False
+            await conn.execute("SET taskmesh.migrate_batches = on")
             for statement in migration.statements():
                 await conn.execute(statement)
             await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
             return True
         finally:
+            await conn.execute("RESET taskmesh.migrate_batches")
             await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
     except POSTGRES_ERRORS as exc:
         error = postgres_error(f"migration {version:04d}_{name}", exc)
