@@ -240,10 +240,18 @@ class StoreError(TaskmeshError):
         clear message, and carry on.
     :param detail: the driver's message, one line.
     :param sqlstate: PostgreSQL's SQLSTATE of the error (``42703``), ``None`` when it sent none.
+    :param constraint: the constraint or unique index PostgreSQL named (a unique violation), else ``None``.
     """
 
     def __init__(
-        self, store: str, operation: str, *, transient: bool, detail: str, sqlstate: str | None = None
+        self,
+        store: str,
+        operation: str,
+        *,
+        transient: bool,
+        detail: str,
+        sqlstate: str | None = None,
+        constraint: str | None = None,
     ) -> None:
         kind = "unavailable" if transient else "error"
         super().__init__(f"{store} {kind} in {operation}: {detail}")
@@ -252,6 +260,7 @@ class StoreError(TaskmeshError):
         self.transient = transient
         self.detail = detail
         self.sqlstate = sqlstate
+        self.constraint = constraint
 
     @property
     def schema_mismatch(self) -> bool:

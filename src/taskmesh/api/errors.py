@@ -129,6 +129,14 @@ SCHEMA_MISMATCH_DETAIL = (
 """The detail of a schema mismatch's answer: the way out, never the statement or PostgreSQL's message."""
 
 
+PREVIOUS_DEDUP_INDEX = "tasks_idempotency_key_key"
+"""The previous release's unique index of dedup keys across tenants, until the contract step drops it."""
+PREVIOUS_DEDUP_DETAIL = (
+    "dedup_key: a task of another tenant has this key; until the upgrade's contract step has run"
+    " (`taskmesh migrate` once no instance of the previous release runs) a dedup key is unique across tenants"
+)
+
+
 def schema_mismatch(exc: StoreError) -> Response:
     """500 for a statement PostgreSQL refused against its schema; its message was logged by the store's watch."""
     detail = SCHEMA_MISMATCH_DETAIL.format(version=__version__)
@@ -169,6 +177,9 @@ def install(app: FastAPI) -> None:
             return problem(503, "Store unavailable", f"{exc.store} did not answer ({exc.operation})")
         if exc.schema_mismatch:
             return schema_mismatch(exc)
+        if exc.constraint == PREVIOUS_DEDUP_INDEX:
+            errors = [("dedup_key", PREVIOUS_DEDUP_DETAIL)]
+            return problem(409, "Dedup key in use", PREVIOUS_DEDUP_DETAIL, errors=errors)
         log.error("api_error", path=request.url.path, error=str(exc))
         return problem(500, "Internal error", "the server failed to answer; the error is logged")
 

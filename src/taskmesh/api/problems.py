@@ -45,7 +45,8 @@ ERROR_STATUSES: dict[int, str] = {
     401: "No usable API key: none, malformed, unknown, revoked or expired (`Unauthorized`, with `WWW-Authenticate`)",
     403: "The key lacks the route's scope (`Forbidden`, naming the `scope`), or a field is beyond its tenant or queues",
     404: "No such task, operation, schedule or key (a problem naming it)",
-    409: "The task's state does not allow this (`Task state conflict`, saying what would)",
+    409: "The task's state does not allow this (`Task state conflict`, saying what would); or, during an upgrade "
+    "before its contract step, another tenant's task has the dedup key (`Dedup key in use`)",
     413: "The body is over the size limit (`http_max_body_bytes`)",
     415: "The body is not `application/json` (`Unsupported media type`)",
     429: (

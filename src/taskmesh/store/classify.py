@@ -106,8 +106,15 @@ def postgres_error(operation: str, exc: BaseException) -> StoreError:
     if isinstance(exc, _POOLER_SYMPTOMS):
         detail = f"{detail} ({POOLER_HINT})"
     state = getattr(exc, "sqlstate", None) if isinstance(exc, asyncpg.PostgresError) else None
-    transient = postgres_is_transient(exc)
-    return StoreError("postgres", operation, transient=transient, detail=detail, sqlstate=str(state) if state else None)
+    constraint = getattr(exc, "constraint_name", None) if isinstance(exc, asyncpg.PostgresError) else None
+    return StoreError(
+        "postgres",
+        operation,
+        transient=postgres_is_transient(exc),
+        detail=detail,
+        sqlstate=str(state) if state else None,
+        constraint=str(constraint) if constraint else None,
+    )
 
 
 def redis_error(operation: str, exc: BaseException) -> StoreError:

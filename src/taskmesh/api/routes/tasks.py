@@ -75,7 +75,7 @@ class BatchRequest(BaseModel):
     dependencies=[Depends(require("tasks:write"))],
     responses={
         200: {"description": "The dedup_key repeats: the existing task, `deduplicated: true`", "model": TaskCreated},
-        **problem_responses(400, 413, 422),
+        **problem_responses(400, 409, 413, 422),
     },
     status_code=201,
     response_model=TaskCreated,
@@ -176,7 +176,7 @@ def _parse_batch(data: Any, tasks: Tasks) -> tuple[list[TaskSpec], list[int], li
     tags=["tasks"],
     response_model=BatchCreated,
     dependencies=[Depends(require("tasks:write"))],
-    responses=problem_responses(400, 413, 422),
+    responses=problem_responses(400, 409, 413, 422),
     openapi_extra=body_schema(BatchRequest),
     summary="Create up to 1,000 tasks with one statement; each item's outcome is reported",
 )
