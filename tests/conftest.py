@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from taskmesh.config import Settings, load_settings
 from taskmesh.observability.logs import configure
 from taskmesh.runtime import supervisor
+from taskmesh.runtime.clock import StoreClock
 from taskmesh.store import PgStore, RedisStore, Stores
 from taskmesh.store.keys import Keys
 from taskmesh.store.postgres import migrate_url
@@ -173,9 +174,20 @@ def keys(prefix: str) -> Keys:
 
 
 @pytest.fixture
-async def stores(pool: asyncpg.Pool, redis_url: str, keys: Keys, redis_client: aioredis.Redis) -> AsyncIterator[Stores]:
-    """The stores as an instance has them (the PostgreSQL side on ``pool``)."""
-    redis = RedisStore.connect(redis_url, keys, mode=REDIS_MODE)
+def store_clock() -> StoreClock:
+    """The clock ``stores``' Redis side reads "now" from, as an instance's does.
+
+    A test moves ``offset`` forward to make a delay expire without sleeping.
+    """
+    return StoreClock()
+
+
+@pytest.fixture
+async def stores(
+    pool: asyncpg.Pool, redis_url: str, keys: Keys, redis_client: aioredis.Redis, store_clock: StoreClock
+) -> AsyncIterator[Stores]:
+    """The stores as an instance has them (the PostgreSQL side on ``pool``, Redis's "now" from ``store_clock``)."""
+    redis = RedisStore.connect(redis_url, keys, mode=REDIS_MODE, now_ms=store_clock.now_ms)
     yield Stores(PgStore(pool), redis)
     await redis.close()
 

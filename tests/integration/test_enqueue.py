@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from taskmesh.runtime.clock import StoreClock
 from taskmesh.services import delayed_mover, reconciler
 from taskmesh.store import RedisStore, Stores
 from taskmesh.store.keys import DELAYED_PRIORITY_SLOTS, Keys
@@ -101,16 +102,18 @@ async def test_higher_priority_pops_first_and_fifo_holds_within_a_priority(
 
 
 async def test_a_delayed_task_waits_in_the_delayed_set_until_due(
-    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, store_clock: StoreClock
 ) -> None:
-    created = await tasks.enqueue(spec(delay_seconds=0.6, priority=3))
+    created = await tasks.enqueue(spec(delay_seconds=60, priority=3))
     tid = str(created.task_id)
     task, _ = await tasks.get(created.task_id)
     assert task["type"] == "delayed"
     assert await redis_client.zscore(keys.delayed("default"), tid) is not None
     assert await delayed_mover.run_once(tasks.redis, ["default"]) == {"moved": 0}
+    store_clock.offset = 59  # "now" a second before the due time: still not due
+    assert await delayed_mover.run_once(tasks.redis, ["default"]) == {"moved": 0}
     assert await redis_client.zscore(keys.ready("default"), tid) is None
-    await anyio.sleep(0.7)
+    store_clock.offset = 61
     assert await delayed_mover.run_once(tasks.redis, ["default"]) == {"moved": 1}
     assert await redis_client.zscore(keys.ready("default"), tid) is not None
     assert await redis_client.zscore(keys.delayed("default"), tid) is None
@@ -124,11 +127,11 @@ async def test_run_at_in_rfc3339_sets_the_due_time(tasks: Tasks, redis_client: a
 
 
 async def test_a_delayed_mover_lock_held_elsewhere_skips_the_tick(
-    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, store_clock: StoreClock
 ) -> None:
-    await tasks.enqueue(spec(delay_seconds=0.2))
-    await tasks.enqueue(spec(run_at=(datetime.now(UTC) + timedelta(seconds=0.2)).isoformat()))
-    await anyio.sleep(0.3)
+    await tasks.enqueue(spec(delay_seconds=60))
+    await tasks.enqueue(spec(run_at=(datetime.now(UTC) + timedelta(seconds=60)).isoformat()))
+    store_clock.offset = 61  # both are due
     lock = keys.lock("delayed_mover", "default")
     token = await tasks.redis.try_lock(lock, 5000)
     assert token is not None
@@ -152,8 +155,8 @@ async def test_a_create_succeeds_with_redis_down_and_the_task_is_pushed_once_red
     state = reconciler.State()
     # Young tasks are left alone: their own push may still be on its way.
     assert (await reconciler.sweep(online, ["default"], state, min_age=60, full=True))["repushed"] == 0
-    await anyio.sleep(0.3)
-    assert (await reconciler.sweep(online, ["default"], state, min_age=0.2, full=True))["repushed"] == 1
+    # A minimum age of 0 stands for a sweep once the task is old enough (the age is PostgreSQL's).
+    assert (await reconciler.sweep(online, ["default"], state, min_age=0, full=True))["repushed"] == 1
     assert await redis_client.zscore(keys.ready("default"), str(created.task_id)) is not None
 
 
