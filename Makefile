@@ -116,7 +116,7 @@ bench: install
 growth: install
 	$(BIN)/python -m benchmarks.growth $(ARGS)
 
-# What each migration locks, and for how long, beside 1,000,000 tasks (a few minutes; benchmarks/migration_locks.py),
+# What each migration locks, and how long writes and reads of tasks wait, beside 1,000,000 tasks (a few minutes; benchmarks/migration_locks.py),
 # on a scratch database of TASKMESH_TEST_DATABASE_URL's server: the table of docs/guides/upgrading.md.
 # `make migration-locks ARGS="--rows 2000"` for a quick look at new migration files.
 migration-locks: install

@@ -26,9 +26,6 @@ MODES = [
 ]
 """``pg_locks.mode`` of the table-level modes, weakest first."""
 
-BLOCKS_WRITES = MODES.index("ShareLock")
-BLOCKS_READS = MODES.index("AccessExclusiveLock")
-
 # The tables of the migrated database, partitions named by their root (a lock on an audit_events
 # partition is one on the audit log), with the runner's own bookkeeping table left out.
 TABLES_SQL = """

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.migration_locks --rows N``: what each migration locks, and for how long, on a big ``tasks``.
+"""``python -m benchmarks.migration_locks --rows N``: what each migration locks on a big ``tasks``, and who waits.
 
 Run it from the repository root (``make migration-locks``, ``ARGS="--rows 2000"`` for a quick look).
 It creates the database ``taskmesh_migration_locks`` (``--database``; dropped with FORCE first, and
@@ -12,11 +12,20 @@ its own under the migration lock, recorded in ``schema_migrations``. After a mig
 
 While a migration runs, a second connection polls ``pg_locks`` for the migration's backend every
 ``--poll-ms``; just before the migration commits, it also reads its own locks, which it holds
-until then. Each migration's row says the strongest mode held on each table that existed before it
-(tables it creates are listed as new), its wall time, and what that mode blocked on each table
-and for how long: from the moment the mode was first seen to the commit. A file that PostgreSQL
-refuses to run in a transaction block (``CREATE INDEX CONCURRENTLY``) is applied statement by
-statement outside one instead, and its row says so; its locks are then only what the polls saw.
+until then. A ``no-transaction`` file is applied as the store applies it straight to PostgreSQL
+(``taskmesh.store.migrator``): statement by statement, with ``taskmesh.migrate_batches`` on, so
+that a copy in batches commits after each one; a statement that PostgreSQL lets run in a
+transaction block (and that does not commit itself) runs alone in one, so that its locks are read
+the same way, the others (``CREATE INDEX CONCURRENTLY``, a ``DO`` block that commits) are only
+polled. A transactional file that PostgreSQL refuses in a transaction block is applied so too,
+and its row says so.
+
+Once ``tasks`` exists, two more connections play its callers while a migration runs
+(``benchmarks.probes``): one takes the lock of a write (``ROW EXCLUSIVE``), the other that of a
+read (``ACCESS SHARE``), each in a short transaction of its own, again and again 10 ms apart.
+Each migration's row says the strongest mode held on each table that existed before it (tables
+it creates are listed as new), its wall time, and the longest that a write and a read of
+``tasks`` waited for their lock.
 
 The markdown table goes to standard output, then the date, machine and command; progress to standard error.
 """
@@ -40,17 +49,9 @@ from typing import Any
 import asyncpg
 
 from benchmarks.bench import database_name
-from benchmarks.locks import (
-    BLOCKS_READS,
-    BLOCKS_WRITES,
-    MODES,
-    TABLES_SQL,
-    Watch,
-    mode_name,
-    split_statements,
-    strongest,
-)
+from benchmarks.locks import TABLES_SQL, Watch, mode_name, split_statements, strongest
 from benchmarks.measure import with_db
+from benchmarks.probes import READ, WRITE, Probe, probing
 from taskmesh.store import postgres
 
 ROWS = 1_000_000
@@ -58,6 +59,10 @@ DATABASE = "taskmesh_migration_locks"
 FILL = Path(__file__).with_name("migration_locks.sql")
 _AFTER = re.compile(r"^-- after: (\d{4})\s*$", re.MULTILINE)
 _DIRECTIVE = re.compile(r"^--\s*taskmesh:\s*([\w-]+)\s*$")
+# A statement that ends its own transactions (a copy in batches) cannot run inside a block.
+_ENDS_TRANSACTIONS = re.compile(r"\b(COMMIT|ROLLBACK)\b", re.IGNORECASE)
+# What PostgreSQL answers to a statement that must run outside a transaction block.
+_NOT_IN_A_BLOCK = (asyncpg.ActiveSQLTransactionError, asyncpg.InvalidTransactionTerminationError)
 # As the store's migrate() makes it before the first migration.
 SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
     version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"""
@@ -65,10 +70,11 @@ SCHEMA_MIGRATIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (
 
 @dataclass
 class Measured:
-    """One migration as applied: what it locked, how long it took and what it blocked.
+    """One migration as applied: what it locked, how long it took and how long callers of ``tasks`` waited.
 
     ``locks``: table -> strongest ``pg_locks`` mode, tables that existed before it only;
-    ``blocked``: table -> (seconds writes waited, seconds reads waited), ``None`` when they did not;
+    ``write_waits``, ``read_waits``: seconds each probe's write or read lock on ``tasks`` waited
+    (empty before ``tasks`` exists); ``outside``: the statements run outside a transaction block;
     ``tasks``: the rows of ``tasks`` when it ran; ``notes``: its directives, and ``needs no-transaction``
     when PostgreSQL refused it in a transaction though it does not say ``no-transaction``.
     """
@@ -79,8 +85,9 @@ class Measured:
     seconds: float
     locks: dict[str, str]
     created: list[str]
-    blocked: dict[str, tuple[float | None, float | None]]
-    in_transaction: bool
+    write_waits: list[float]
+    read_waits: list[float]
+    outside: list[str]
     tasks: int
     notes: list[str]
 
@@ -152,54 +159,41 @@ async def tables(conn: Any) -> dict[int, str]:
     return {row["oid"]: row["name"] for row in await conn.fetch(TABLES_SQL)}
 
 
-def result(
-    watch: Watch, before: dict[int, str], after: dict[int, str], end: float, in_transaction: bool
-) -> tuple[dict[str, str], list[str], dict[str, tuple[float | None, float | None]]]:
-    """The locks, new tables and blocked readers and writers of what ``watch`` saw, up to ``end``."""
+def result(watch: Watch, before: dict[int, str], after: dict[int, str]) -> tuple[dict[str, str], list[str]]:
+    """The strongest mode ``watch`` saw on each table of ``before``, and the tables new in ``after``."""
     modes: dict[str, set[str]] = {}
-    since: dict[str, dict[str, float]] = {}
-    for (oid, mode), seen in watch.seen.items():
-        if oid not in before:
-            continue
-        table = before[oid]
-        modes.setdefault(table, set()).add(mode)
-        # In a transaction a lock is held until the commit, from some moment after the last look
-        # that did not see it (the longest it can have been). Outside one each statement holds its
-        # own for as long as it runs: about one poll interval per look that saw it.
-        held = end - seen.after if in_transaction else seen.looks * watch.interval
-        for kind, weakest in (("writes", BLOCKS_WRITES), ("reads", BLOCKS_READS)):
-            if MODES.index(mode) >= weakest:
-                waits = since.setdefault(table, {})
-                waits[kind] = max(held, waits.get(kind, 0.0))
+    for oid, mode in watch.seen:
+        if oid in before:
+            modes.setdefault(before[oid], set()).add(mode)
     locks = {table: strongest(m) for table, m in modes.items()}
-    blocked = {table: (s.get("writes"), s.get("reads")) for table, s in since.items()}
     created = sorted({name for oid, name in after.items() if oid not in before} - set(before.values()))
-    return locks, created, blocked
+    return locks, created
 
 
-async def apply(conn: Any, watcher: Any, file: File, interval: float, tasks: int) -> Measured:
-    """Apply one migration on ``conn`` while ``watcher`` polls its locks; what it locked and took.
+async def apply(conn: Any, watcher: Any, probes: list[Any], file: File, interval: float, tasks: int) -> Measured:
+    """Apply one migration on ``conn`` while ``watcher`` polls its locks and ``probes`` play callers of ``tasks``.
 
-    :raises asyncpg.PostgresError: the migration failed (rolled back, if in a transaction).
+    :param probes: two connections of their own, for a write's and a read's probe.
+    :raises asyncpg.PostgresError: the migration failed (rolled back, if in a transaction), or a probe did.
     """
     before = await tables(conn)
     watch = Watch(watcher, await conn.fetchval("SELECT pg_backend_pid()"), interval)
-    in_transaction = "no-transaction" not in file.directives
-    notes = sorted(file.directives)
-    async with watch.running():
+    callers = [Probe(probes[0], WRITE), Probe(probes[1], READ)] if "tasks" in before.values() else []
+    notes, outside = sorted(file.directives), list[str]()
+    async with probing(callers), watch.running():
         try:
-            after = await _in_transaction(conn, watch, file) if in_transaction else None
-        except asyncpg.ActiveSQLTransactionError:
+            after = await _in_transaction(conn, watch, file) if "no-transaction" not in file.directives else None
+        except _NOT_IN_A_BLOCK:
             # The store would fail on it just so: measured outside one, and the row says so.
             notes.append("needs no-transaction")
             after = None
         if after is None:
-            in_transaction = False
-            after = await _outside_transaction(conn, watch, file)
+            after = await _outside_transaction(conn, watch, file, outside)
         end = watch.now()
-    locks, created, blocked = result(watch, before, after, end, in_transaction)
+    locks, created = result(watch, before, after)
+    writes, reads = (callers[0].waits, callers[1].waits) if callers else ([], [])
     return Measured(
-        file.version, file.name, summary(file.sql), end, locks, created, blocked, in_transaction, tasks, notes
+        file.version, file.name, summary(file.sql), end, locks, created, writes, reads, outside, tasks, notes
     )
 
 
@@ -213,24 +207,30 @@ async def _in_transaction(conn: Any, watch: Watch, file: File) -> dict[int, str]
         return await tables(conn)
 
 
-async def _outside_transaction(conn: Any, watch: Watch, file: File) -> dict[int, str]:
-    """A ``no-transaction`` file: each statement on its own, under the session-level migration lock.
+async def _outside_transaction(conn: Any, watch: Watch, file: File, outside: list[str]) -> dict[int, str]:
+    """A ``no-transaction`` file as the store applies it straight to PostgreSQL (module docs).
 
     A statement PostgreSQL lets run in a transaction block runs alone in one, which holds the
     same locks for as long as the statement's own implicit transaction would, and its locks are
-    read just before that commits; the others (``CREATE INDEX CONCURRENTLY``) are only polled.
+    read just before that commits; the others are only polled, and appended to ``outside``.
     """
     await conn.execute("SELECT pg_advisory_lock($1)", lock_id())
     try:
+        await conn.execute("SET taskmesh.migrate_batches = on")
         for statement in file.statements:
-            try:
-                async with conn.transaction():
-                    await conn.execute(statement)
-                    await watch.look(conn)
-            except asyncpg.ActiveSQLTransactionError:
-                await conn.execute(statement)
+            if not _ENDS_TRANSACTIONS.search(statement):
+                try:
+                    async with conn.transaction():
+                        await conn.execute(statement)
+                        await watch.look(conn)
+                    continue
+                except _NOT_IN_A_BLOCK:
+                    pass
+            outside.append(statement)
+            await conn.execute(statement)
         await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", file.version, file.name)
     finally:
+        await conn.execute("RESET taskmesh.migrate_batches")
         await conn.execute("SELECT pg_advisory_unlock($1)", lock_id())
     return await tables(conn)
 
@@ -250,6 +250,7 @@ async def measure(url: str, rows: int, interval: float = 0.02, progress: bool = 
     """
     conn = await asyncpg.connect(url)
     watcher = await asyncpg.connect(url)
+    probes = [await asyncpg.connect(url), await asyncpg.connect(url)]
     blocks = fill_blocks()
     measured = []
     try:
@@ -257,17 +258,18 @@ async def measure(url: str, rows: int, interval: float = 0.02, progress: bool = 
         await conn.execute(SCHEMA_MIGRATIONS)
         tasks = 0
         for file in files():
-            m = await apply(conn, watcher, file, interval, tasks)
+            m = await apply(conn, watcher, probes, file, interval, tasks)
             measured.append(m)
-            _say(progress, f"{file.version:04d}_{file.name}: {m.seconds:.2f} s, {render_locks(m)}")
+            waited = f"waits: write {render_wait(m.write_waits)}, read {render_wait(m.read_waits)}"
+            _say(progress, f"{file.version:04d}_{file.name}: {m.seconds:.2f} s, {render_locks(m)}, {waited}")
             if file.version in blocks:
                 t0 = time.perf_counter()
                 await fill(conn, blocks[file.version])
                 tasks = await conn.fetchval("SELECT count(*) FROM tasks")
                 _say(progress, f"  rows after {file.version:04d} added in {time.perf_counter() - t0:.1f} s")
     finally:
-        await watcher.close()
-        await conn.close()
+        for other in [*probes, watcher, conn]:
+            await other.close()
     return measured
 
 
@@ -289,30 +291,22 @@ def render_locks(m: Measured) -> str:
     return "; ".join(parts) or "none"
 
 
-def render_blocks(m: Measured) -> str:
-    """What readers and writers of each table waited for, and how long, or ``nothing``."""
-    parts = []
-    for table in sorted(m.blocked, key=lambda t: (t != "tasks", t)):
-        writes, reads = m.blocked[table]
-        if reads is not None and writes is not None and writes - reads < 0.05:
-            parts.append(f"{table}: reads and writes {_seconds(reads)}")
-        elif reads is not None and writes is not None:
-            parts.append(f"{table}: writes {_seconds(writes)}, reads the last {_seconds(reads)}")
-        elif writes is not None:
-            parts.append(f"{table}: writes {_seconds(writes)}")
-    return "; ".join(parts) or "nothing"
+def render_wait(waits: list[float]) -> str:
+    """The longest of a probe's ``waits`` (``0.42 s``), or ``–`` when there was no ``tasks`` to probe."""
+    return _seconds(max(waits)) if waits else "–"
 
 
 def markdown(measured: list[Measured], rows: int) -> str:
     """The table of the module docs, one row per migration."""
     lines = [
-        f"| migration | what it does | locks (table: mode) | time at {rows:,} tasks | blocks (for how long) |",
-        "| --- | --- | --- | --- | --- |",
+        f"| migration | what it does | locks (table: mode) | time at {rows:,} tasks "
+        "| longest wait of a write to tasks | longest wait of a read of tasks |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for m in measured:
         label = f"`{m.version:04d}_{m.name}`" + "".join(f" ({note})" for note in m.notes)
         took = _seconds(m.seconds) + ("" if m.tasks else " (no tasks yet)")
-        cells = [label, m.summary, render_locks(m), took, render_blocks(m)]
+        cells = [label, m.summary, render_locks(m), took, render_wait(m.write_waits), render_wait(m.read_waits)]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
