@@ -7,7 +7,9 @@ exit cleanly (a crash was seen here).
 
 A bare start of an instance (:data:`BARE_RUN`: ``taskmesh``, ``python -m taskmesh``,
 ``taskmesh run``) loads only what runs it, not Typer and the operator's verbs: about 60 ms
-less CPU at every start (0.571 s against 0.634 s; ``docs/benchmarks.md``, "A bare start").
+less CPU at every start (0.571 s against 0.634 s; docs/internals/benchmark-notebook.md, "A bare
+start"). ``taskmesh worker`` and ``taskmesh migrate`` run the same way, so that the base install
+(``pip install taskmesh``, without the ``cli`` extra) can migrate and work.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, ModuleType
 
 BARE_RUN: tuple[list[str], ...] = ([], ["run"])
 """Command lines (after the program's name) that start an instance without loading the command line."""
 BARE_WORKER: list[str] = ["worker"]
 """The command line (after the program's name) that starts an instance's workers alone, without HTTP:
 with :data:`BARE_RUN`, what runs without the ``cli`` extra (``pip install taskmesh`` alone)."""
+BARE_MIGRATE: list[str] = ["migrate"]
+"""The command line (after the program's name) that applies the migrations, also without the ``cli`` extra."""
 VERSION: list[str] = ["--version"]
 """The command line (after the program's name) that prints the version: answered here, without the ``cli``
 extra, as the command line's own ``--version`` does (``taskmesh 0.2.0``)."""
@@ -43,7 +47,14 @@ def main() -> None:
 
             print(f"taskmesh {__version__}")
             return
-        start = _bare_run() if args in BARE_RUN else _bare_worker() if args == BARE_WORKER else _command_line()
+        if args in BARE_RUN:
+            start = _bare(lambda instance: instance.run)
+        elif args == BARE_WORKER:
+            start = _bare(lambda instance: instance.worker)
+        elif args == BARE_MIGRATE:
+            start = _bare(lambda instance: instance.migrate)
+        else:
+            start = _command_line()
     finally:
         signal.signal(signal.SIGINT, previous)
     if pressed:
@@ -51,16 +62,11 @@ def main() -> None:
     start()
 
 
-def _bare_run() -> Callable[[], None]:
+def _bare(command: Callable[[ModuleType], Callable[[], None]]) -> Callable[[], None]:
+    """``command`` of :mod:`taskmesh.cli.instance`, its end mapped to an exit status, without the command line."""
     from taskmesh.cli import exits, instance
 
-    return lambda: exits.exit_process(exits.run(instance.run))
-
-
-def _bare_worker() -> Callable[[], None]:
-    from taskmesh.cli import exits, instance
-
-    return lambda: exits.exit_process(exits.run(instance.worker))
+    return lambda: exits.exit_process(exits.run(command(instance)))
 
 
 def _command_line() -> Callable[[], None]:
@@ -68,7 +74,11 @@ def _command_line() -> Callable[[], None]:
     from taskmesh.extras import require_extra
 
     try:
-        require_extra("cli", "the command line", hint="taskmesh run and taskmesh worker run without it")
+        require_extra(
+            "cli",
+            "the command line",
+            hint="taskmesh worker and taskmesh migrate run without it, taskmesh run with the 'server' extra alone",
+        )
     except ConfigError as exc:
         from taskmesh.cli.exit_codes import ExitCode
         from taskmesh.cli.exits import error
