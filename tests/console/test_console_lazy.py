@@ -69,3 +69,17 @@ async def test_the_first_console_request_loads_the_pages_and_is_answered_like_ev
     assert re.search(r'taskmesh_http_requests_total\{method="GET",route="/console/sign-in",status="200"\}', metrics), [
         line for line in metrics.splitlines() if "console" in line
     ]
+
+
+async def test_the_first_request_for_the_console_with_a_trailing_slash_is_redirected_as_later_ones_are(
+    start_instance: Any, stores: Any
+) -> None:
+    await api_keys.create(stores.pg, "admin", list(SCOPES))
+    async with (
+        start_instance(workers_enabled=False) as inst,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{inst.port}", timeout=10) as client,
+    ):
+        first = await client.get("/console/")
+        later = await client.get("/console/")
+    for answer in (first, later):
+        assert (answer.status_code, answer.headers["location"]) == (307, f"http://127.0.0.1:{inst.port}/console")

@@ -15,7 +15,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 from fastapi import FastAPI
+from starlette.datastructures import URL
 from starlette.exceptions import HTTPException
+from starlette.responses import RedirectResponse
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
 
@@ -68,6 +70,9 @@ class LazyConsole(BaseRoute):
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Hand the request to the loaded route that matched it (loading the routes first, once).
 
+        A path no console route serves is answered as the router answers it later: a redirect
+        to the same path with its trailing slash toggled when a route serves that one.
+
         :raises HTTPException: 404, a path under ``/console`` that no console route serves
             (on the first request only; later ones never match it here).
         """
@@ -78,6 +83,12 @@ class LazyConsole(BaseRoute):
                     await anyio.to_thread.run_sync(self._load)
             match, child = self.matches(scope)
             if match is Match.NONE:
+                # What the router does for any later request that no route matches: the same path
+                # with its trailing slash toggled, when a console route serves that one.
+                other = _slash_toggled(scope)
+                if self.matches(other)[0] is not Match.NONE:
+                    await RedirectResponse(url=str(URL(scope=other)))(scope, receive, send)
+                    return
                 raise HTTPException(status_code=404)
             scope.update(child)
             route = child["route"]
@@ -94,6 +105,11 @@ class LazyConsole(BaseRoute):
             except NoMatchFound:
                 continue
         raise NoMatchFound(name, path_params)
+
+
+def _slash_toggled(scope: Scope) -> Scope:
+    path = str(scope["path"])
+    return {**scope, "path": path[:-1] if path.endswith("/") else path + "/"}
 
 
 def _under_console(path: str) -> bool:
