@@ -36,6 +36,10 @@ PREVIOUS_SCHEMA = 12
 """The last migration the previous release has."""
 
 
+STARTED: list[Proc] = []
+"""Every process :func:`start` made, killed when the test ends whatever its end."""
+
+
 def start(python: Path, env: dict[str, str], log: Path) -> Proc:
     """``python -m taskmesh`` with ``env`` (and a free HTTP port), ready (``/readyz`` 200)."""
     port = free_port()
@@ -44,6 +48,7 @@ def start(python: Path, env: dict[str, str], log: Path) -> Proc:
     with log.open("wb") as out:
         popen = subprocess.Popen([str(python), "-m", "taskmesh"], env=full, cwd=log.parent, stdout=out, stderr=out)
     proc = Proc(popen, port, log)
+    STARTED.append(proc)
     wait_until(lambda: call(port, "GET", "/readyz")[0] == 200, timeout=30, proc=proc)
     return proc
 
@@ -181,3 +186,7 @@ async def test_the_previous_release_keeps_working_beside_this_one_through_migrat
             assert new.wait(30) == 0, new.output()[-3000:]
         finally:
             await pool.close()
+            for proc in STARTED:
+                if proc.alive():
+                    proc.kill()
+            STARTED.clear()
