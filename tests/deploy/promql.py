@@ -61,6 +61,7 @@ CONTRACT: dict[str, Family] = {
     "taskmesh_http_requests_total": Family("counter", ("route", "method", "status")),
     "taskmesh_http_request_duration_seconds": Family("histogram", ("route", "method")),
     "taskmesh_store_errors_total": Family("counter", ("store",)),
+    "taskmesh_store_schema_errors_total": Family("counter", ("operation",)),
     "taskmesh_clock_offset_seconds": Family("gauge", ()),
     "taskmesh_http_refused_total": Family("counter", ("reason",)),
     "taskmesh_event_loop_blocked_total": Family("counter", ()),
