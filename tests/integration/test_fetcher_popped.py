@@ -6,7 +6,7 @@ The fetcher runs alone on real stores; the claim is the real one, wrapped to loo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -22,8 +22,9 @@ from taskmesh.tasks.validation import TaskSpec
 pytestmark = pytest.mark.anyio
 
 
-def workers(tasks: Tasks, registry: Registry) -> QueueWorkers:
-    return QueueWorkers(
+@pytest.fixture
+def workers(tasks: Tasks, registry: Registry) -> Iterator[QueueWorkers]:
+    pool = QueueWorkers(
         "default",
         tasks=tasks,
         registry=registry,
@@ -34,13 +35,16 @@ def workers(tasks: Tasks, registry: Registry) -> QueueWorkers:
         lease_seconds=30,
         stop=anyio.Event(),
     )
+    yield pool
+    pool.release()
+    pool.committer.release()
 
 
 async def test_popped_ids_are_held_until_their_claim_answers(
-    tasks: Tasks, registry: Registry, monkeypatch: pytest.MonkeyPatch
+    tasks: Tasks, workers: QueueWorkers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await tasks.enqueue_many([TaskSpec(name="t") for _ in range(5)])
-    pool = workers(tasks, registry)
+    pool = workers
     seen: list[set[str]] = []
     real = tasks.claim
 
@@ -54,10 +58,10 @@ async def test_popped_ids_are_held_until_their_claim_answers(
 
 
 async def test_the_ids_are_let_go_when_the_claim_fails(
-    tasks: Tasks, registry: Registry, monkeypatch: pytest.MonkeyPatch
+    tasks: Tasks, workers: QueueWorkers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await tasks.enqueue_many([TaskSpec(name="t") for _ in range(2)])
-    pool = workers(tasks, registry)
+    pool = workers
 
     async def claim(queue: str, ids: Sequence[str], *args: Any) -> Any:
         raise StoreError("postgres", "claim", transient=True, detail="connection lost")

@@ -95,6 +95,12 @@ class Serving:
         """Ids of ``queue`` popped from Redis and not claimed yet (``reconciler.Popped``)."""
         return set().union(*(pool.popped for pool in self.pools if pool.queue == queue))
 
+    def release(self) -> None:
+        """Close the committer's and the queues' channels, once every service using them has stopped."""
+        self.committer.release()
+        for pool in self.pools:
+            pool.release()
+
 
 @dataclass
 class Parts:

@@ -282,31 +282,35 @@ async def _serve(p: Parts, stores: Stores, clock: StoreClock, inst: Instance, ru
     """Register, run the table's store-bound rows and the executors until the stop, then deregister."""
     settings = p.settings
     p.serving, processes = build_serving(p, stores, clock, inst.handler_threads)
-    if settings.workers_enabled:
-        # Register before the first claim, so that no run of ours looks orphaned to a reclaimer.
-        async def register() -> None:
-            await heartbeat.run_once(
-                stores.pg,
-                inst.worker_id,
-                {q: settings.concurrency_of(q) for q in settings.queue_names},
-                lease_seconds=settings.lease_seconds,
-                metrics=p.metrics,
-                handlers=handled_names(p.registry),
-                handler_options=handler_options(p.registry),
-            )
-
-        await call_until_done("heartbeat", register)
     try:
-        await _run_services(p, p.serving, inst, runner)
+        if settings.workers_enabled:
+            # Register before the first claim, so that no run of ours looks orphaned to a reclaimer.
+            async def register() -> None:
+                await heartbeat.run_once(
+                    stores.pg,
+                    inst.worker_id,
+                    {q: settings.concurrency_of(q) for q in settings.queue_names},
+                    lease_seconds=settings.lease_seconds,
+                    metrics=p.metrics,
+                    handlers=handled_names(p.registry),
+                    handler_options=handler_options(p.registry),
+                )
+
+            await call_until_done("heartbeat", register)
+        try:
+            await _run_services(p, p.serving, inst, runner)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await processes.aclose()  # after the hand-back: a run cut off by the grace was stopped already
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                try:
+                    if settings.workers_enabled:
+                        await stores.pg.workers.deregister(inst.worker_id)
+                except StoreError as exc:
+                    log.warning("deregister_failed", error=str(exc))
     finally:
-        with anyio.CancelScope(shield=True):
-            await processes.aclose()  # after the hand-back: a run cut off by the grace was stopped already
-        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-            try:
-                if settings.workers_enabled:
-                    await stores.pg.workers.deregister(inst.worker_id)
-            except StoreError as exc:
-                log.warning("deregister_failed", error=str(exc))
+        # Every service on these channels ran in _run_services's task group, which has exited.
+        p.serving.release()
 
 
 async def _run_services(p: Parts, up: Serving, inst: Instance, runner: ServiceRunner) -> None:

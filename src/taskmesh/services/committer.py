@@ -97,6 +97,17 @@ class Committer:
         self._closed = True
         self._send.close()
 
+    def release(self) -> None:
+        """Close both ends of the channel: the instance is done with this committer.
+
+        For the owner once :meth:`run` has returned for good, or never ran (the channel's
+        streams warn when collected open). Anything still buffered is dropped from the
+        channel, not from :attr:`unwritten`. Calling it again does nothing.
+        """
+        self._closed = True
+        self._send.close()
+        self._receive.close()
+
     async def run(self) -> None:
         """Write results until :meth:`close` was called and everything is written."""
         try:
@@ -105,12 +116,14 @@ class Committer:
                     try:
                         self._batch.append(await self._receive.receive())
                     except anyio.EndOfStream:
+                        self._receive.close()
                         return
                 ended = await self._gather()
                 self._last_write = anyio.current_time()
                 await self._write(self._batch)
                 self._batch = []
                 if ended:
+                    self._receive.close()
                     return
         except anyio.get_cancelled_exc_class():
             self._report_unwritten()

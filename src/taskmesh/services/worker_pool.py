@@ -308,6 +308,15 @@ class QueueWorkers:
         self.claimed.clear()
         return left
 
+    def release(self) -> None:
+        """Close both ends of the channel: the instance is done with this queue's workers.
+
+        For the owner once the fetcher and the executors have returned for good, or never ran
+        (the channel's streams warn when collected open). Calling it again does nothing.
+        """
+        self._send.close()
+        self._receive.close()
+
     def cancel(self, task_id: uuid.UUID) -> bool:
         """Cancel the running handler of ``task_id`` if this queue holds it; returns whether it did."""
         scope = self.cancels.get(task_id)
