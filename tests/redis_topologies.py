@@ -73,8 +73,9 @@ class Node:
             str(self.root),
         ]
         command += ["--save", "", "--appendonly", "no", *self.args]
-        log = (self.root / "server.log").open("ab")
-        self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        # The server writes to its own copy of the descriptor: ours is closed once it started.
+        with (self.root / "server.log").open("ab") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         _wait_port(self.port, self.proc)
 
     def stop(self, *, kill: bool = False) -> None:

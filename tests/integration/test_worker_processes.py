@@ -9,6 +9,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -84,7 +85,7 @@ async def worker_pids(pool: asyncpg.Pool, state: str = "running") -> set[int]:
 def children_of(pid: int) -> set[int]:
     found = set()
     for task in os.listdir(f"/proc/{pid}/task"):
-        found |= {int(p) for p in open(f"/proc/{pid}/task/{task}/children").read().split()}
+        found |= {int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()}
     for seen in _seen:
         seen |= found
     return found
@@ -96,7 +97,7 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     # A zombie until our init reaps it: as good as gone.
-    return open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
 
 
 async def wait_for(check: Any, timeout: float = 30.0) -> Any:

@@ -55,6 +55,8 @@ def servers() -> Iterator[list[subprocess.Popen[bytes]]]:
     for server in started:
         server.kill()
         server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
 
 
 def server(started: list[subprocess.Popen[bytes]], ignore_sigterm: bool = False) -> subprocess.Popen[bytes]:
