@@ -171,8 +171,13 @@ async def run(
     if signals:
         guard = _signals(inst, monitor, settings, database_url)
     parts = Parts(settings, registry, inst.worker_id, state, metrics, intake=anyio.Event(), force=inst.force)
-    with guard:
-        await _run_root(parts, inst, listeners, monitor, (database_url, redis_url), fatal)
+    try:
+        with guard:
+            await _run_root(parts, inst, listeners, monitor, (database_url, redis_url), fatal)
+    finally:
+        # The server closes its sockets when it stops; not one cancelled before it started serving.
+        for listener in listeners:
+            listener.sock.close()
     log.info("instance_stopped", worker_id=inst.worker_id)
     if fatal:
         raise fatal[0]
