@@ -112,7 +112,8 @@ async def test_output_into_a_closed_pipe_ends_quietly(start_instance: Any, regis
             )
             assert proc.stdout is not None and proc.stderr is not None
             proc.stdout.close()  # as `| head` does when it has read enough: every write now fails with EPIPE
-            err = proc.stderr.read().decode()
+            with proc.stderr:
+                err = proc.stderr.read().decode()
             return proc.wait(timeout=60), err
 
         code, err = await anyio.to_thread.run_sync(closed_reader)
