@@ -17,23 +17,20 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Callable
-from types import FrameType, ModuleType
+from types import FrameType
 
-BARE_RUN: tuple[list[str], ...] = ([], ["run"])
-"""Command lines (after the program's name) that start an instance without loading the command line."""
-BARE_WORKER: list[str] = ["worker"]
-"""The command line (after the program's name) that starts an instance's workers alone, without HTTP:
-with :data:`BARE_RUN`, what runs without the ``cli`` extra (``pip install taskmesh`` alone)."""
-BARE_MIGRATE: list[str] = ["migrate"]
-"""The command line (after the program's name) that applies the migrations, also without the ``cli`` extra."""
+BARE: dict[tuple[str, ...], str] = {(): "run", ("run",): "run", ("worker",): "worker", ("migrate",): "migrate"}
+"""Command lines (after the program's name) run without loading the command line, and the function of
+:mod:`taskmesh.cli.instance` each calls: an instance, its workers alone without HTTP, the migrations.
+What runs without the ``cli`` extra (``pip install taskmesh`` alone; ``run`` needs ``server``)."""
 VERSION: list[str] = ["--version"]
 """The command line (after the program's name) that prints the version: answered here, without the ``cli``
 extra, as the command line's own ``--version`` does (``taskmesh 0.2.0``)."""
 
 
 def main() -> None:
-    """Load the command line and run it (:func:`taskmesh.cli.app.exit_main`), or for :data:`BARE_RUN`
-    only the instance (:func:`taskmesh.cli.instance.run`, its ends mapped by :mod:`taskmesh.cli.exits`)."""
+    """Load the command line and run it (:func:`taskmesh.cli.app.exit_main`), or for a :data:`BARE` command
+    line only its function of :mod:`taskmesh.cli.instance` (its ends mapped by :mod:`taskmesh.cli.exits`)."""
     pressed: list[int] = []
 
     def note(signum: int, frame: FrameType | None) -> None:
@@ -47,14 +44,8 @@ def main() -> None:
 
             print(f"taskmesh {__version__}")
             return
-        if args in BARE_RUN:
-            start = _bare(lambda instance: instance.run)
-        elif args == BARE_WORKER:
-            start = _bare(lambda instance: instance.worker)
-        elif args == BARE_MIGRATE:
-            start = _bare(lambda instance: instance.migrate)
-        else:
-            start = _command_line()
+        bare = BARE.get(tuple(args))
+        start = _bare(bare) if bare is not None else _command_line()
     finally:
         signal.signal(signal.SIGINT, previous)
     if pressed:
@@ -62,11 +53,12 @@ def main() -> None:
     start()
 
 
-def _bare(command: Callable[[ModuleType], Callable[[], None]]) -> Callable[[], None]:
-    """``command`` of :mod:`taskmesh.cli.instance`, its end mapped to an exit status, without the command line."""
+def _bare(name: str) -> Callable[[], None]:
+    """The function ``name`` of :mod:`taskmesh.cli.instance`, its end mapped to an exit status."""
     from taskmesh.cli import exits, instance
 
-    return lambda: exits.exit_process(exits.run(command(instance)))
+    command: Callable[[], None] = getattr(instance, name)
+    return lambda: exits.exit_process(exits.run(command))
 
 
 def _command_line() -> Callable[[], None]:
