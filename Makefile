@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install lock run test lint clean deploy-tools bench growth migration-locks fuzz chaos docs docs-reference
+.PHONY: install lock run test lint clean deploy-tools bench bench-workflows growth migration-locks fuzz chaos docs docs-reference
 
 # Every extra and the dev tools, each at the release constraints.txt names (`make lock` renews it),
 # so that a fresh machine and CI install what the tests last passed with.
@@ -112,6 +112,13 @@ lint: install
 # The benchmark is not part of the package: it runs from the repository root, where `benchmarks` imports.
 bench: install
 	$(BIN)/python -m benchmarks.bench $(ARGS)
+
+# What running tasks as workflows costs, beside plain tasks in the same run (a few minutes; benchmarks/workflows.py):
+# a 1 -> 10,000 -> 1 fan-out, 5,000 chains a -> b -> c, the joins' delay at rest, and the plain drain
+# against the commit before workflows (1c898d0). The table of docs/internals/benchmark.md.
+# `make bench-workflows ARGS="--fanout 500 --chains 200 --baseline-tasks 2000 --rounds 1"` for a quick look.
+bench-workflows: install
+	$(BIN)/python -m benchmarks.workflows $(ARGS)
 
 # What a long history costs the hot paths: `make growth ARGS="--rows 10000000"` (benchmarks/growth.py).
 growth: install

@@ -6,6 +6,8 @@ so taskmesh and the peers pay for the same recorder and the benchmark can check 
 every task ran exactly once. ``bench.spin`` is a ``def`` handler (it runs in the
 instance's handler processes) that burns ``payload["ms"]`` milliseconds of pure Python,
 then records the same way. ``bench.empty`` does nothing at all (``--empty-handler``).
+``bench.fanout`` returns the list ``range(payload["n"])``: the root of ``benchmarks.workflows``'s
+fan-out, whose map node makes one task per item.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ async def noop(payload: object, ctx: TaskContext) -> None:
 @taskmesh.task("bench.empty")
 async def empty(payload: object, ctx: TaskContext) -> None:
     """Nothing: ``--empty-handler`` drains these, to measure what taskmesh itself costs per task."""
+
+
+@taskmesh.task("bench.fanout")
+async def fanout(payload: dict[str, int], ctx: TaskContext) -> list[int]:
+    """The items a map over this node's result fans out to: ``payload["n"]`` integers from 0."""
+    return list(range(payload["n"]))
 
 
 @taskmesh.task("bench.spin")
