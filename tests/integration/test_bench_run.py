@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.anyio
 
 
-def _run(module: str, *args: str, stores: tuple[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    module: str, *args: str, stores: tuple[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     """``python -m benchmarks.<module> ARGS`` from the repository root, on ``stores`` (admin URL, Redis URL)."""
     environ = env(DATABASE_URL=stores[0], REDIS_URL=stores[1]) if stores else env()
     return subprocess.run(
@@ -31,7 +33,7 @@ def _run(module: str, *args: str, stores: tuple[str, str] | None = None) -> subp
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
     )
 
 
@@ -71,11 +73,54 @@ async def test_the_growth_benchmark_measures_a_small_history(store_urls: tuple[s
         assert line in done.stdout, done.stdout
 
 
-async def _clean_up(admin: str, redis_url: str, database: str) -> None:
-    """Drop the run's database, its keys and its recorder's hashes (db 15 of the same Redis)."""
+@pytest.mark.timeout(300)
+async def test_the_workflows_benchmark_compares_each_workflow_and_the_baseline_with_plain_tasks(
+    store_urls: tuple[str, str],
+) -> None:
+    admin, redis_url = store_urls
+    database = f"tmwfbench_{uuid.uuid4().hex[:10]}"
+    sizes = ("--fanout", "60", "--chains", "20", "--baseline-tasks", "200", "--rounds", "1")
+    rest = ("--rest-chains", "10", "--rest-rate", "50", "--timeout", "60")
+    try:
+        done = _run("workflows", *sizes, *rest, "--database", database, stores=store_urls)
+    finally:
+        await _clean_up(admin, redis_url, database, f"{database}_tpl", f"{database}_btpl")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for label, tasks in (
+        ("plain 62", 62),
+        ("fan-out 1 -> 60 -> 1", 62),
+        ("plain 60", 60),
+        ("chains 20 x a -> b -> c", 60),
+        ("plain 200 on 1c898d0", 200),
+        ("plain 200 on this checkout", 200),
+    ):
+        line = re.search(rf"^  {re.escape(label)} +{tasks} tasks: store .* drain +[\d,]+ tasks/s .*$", out, re.M)
+        assert line is not None, out
+        assert f"exactly once yes (tasks={tasks} completed={tasks} runs={tasks} duplicated=0" in line[0], line[0]
+    assert "workflows completed=1/1)" in out and "workflows completed=20/20)" in out
+    rows = {row.split(" | ")[0].removeprefix("| "): row for row in out.splitlines() if row.startswith("| ")}
+    for figure in (
+        "fan-out 1 → 60 → 1, drain, tasks/s",
+        "fan-out 1 → 60 → 1, end to end, tasks/s",
+        "20 chains a → b → c, drain, tasks/s",
+        "20 chains a → b → c, end to end, tasks/s",
+        "plain drain (200 tasks), this checkout against 1c898d0, tasks/s",
+    ):
+        assert re.search(r"\| \d+\.\d\dx \|", rows[figure]), rows[figure]
+    at_rest = rows["join delay at rest, p50 / p99, ms (20 steps b and c of 10 chains at 50/s)"]
+    p50, p99 = (float(v) for v in re.findall(r"\| (\d+\.\d) / (\d+\.\d) \|", at_rest)[0])
+    assert 0 < p50 <= p99 < 5000, at_rest
+    fan_in = rows["fan-in join delay after the map's last task, ms"]
+    assert 0 < float(fan_in.split(" | ")[1]) < 5000, fan_in
+
+
+async def _clean_up(admin: str, redis_url: str, database: str, *more: str) -> None:
+    """Drop the run's database and ``more`` databases, its keys and its recorder's hashes (db 15 of the same Redis)."""
     conn = await asyncpg.connect(admin)
     try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        for name in (database, *more):
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         await conn.close()
     parts = urlsplit(redis_url)
