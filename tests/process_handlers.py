@@ -170,7 +170,8 @@ async def wf_ledger(payload: dict[str, Any], ctx: TaskContext) -> Any:
     handed = sum(len(v) if isinstance(v, list) else 1 for v in ctx.parents.values())
     assert ctx.workflow is not None
     await _ledger_pool.execute(
-        "INSERT INTO wf_ledger (node, task_id, attempt, pid, started, ended, handed) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO wf_ledger (node, task_id, attempt, pid, started, ended, handed)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7)",
         ctx.workflow["node"],
         ctx.task_id,
         ctx.attempt,
