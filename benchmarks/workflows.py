@@ -441,7 +441,9 @@ class WorkflowBench:
         try:
             deadline = time.monotonic() + within
             while not await conn.fetchval(sql):
-                if proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"at rest: the instance exited with {proc.returncode}")
+                if time.monotonic() > deadline:
                     raise RuntimeError(f"at rest: not over in {within} s ({await _statuses(conn)})")
                 await asyncio.sleep(POLL_SECONDS)
         finally:
