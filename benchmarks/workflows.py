@@ -571,8 +571,8 @@ def export_baseline(commit: str) -> Path:
 # -- the report ------------------------------------------------------------------
 
 
-def _each(values: list[str]) -> str:
-    return " / ".join(values) if values else "-"
+def _each(values: list[str], between: str = " / ") -> str:
+    return between.join(values) if values else "-"
 
 
 def _ms(values: list[float]) -> str:
@@ -626,7 +626,7 @@ def table(bench: WorkflowBench) -> list[str]:
     if chains:
         rows.append(
             f"| chain steps' delay in the drain (behind its backlog), p50 / p99, ms "
-            f"| {_each([_ms(d.joins_ms) for d in chains])} | | | | |"
+            f"| {_each([_ms(d.joins_ms) for d in chains], '; ')} | | | | |"
         )
     current = [r.current for r in rounds if r.current]
     baseline = [r.baseline for r in rounds if r.baseline]
@@ -640,8 +640,13 @@ def table(bench: WorkflowBench) -> list[str]:
         )
         cpu = [f"{d.instance_cpu_us:.0f} + {d.postgres_cpu_us:.0f}" for d in current]
         cpu_base = [f"{d.instance_cpu_us:.0f} + {d.postgres_cpu_us:.0f}" for d in baseline]
+        totals = [
+            (a.instance_cpu_us + a.postgres_cpu_us) / (b.instance_cpu_us + b.postgres_cpu_us)
+            for a, b in zip(current, baseline, strict=True)
+        ]
         rows.append(
-            f"| plain drain, CPU per task, instance + PostgreSQL, µs | {_each(cpu)} | {_each(cpu_base)} | | | |"
+            f"| plain drain, CPU per task, instance + PostgreSQL, µs | {_each(cpu)} | {_each(cpu_base)} "
+            f"| {_each([f'{r:.2f}x' for r in totals])} | ≈ 1.0x | |"
         )
     return rows
 
