@@ -111,6 +111,7 @@ async def test_the_workflows_benchmark_compares_each_workflow_and_the_baseline_w
     at_rest = rows["join delay at rest, p50 / p99, ms (20 steps b and c of 10 chains at 50/s)"]
     p50, p99 = (float(v) for v in re.findall(r"\| (\d+\.\d) / (\d+\.\d) \|", at_rest)[0])
     assert 0 < p50 <= p99 < 5000, at_rest
+    assert "(the roots' pickup)" in at_rest, at_rest
     fan_in = rows["fan-in join delay after the map's last task, ms"]
     assert 0 < float(fan_in.split(" | ")[1]) < 5000, fan_in
 
