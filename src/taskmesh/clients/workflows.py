@@ -1,0 +1,234 @@
+"""The workflow builder both Python clients hand out: nodes added one call at a time, sent as one body.
+
+:class:`WorkflowBuilder` makes the body of ``POST /api/v1/workflows`` (the shape the
+workflow facade parses too) and refuses locally what is cheap to see before anything
+is sent: a node id given twice or reserved (``on_failure``, ``finally``), a dep or a
+map's source naming no node of the workflow, a map without exactly one of ``items``
+and ``from_``, a callback set twice. Everything else (names, payloads, priorities,
+cycles) is for the server to judge, with the same messages as the HTTP API. It reads
+and writes nothing itself: :meth:`WorkflowBuilder.submit` hands the body to the
+client that made the builder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
+
+from taskmesh.errors import InvalidTaskError
+
+R = TypeVar("R")
+
+RESERVED_NODE_IDS = ("on_failure", "finally")
+"""Node ids the callbacks take in the server's answer; no node of the graph may have them."""
+ON_DEP_FAILURE = ("fail", "ignore", "continue")
+"""What a node does when a dep of it failed: be skipped (the default), run anyway with ``None``
+for that dep's result, or run as ``ignore`` does while the workflow still ends failed."""
+
+
+class WorkflowBuilder(Generic[R]):
+    """A workflow to submit: a name, its options, and nodes added by chained calls.
+
+    Made by ``Client.workflow(...)`` (``submit()`` returns an awaitable) or
+    ``SyncClient.workflow(...)`` (``submit()`` blocks), never directly::
+
+        answer = await (
+            client.workflow("nightly-report", dedup_key="2026-12-01")
+            .task("extract", "reports.extract", {"day": "2026-12-01"})
+            .map("render", "reports.render", from_="extract")
+            .task("publish", "reports.publish", deps=["render"])
+            .on_failure("alerts.page", {"team": "data"})
+            .submit()
+        )
+
+    :param name: the workflow's name (not unique; listed and searched by).
+    :param submit: what sends the body (:meth:`to_json`) and gives the server's answer.
+    :param dedup_key: a second submit with the same key (and tenant) answers the first workflow,
+        with ``"deduplicated": true``.
+    :param tenant_id: the tenant of the workflow and of every task it makes.
+    :param queue_name: the queue of every node that names none (default: each task's own default).
+    :param context: any JSON value, given to every handler of the workflow as ``ctx.workflow["context"]``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        submit: Callable[[dict[str, Any]], R],
+        *,
+        dedup_key: str | None = None,
+        tenant_id: str | None = None,
+        queue_name: str | None = None,
+        context: Any = None,
+    ) -> None:
+        self._name = name
+        self._submit = submit
+        self._options = {"dedup_key": dedup_key, "tenant_id": tenant_id, "queue_name": queue_name, "context": context}
+        self._nodes: list[dict[str, Any]] = []
+        self._callbacks: dict[str, dict[str, Any]] = {}
+
+    def task(
+        self,
+        node_id: str,
+        task: str,
+        payload: Any = None,
+        *,
+        deps: Iterable[str] = (),
+        on_dep_failure: str | None = None,
+        queue_name: str | None = None,
+        priority: int | None = None,
+        max_retries: int | None = None,
+        timeout: float | None = None,
+    ) -> WorkflowBuilder[R]:
+        """Add a node that runs one task once its deps have ended; returns the builder.
+
+        :param node_id: the node's id in the workflow (its deps, the answer and ``ctx.parents`` name it).
+        :param task: the task name its handler is registered under.
+        :param payload: any JSON value (default ``{}``).
+        :param deps: ids of the nodes it waits for, added before or after this one; their
+            results reach its handler as ``ctx.parents``.
+        :param on_dep_failure: ``fail`` (default: skipped), ``ignore`` or ``continue``.
+        :param priority: 0..1000, higher runs first.
+        :param timeout: seconds a run of it may take.
+        :raises InvalidTaskError: ``node_id`` is already a node's or reserved (``nodes[i].id``), or
+            ``on_dep_failure`` is not one of the three (``nodes[i].on_dep_failure``).
+        """
+        self._nodes.append(
+            self._node(node_id, task, payload, deps, on_dep_failure, queue_name, priority, max_retries, timeout)
+        )
+        return self
+
+    def map(
+        self,
+        node_id: str,
+        task: str,
+        items: Sequence[Any] | None = None,
+        *,
+        from_: str | None = None,
+        deps: Iterable[str] = (),
+        on_dep_failure: str | None = None,
+        queue_name: str | None = None,
+        priority: int | None = None,
+        max_retries: int | None = None,
+        timeout: float | None = None,
+    ) -> WorkflowBuilder[R]:
+        """Add a node that runs one task per item (each item is that task's payload); returns the builder.
+
+        The nodes that depend on it get its results as one list, in the items' order.
+
+        :param items: the items, known now (a list or tuple of JSON values).
+        :param from_: instead of ``items``: the node whose result (a list) gives the items once it
+            has completed.
+        :raises InvalidTaskError: neither or both of ``items`` and ``from_``, or ``items`` not a
+            list or tuple (``nodes[i].map``); else as :meth:`task`.
+        """
+        field = f"nodes[{len(self._nodes)}].map"
+        if (items is None) == (from_ is None):
+            raise InvalidTaskError(field, "give items or from_, one of them")
+        if items is not None and not isinstance(items, list | tuple):
+            raise InvalidTaskError(field, f"items must be a list or a tuple, not {type(items).__name__}")
+        node = self._node(node_id, task, None, deps, on_dep_failure, queue_name, priority, max_retries, timeout)
+        node["map"] = list(items) if items is not None else {"from": from_}
+        self._nodes.append(node)
+        return self
+
+    def on_failure(self, task: str, payload: Any = None) -> WorkflowBuilder[R]:
+        """Run ``task`` once when the workflow has failed (a node failed, after the others ended).
+
+        Its handler sees ``ctx.workflow["summary"]``, each node's state by id; returns the builder.
+
+        :raises InvalidTaskError: an ``on_failure`` task was given already (``on_failure``).
+        """
+        return self._callback("on_failure", task, payload)
+
+    def finally_(self, task: str, payload: Any = None) -> WorkflowBuilder[R]:
+        """Run ``task`` once when the workflow has ended, completed or failed (after ``on_failure``).
+
+        :raises InvalidTaskError: a ``finally`` task was given already (``finally``).
+        """
+        return self._callback("finally", task, payload)
+
+    def to_json(self) -> dict[str, Any]:
+        """The body of ``POST /api/v1/workflows``: options and fields left unset are left out.
+
+        :returns: a new dict each call (its node lists too); payloads, items and context are the values
+            given, not copies.
+        :raises InvalidTaskError: a dep (``nodes[i].deps``) or a map's source (``nodes[i].map.from``)
+            names no node of the workflow: ``unknown node 'x'``.
+        """
+        ids = {node["id"] for node in self._nodes}
+        for i, node in enumerate(self._nodes):
+            for dep in node.get("deps", ()):
+                if dep not in ids:
+                    raise InvalidTaskError(f"nodes[{i}].deps", f"unknown node {dep!r}")
+            source = node.get("map")
+            if isinstance(source, dict) and source["from"] not in ids:
+                raise InvalidTaskError(f"nodes[{i}].map.from", f"unknown node {source['from']!r}")
+        body: dict[str, Any] = {"name": self._name}
+        body.update({k: v for k, v in self._options.items() if v is not None})
+        body["nodes"] = [_fresh(node) for node in self._nodes]
+        for key, callback in self._callbacks.items():
+            body[key] = dict(callback)
+        return body
+
+    def submit(self) -> R:
+        """Send the workflow: its tasks without deps are queued at once, the others wait.
+
+        With ``Client`` this returns an awaitable; with ``SyncClient`` it blocks. The answer is the
+        API's: ``{"workflow_id", "status", "trace_id", "nodes": {node id: task id, or a map's list}}``,
+        with ``"deduplicated": True`` when ``dedup_key`` repeats.
+
+        :raises InvalidTaskError: as :meth:`to_json`, or the server's refusal (field and message as
+            the HTTP API's 422); nothing is written then.
+        """
+        return self._submit(self.to_json())
+
+    def _node(
+        self,
+        node_id: str,
+        task: str,
+        payload: Any,
+        deps: Iterable[str],
+        on_dep_failure: str | None,
+        queue_name: str | None,
+        priority: int | None,
+        max_retries: int | None,
+        timeout: float | None,
+    ) -> dict[str, Any]:
+        """One node's fields, once its id is free and its ``on_dep_failure`` known (see :meth:`task`)."""
+        index = len(self._nodes)
+        if node_id in RESERVED_NODE_IDS:
+            raise InvalidTaskError(f"nodes[{index}].id", f"{node_id!r} is reserved for the workflow's callback")
+        if any(node["id"] == node_id for node in self._nodes):
+            raise InvalidTaskError(f"nodes[{index}].id", f"duplicate node id {node_id!r}")
+        if on_dep_failure is not None and on_dep_failure not in ON_DEP_FAILURE:
+            raise InvalidTaskError(f"nodes[{index}].on_dep_failure", f"must be one of {', '.join(ON_DEP_FAILURE)}")
+        # A str is an iterable of its letters: deps="extract" means the one node, not seven.
+        dep_list = [deps] if isinstance(deps, str) else list(deps)
+        node: dict[str, Any] = {"id": node_id, "task": task}
+        optional = {
+            "payload": payload,
+            "deps": dep_list or None,
+            "on_dep_failure": on_dep_failure,
+            "queue_name": queue_name,
+            "priority": priority,
+            "max_retries": max_retries,
+            "timeout": timeout,
+        }
+        node.update({k: v for k, v in optional.items() if v is not None})
+        return node
+
+    def _callback(self, key: str, task: str, payload: Any) -> WorkflowBuilder[R]:
+        if key in self._callbacks:
+            raise InvalidTaskError(key, "given twice: a workflow has one")
+        self._callbacks[key] = {"task": task} if payload is None else {"task": task, "payload": payload}
+        return self
+
+
+def _fresh(node: dict[str, Any]) -> dict[str, Any]:
+    """A node with new containers of its own (deps, a map's items or source), so that a caller
+    changing one body changes neither the builder nor another body."""
+    out = dict(node)
+    for key in ("deps", "map"):
+        if key in out:
+            out[key] = list(out[key]) if isinstance(out[key], list) else dict(out[key])
+    return out
