@@ -24,13 +24,15 @@ def refusal(call: Any) -> tuple[str, str]:
 
 def test_a_chained_workflow_is_the_post_body_of_the_contract_with_every_option_given() -> None:
     wf = (
-        builder(dedup_key="2026-12-01", tenant_id="acme", queue_name="reports", context={"day": "2026-12-01"})
+        builder(
+            dedup_key="2026-12-01", tenant_id="acme", queue_name="reports", context={"day": "2026-12-01"}, trace_id="t1"
+        )
         .task("extract", "reports.extract", {"day": "2026-12-01"}, priority=5, timeout=30.0)
-        .map("render", "reports.render", from_="extract", deps=["extract"], max_retries=1, queue_name="gpu")
+        .map("render", "reports.render", from_="extract", max_retries=1, queue_name="gpu")
         .map("notify", "mail.send", ["a@x", "b@x"], on_dep_failure="ignore")
         .task("publish", "reports.publish", deps=["render", "notify"], on_dep_failure="continue")
-        .on_failure("alerts.page", {"team": "data"})
-        .finally_("reports.cleanup")
+        .on_failure("alerts.page", {"team": "data"}, queue_name="alerts", priority=900)
+        .finally_("reports.cleanup", max_retries=0, timeout=5.0)
     )
     assert wf.to_json() == {
         "name": "nightly-report",
@@ -38,6 +40,7 @@ def test_a_chained_workflow_is_the_post_body_of_the_contract_with_every_option_g
         "tenant_id": "acme",
         "queue_name": "reports",
         "context": {"day": "2026-12-01"},
+        "trace_id": "t1",
         "nodes": [
             {
                 "id": "extract",
@@ -57,8 +60,8 @@ def test_a_chained_workflow_is_the_post_body_of_the_contract_with_every_option_g
             {"id": "notify", "task": "mail.send", "on_dep_failure": "ignore", "map": ["a@x", "b@x"]},
             {"id": "publish", "task": "reports.publish", "deps": ["render", "notify"], "on_dep_failure": "continue"},
         ],
-        "on_failure": {"task": "alerts.page", "payload": {"team": "data"}},
-        "finally": {"task": "reports.cleanup"},
+        "on_failure": {"task": "alerts.page", "payload": {"team": "data"}, "queue_name": "alerts", "priority": 900},
+        "finally": {"task": "reports.cleanup", "max_retries": 0, "timeout": 5.0},
     }
 
 
@@ -97,24 +100,35 @@ def test_each_body_has_containers_of_its_own() -> None:
     assert wf.to_json()["nodes"][1] == {"id": "m", "task": "t.m", "deps": ["a"], "map": ["x"]}
 
 
-def test_a_node_id_given_twice_or_reserved_is_refused_at_once_naming_its_place() -> None:
+def test_a_map_over_a_nodes_result_waits_for_that_node_whether_or_not_deps_name_it() -> None:
+    wf = (
+        builder()
+        .task("a", "t.a")
+        .task("b", "t.b")
+        .map("m", "t.m", from_="b", deps=["a"])
+        .map("n", "t.n", from_="b", deps=["b", "a"])
+    )
+    assert [n.get("deps") for n in wf.to_json()["nodes"]] == [None, None, ["a", "b"], ["b", "a"]]
+
+
+def test_a_node_id_given_twice_or_reserved_is_refused_at_once_in_the_servers_words() -> None:
     wf = builder().task("a", "t.a")
-    assert refusal(lambda: wf.task("a", "t.b")) == ("nodes[1].id", "duplicate node id 'a'")
-    assert refusal(lambda: wf.map("a", "t.b", [1])) == ("nodes[1].id", "duplicate node id 'a'")
+    assert refusal(lambda: wf.task("a", "t.b")) == ("nodes[1].id", "duplicate node id 'a' (also nodes[0])")
+    assert refusal(lambda: wf.map("a", "t.b", [1])) == ("nodes[1].id", "duplicate node id 'a' (also nodes[0])")
     for reserved in ("on_failure", "finally"):
         assert refusal(lambda r=reserved: wf.task(r, "t.b")) == (
             "nodes[1].id",
-            f"{reserved!r} is reserved for the workflow's callback",
+            f"{reserved!r} is the id of the workflow's {reserved} callback",
         )
     assert [n["id"] for n in wf.to_json()["nodes"]] == ["a"]
 
 
 def test_a_dep_or_a_map_source_naming_no_node_is_refused_when_the_body_is_made() -> None:
     wf = builder().task("a", "t.a").task("b", "t.b", deps=["a", "x"])
-    assert refusal(wf.to_json) == ("nodes[1].deps", "unknown node 'x'")
-    assert refusal(wf.submit) == ("nodes[1].deps", "unknown node 'x'")
+    assert refusal(wf.to_json) == ("nodes[1].deps", "node 'b' depends on 'x', which is no node")
+    assert refusal(wf.submit) == ("nodes[1].deps", "node 'b' depends on 'x', which is no node")
     mapped = builder().task("a", "t.a").map("m", "t.m", from_="nope")
-    assert refusal(mapped.to_json) == ("nodes[1].map.from", "unknown node 'nope'")
+    assert refusal(mapped.to_json) == ("nodes[1].deps", "node 'm' depends on 'nope', which is no node")
 
 
 def test_bad_map_arguments_and_on_dep_failure_values_are_refused() -> None:
@@ -124,7 +138,7 @@ def test_bad_map_arguments_and_on_dep_failure_values_are_refused() -> None:
     assert refusal(lambda: wf.map("m", "t.m", "abc")) == ("nodes[1].map", "items must be a list or a tuple, not str")
     assert refusal(lambda: wf.task("b", "t.b", on_dep_failure="skip")) == (
         "nodes[1].on_dep_failure",
-        "must be one of fail, ignore, continue",
+        "Input should be 'fail', 'ignore' or 'continue'",
     )
 
 

@@ -2,12 +2,12 @@
 
 :class:`WorkflowBuilder` makes the body of ``POST /api/v1/workflows`` (the shape the
 workflow facade parses too) and refuses locally what is cheap to see before anything
-is sent: a node id given twice or reserved (``on_failure``, ``finally``), a dep or a
-map's source naming no node of the workflow, a map without exactly one of ``items``
-and ``from_``, a callback set twice. Everything else (names, payloads, priorities,
-cycles) is for the server to judge, with the same messages as the HTTP API. It reads
-and writes nothing itself: :meth:`WorkflowBuilder.submit` hands the body to the
-client that made the builder.
+is sent, in the words of the server's own check (``taskmesh.workflows.spec``): a node id
+given twice or reserved (``on_failure``, ``finally``), a dep naming no node of the
+workflow; and what only a Python call can get wrong: a map without exactly one of
+``items`` and ``from_``, a callback given twice. Everything else (names, payloads,
+priorities, cycles) is for the server to judge. It reads and writes nothing itself:
+:meth:`WorkflowBuilder.submit` hands the body to the client that made the builder.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class WorkflowBuilder(Generic[R]):
     :param tenant_id: the tenant of the workflow and of every task it makes.
     :param queue_name: the queue of every node that names none (default: each task's own default).
     :param context: any JSON value, given to every handler of the workflow as ``ctx.workflow["context"]``.
+    :param trace_id: the trace its tasks join (default: a new one).
     """
 
     def __init__(
@@ -59,11 +60,19 @@ class WorkflowBuilder(Generic[R]):
         tenant_id: str | None = None,
         queue_name: str | None = None,
         context: Any = None,
+        trace_id: str | None = None,
     ) -> None:
         self._name = name
         self._submit = submit
-        self._options = {"dedup_key": dedup_key, "tenant_id": tenant_id, "queue_name": queue_name, "context": context}
+        self._options = {
+            "dedup_key": dedup_key,
+            "tenant_id": tenant_id,
+            "queue_name": queue_name,
+            "context": context,
+            "trace_id": trace_id,
+        }
         self._nodes: list[dict[str, Any]] = []
+        self._index: dict[str, int] = {}  # node id -> position, so that 10,000 nodes are no quadratic check
         self._callbacks: dict[str, dict[str, Any]] = {}
 
     def task(
@@ -117,7 +126,7 @@ class WorkflowBuilder(Generic[R]):
 
         :param items: the items, known now (a list or tuple of JSON values).
         :param from_: instead of ``items``: the node whose result (a list) gives the items once it
-            has completed.
+            has completed; added to ``deps`` when not there (the server wants it among them).
         :raises InvalidTaskError: neither or both of ``items`` and ``from_``, or ``items`` not a
             list or tuple (``nodes[i].map``); else as :meth:`task`.
         """
@@ -126,43 +135,65 @@ class WorkflowBuilder(Generic[R]):
             raise InvalidTaskError(field, "give items or from_, one of them")
         if items is not None and not isinstance(items, list | tuple):
             raise InvalidTaskError(field, f"items must be a list or a tuple, not {type(items).__name__}")
-        node = self._node(node_id, task, None, deps, on_dep_failure, queue_name, priority, max_retries, timeout)
+        dep_list = [deps] if isinstance(deps, str) else list(deps)
+        if from_ is not None and from_ not in dep_list:
+            dep_list.append(from_)
+        node = self._node(node_id, task, None, dep_list, on_dep_failure, queue_name, priority, max_retries, timeout)
         node["map"] = list(items) if items is not None else {"from": from_}
         self._nodes.append(node)
         return self
 
-    def on_failure(self, task: str, payload: Any = None) -> WorkflowBuilder[R]:
+    def on_failure(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        queue_name: str | None = None,
+        priority: int | None = None,
+        max_retries: int | None = None,
+        timeout: float | None = None,
+    ) -> WorkflowBuilder[R]:
         """Run ``task`` once when the workflow has failed (a node failed, after the others ended).
 
         Its handler sees ``ctx.workflow["summary"]``, each node's state by id; returns the builder.
 
+        :param queue_name: as :meth:`task`'s, and so are ``priority``, ``max_retries`` and ``timeout``.
         :raises InvalidTaskError: an ``on_failure`` task was given already (``on_failure``).
         """
-        return self._callback("on_failure", task, payload)
+        options = {"queue_name": queue_name, "priority": priority, "max_retries": max_retries, "timeout": timeout}
+        return self._callback("on_failure", task, payload, options)
 
-    def finally_(self, task: str, payload: Any = None) -> WorkflowBuilder[R]:
+    def finally_(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        queue_name: str | None = None,
+        priority: int | None = None,
+        max_retries: int | None = None,
+        timeout: float | None = None,
+    ) -> WorkflowBuilder[R]:
         """Run ``task`` once when the workflow has ended, completed or failed (after ``on_failure``).
 
+        :param queue_name: as :meth:`task`'s, and so are ``priority``, ``max_retries`` and ``timeout``.
         :raises InvalidTaskError: a ``finally`` task was given already (``finally``).
         """
-        return self._callback("finally", task, payload)
+        options = {"queue_name": queue_name, "priority": priority, "max_retries": max_retries, "timeout": timeout}
+        return self._callback("finally", task, payload, options)
 
     def to_json(self) -> dict[str, Any]:
         """The body of ``POST /api/v1/workflows``: options and fields left unset are left out.
 
         :returns: a new dict each call (its node lists too); payloads, items and context are the values
             given, not copies.
-        :raises InvalidTaskError: a dep (``nodes[i].deps``) or a map's source (``nodes[i].map.from``)
-            names no node of the workflow: ``unknown node 'x'``.
+        :raises InvalidTaskError: a dep names no node of the workflow (``nodes[i].deps``).
         """
-        ids = {node["id"] for node in self._nodes}
         for i, node in enumerate(self._nodes):
             for dep in node.get("deps", ()):
-                if dep not in ids:
-                    raise InvalidTaskError(f"nodes[{i}].deps", f"unknown node {dep!r}")
-            source = node.get("map")
-            if isinstance(source, dict) and source["from"] not in ids:
-                raise InvalidTaskError(f"nodes[{i}].map.from", f"unknown node {source['from']!r}")
+                if dep not in self._index:
+                    raise InvalidTaskError(
+                        f"nodes[{i}].deps", f"node {node['id']!r} depends on {dep!r}, which is no node"
+                    )
         body: dict[str, Any] = {"name": self._name}
         body.update({k: v for k, v in self._options.items() if v is not None})
         body["nodes"] = [_fresh(node) for node in self._nodes]
@@ -197,11 +228,13 @@ class WorkflowBuilder(Generic[R]):
         """One node's fields, once its id is free and its ``on_dep_failure`` known (see :meth:`task`)."""
         index = len(self._nodes)
         if node_id in RESERVED_NODE_IDS:
-            raise InvalidTaskError(f"nodes[{index}].id", f"{node_id!r} is reserved for the workflow's callback")
-        if any(node["id"] == node_id for node in self._nodes):
-            raise InvalidTaskError(f"nodes[{index}].id", f"duplicate node id {node_id!r}")
+            raise InvalidTaskError(f"nodes[{index}].id", f"{node_id!r} is the id of the workflow's {node_id} callback")
+        if node_id in self._index:
+            raise InvalidTaskError(
+                f"nodes[{index}].id", f"duplicate node id {node_id!r} (also nodes[{self._index[node_id]}])"
+            )
         if on_dep_failure is not None and on_dep_failure not in ON_DEP_FAILURE:
-            raise InvalidTaskError(f"nodes[{index}].on_dep_failure", f"must be one of {', '.join(ON_DEP_FAILURE)}")
+            raise InvalidTaskError(f"nodes[{index}].on_dep_failure", "Input should be 'fail', 'ignore' or 'continue'")
         # A str is an iterable of its letters: deps="extract" means the one node, not seven.
         dep_list = [deps] if isinstance(deps, str) else list(deps)
         node: dict[str, Any] = {"id": node_id, "task": task}
@@ -215,12 +248,14 @@ class WorkflowBuilder(Generic[R]):
             "timeout": timeout,
         }
         node.update({k: v for k, v in optional.items() if v is not None})
+        self._index[node_id] = index
         return node
 
-    def _callback(self, key: str, task: str, payload: Any) -> WorkflowBuilder[R]:
+    def _callback(self, key: str, task: str, payload: Any, options: dict[str, Any]) -> WorkflowBuilder[R]:
         if key in self._callbacks:
             raise InvalidTaskError(key, "given twice: a workflow has one")
-        self._callbacks[key] = {"task": task} if payload is None else {"task": task, "payload": payload}
+        given = {"payload": payload, **options}
+        self._callbacks[key] = {"task": task, **{k: v for k, v in given.items() if v is not None}}
         return self
 
 
