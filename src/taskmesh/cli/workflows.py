@@ -106,8 +106,8 @@ def show(
 ) -> None:
     """Show a workflow: its fields, its tasks' counts, and a table of its nodes.
 
-    Each node's row has its kind, its state (pending, running, succeeded, failed, skipped,
-    cancelled or blocked), its deps, the deps it still waits for, and its task's id (a map
+    Each node's row has its kind, its state (blocked, running, succeeded, failed, skipped or
+    cancelled), its deps, the deps it still waits for, and its task's id (a map
     node: its tasks' counts), with its error.
 
     Examples:
@@ -197,9 +197,10 @@ def retry(
 ) -> None:
     """Run a failed or cancelled workflow again from where it stopped.
 
-    Its failed and cancelled tasks are queued again with a fresh retry budget, the nodes that
-    wait for them are blocked again, and its completed tasks are kept with their results. A
-    running or completed workflow is refused (exit 4).
+    Its failed, cancelled and skipped tasks wait again for their deps with a fresh retry budget
+    (those whose deps completed are queued at once); its completed tasks keep their results and
+    do not run again. A running or completed workflow is refused (exit 4), and so is a cancelled
+    one whose tasks are still stopping.
 
     Examples:
 
