@@ -429,6 +429,22 @@ class Settings(BaseSettings):
     """Cancelled tasks are deleted after this many days (0 keeps them forever)."""
     retention_failed_days: float = Field(default=90, ge=0, le=36500, validation_alias=_aliases("retention_failed_days"))
     """Dead-lettered tasks are deleted after this many days (0 keeps them forever)."""
+    retention_workflows_days: float = Field(
+        default=30, ge=0, le=36500, validation_alias=_aliases("retention_workflows_days")
+    )
+    """Workflows over for this many days are deleted with all their tasks (0 keeps them forever); the
+    tasks of a workflow are never deleted by the retention of their own state."""
+    workflow_max_nodes: int = Field(default=10_000, ge=1, le=100_000, validation_alias=_aliases("workflow_max_nodes"))
+    """Most nodes one workflow may have (a map node counts once)."""
+    workflow_map_max_items: int = Field(
+        default=10_000, ge=1, le=100_000, validation_alias=_aliases("workflow_map_max_items")
+    )
+    """Most tasks one map node makes, from its items or from the list its source returned."""
+    workflow_parents_max_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, validation_alias=_aliases("workflow_parents_max_bytes")
+    )
+    """Most bytes of JSON one task of a workflow is handed as its deps' results (``ctx.parents``); over it
+    the task fails with an error naming this setting."""
     retention_stats_days: float = Field(default=30, ge=0, le=36500, validation_alias=_aliases("retention_stats_days"))
     """Days the per-minute counts of ended runs (``queue_minutes``) are kept (0 keeps them forever)."""
     retention_audit_days: float = Field(default=366, ge=0, le=36500, validation_alias=_aliases("retention_audit_days"))
@@ -591,11 +607,13 @@ class Settings(BaseSettings):
         return value
 
     def retention_seconds(self) -> dict[str, float]:
-        """Age in seconds after which a finished task is deleted, by status (kept forever: absent)."""
+        """Age in seconds after which a finished task is deleted, by status, and a workflow that is over,
+        under ``workflows`` (kept forever: absent)."""
         days = {
             "completed": self.retention_completed_days,
             "cancelled": self.retention_cancelled_days,
             "failed": self.retention_failed_days,
+            "workflows": self.retention_workflows_days,
         }
         return {status: d * 86400 for status, d in days.items() if d > 0}
 

@@ -54,6 +54,31 @@ class TaskNotFoundError(TaskmeshError, LookupError):
         self.task_id = task_id
 
 
+class WorkflowNotFoundError(TaskmeshError, LookupError):
+    """No workflow has the given id (or it is another tenant's, which a tenant-bound key may not know).
+
+    :param workflow_id: the id asked for, as text.
+    """
+
+    def __init__(self, workflow_id: str) -> None:
+        super().__init__(f"no workflow has id {workflow_id}")
+        self.workflow_id = workflow_id
+
+
+class WorkflowStateError(TaskmeshError):
+    """The workflow is in a state the operation does not apply to (retry a running one, cancel a completed one).
+
+    :param workflow_id: the workflow's id, as text.
+    :param status: the status it has.
+    :param hint: what to do instead, for the message.
+    """
+
+    def __init__(self, workflow_id: str, status: str, hint: str) -> None:
+        super().__init__(f"workflow {workflow_id} is {status}; {hint}")
+        self.workflow_id = workflow_id
+        self.status = status
+
+
 class TaskFinishedError(TaskmeshError):
     """The task already finished (completed, failed or cancelled): the operation does not apply.
 

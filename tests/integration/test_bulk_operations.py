@@ -179,7 +179,7 @@ BAD_BULKS = [
         "POST",
         BULK,
         "filter.status",
-        "must be one of queued, running, completed, failed, cancelled",
+        "must be one of blocked, queued, running, completed, failed, cancelled, skipped",
         json={"filter": {"status": "done"}, "action": "delete"},
     ),
     invalid("no action", "POST", BULK, "action", "field required", json={"filter": {"status": "failed"}}),

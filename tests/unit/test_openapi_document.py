@@ -20,6 +20,11 @@ from taskmesh.observability.metrics import Metrics
 OPERATIONS = {
     "POST /api/v1/tasks": ("createTask", "tasks"),
     "GET /api/v1/tasks": ("searchTasks", "tasks"),
+    "POST /api/v1/workflows": ("createWorkflow", "workflows"),
+    "GET /api/v1/workflows": ("listWorkflows", "workflows"),
+    "GET /api/v1/workflows/{workflow_id}": ("getWorkflow", "workflows"),
+    "POST /api/v1/workflows/{workflow_id}/cancel": ("cancelWorkflow", "workflows"),
+    "POST /api/v1/workflows/{workflow_id}/retry": ("retryWorkflow", "workflows"),
     "POST /api/v1/tasks:batch": ("createTaskBatch", "tasks"),
     "GET /api/v1/tasks/{task_id}": ("getTask", "tasks"),
     "DELETE /api/v1/tasks/{task_id}": ("deleteTask", "tasks"),

@@ -29,7 +29,7 @@ from taskmesh.api.auth import SCOPE_OF
 from taskmesh.api.hygiene import BrowserGuard
 from taskmesh.api.limits import BodyLimit
 from taskmesh.api.observe import ObserveRequests
-from taskmesh.api.routes import audit, health, keys, queues, schedules, tasks, workers
+from taskmesh.api.routes import audit, health, keys, queues, schedules, tasks, workers, workflows
 from taskmesh.api.state import AppState
 from taskmesh.console.lazy import serve_console
 from taskmesh.observability.logs import get_logger
@@ -83,7 +83,15 @@ def create_app(
     app.add_middleware(ObserveRequests, metrics=state.metrics)  # outermost: sees 400s, 413s and 415s too
     errors.install(app)
     if api_enabled:
-        for router in (tasks.router, queues.router, schedules.router, workers.router, keys.router, audit.router):
+        for router in (
+            tasks.router,
+            workflows.router,
+            queues.router,
+            schedules.router,
+            workers.router,
+            keys.router,
+            audit.router,
+        ):
             _name_scopes(router)
             app.include_router(router)
         if console_enabled and extras.installed("console"):

@@ -46,9 +46,19 @@ ACTIONS = {
     "create_key": "key.create",
     "revoke_key": "key.revoke",
     "rotate_key": "key.rotate",
+    "create_workflow": "workflow.create",
+    "cancel_workflow": "workflow.cancel",
+    "retry_workflow": "workflow.retry",
 }
 """Each changing route's action name; other routes are named ``<method> <path template>``."""
-RESOURCES = {"task_id": "task", "queue": "queue", "name": "schedule", "key_id": "key", "operation_id": "operation"}
+RESOURCES = {
+    "task_id": "task",
+    "queue": "queue",
+    "name": "schedule",
+    "key_id": "key",
+    "operation_id": "operation",
+    "workflow_id": "workflow",
+}
 """The path parameter that names each route's resource, and its type."""
 _CHANGING = ("POST", "PUT", "PATCH", "DELETE")
 

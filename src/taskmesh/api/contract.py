@@ -27,6 +27,7 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 TAGS: list[dict[str, str]] = [
     {"name": "tasks", "description": "Create, read, find, cancel, retry and delete tasks."},
     {"name": "runs", "description": "The runs (attempts) of a task."},
+    {"name": "workflows", "description": "Graphs of tasks: submit, read, list, cancel, retry from failure."},
     {"name": "operations", "description": "Bulk actions over the tasks a filter matches, and their progress."},
     {"name": "queues", "description": "Queue depths and history; pausing and resuming a queue."},
     {"name": "dlq", "description": "Dead-lettered tasks of a queue, and replaying them."},

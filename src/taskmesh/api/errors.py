@@ -6,6 +6,8 @@
 | ``InvalidTaskError``, FastAPI's ``RequestValidationError`` | 422 | Invalid request |
 | ``TaskNotFoundError`` | 404 | Task not found |
 | ``ScheduleNotFoundError`` | 404 | Schedule not found |
+| ``WorkflowNotFoundError`` | 404 | Workflow not found |
+| ``WorkflowStateError`` | 409 | Workflow state conflict |
 | ``TaskFinishedError`` | 409 | Task already finished |
 | ``TaskStateError`` | 409 | Task state conflict |
 | ``NotReadyError`` | 503 | Not ready |
@@ -50,6 +52,8 @@ from taskmesh.errors import (
     TaskFinishedError,
     TaskNotFoundError,
     TaskStateError,
+    WorkflowNotFoundError,
+    WorkflowStateError,
 )
 from taskmesh.observability.logs import get_logger
 from taskmesh.tasks.storable import describe
@@ -79,6 +83,14 @@ def _task_not_found(exc: Any) -> Response:
 
 def _schedule_not_found(exc: Any) -> Response:
     return problem(404, "Schedule not found", f"no schedule is named {exc.name!r}")
+
+
+def _workflow_not_found(exc: Any) -> Response:
+    return problem(404, "Workflow not found", str(exc))
+
+
+def _workflow_state(exc: Any) -> Response:
+    return problem(409, "Workflow state conflict", str(exc))
 
 
 def _finished(exc: Any) -> Response:
@@ -153,6 +165,8 @@ ERROR_TABLE: list[tuple[type[Exception], Callable[[Any], Response]]] = [
     (RequestValidationError, _validation),
     (TaskNotFoundError, _task_not_found),
     (ScheduleNotFoundError, _schedule_not_found),
+    (WorkflowNotFoundError, _workflow_not_found),
+    (WorkflowStateError, _workflow_state),
     (TaskFinishedError, _finished),
     (TaskStateError, _state_conflict),
     (NotReadyError, _not_ready),

@@ -18,6 +18,7 @@ from taskmesh.services.supervision import ServiceStates
 from taskmesh.store import PgStore, Stores
 from taskmesh.store.schema_watch import SchemaWatch
 from taskmesh.tasks.tasks import Tasks
+from taskmesh.workflows.workflows import Workflows
 
 SERVED_CACHE_SECONDS = 5.0
 """How long creates trust the last read of which queues live workers serve."""
@@ -111,6 +112,7 @@ class AppState:
     stores: Stores | None = None
     tasks: Tasks | None = None
     schedules: Schedules | None = None
+    workflows: Workflows | None = None
     schedule_waker: Waker = field(default_factory=Waker)
     services: ServiceStates = field(default_factory=ServiceStates)
     draining: bool = False

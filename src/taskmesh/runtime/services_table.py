@@ -60,6 +60,8 @@ from taskmesh.tasks.advertised import AdvertisedHandlers, handled_names, handler
 from taskmesh.tasks.queued_quota import QueuedLimits
 from taskmesh.tasks.registry import Registry
 from taskmesh.tasks.tasks import Tasks
+from taskmesh.workflows.spec import WorkflowLimits
+from taskmesh.workflows.workflows import Workflows
 
 COMMIT_DEADLINE_SECONDS = 5.0
 """How long the stopping committer may write what it holds (1 s after a second signal)."""
@@ -275,9 +277,13 @@ def build_serving(p: Parts, stores: Stores, clock: StoreClock, threads: HandlerT
         max_delay_seconds=settings.max_delay_seconds,
         queued_limits=QueuedLimits.of_settings(settings),
         advertised=AdvertisedHandlers(fresh_seconds=3 * settings.lease_seconds),
+        workflow_parents_max_bytes=settings.workflow_parents_max_bytes,
     )
     p.state.stores, p.state.tasks = stores, tasks
     p.state.schedules = Schedules(tasks, settings.schedules)
+    p.state.workflows = Workflows(
+        tasks, WorkflowLimits(max_nodes=settings.workflow_max_nodes, map_max_items=settings.workflow_map_max_items)
+    )
     queues = list(settings.queue_names)
     concurrency = {q: settings.concurrency_of(q) for q in queues}
     metrics.prepare(queues, concurrency if settings.workers_enabled else {})

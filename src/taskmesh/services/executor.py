@@ -36,6 +36,7 @@ slot.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import traceback
@@ -111,6 +112,8 @@ async def execute(
     handler = registry.get(task.name)
     if handler is None:
         return RunResult(task, Outcome.FAILED, error=f"no handler registered for task name {task.name!r}")
+    if task.timeout is not None:  # a workflow node's own timeout wins over its handler's
+        handler = dataclasses.replace(handler, timeout=task.timeout)
     if advertised is not None and task.name not in registry:
         theirs = await advertised(task.name)
         if theirs is not None:

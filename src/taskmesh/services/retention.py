@@ -35,7 +35,9 @@ async def run_once(
     """Delete what is due; returns counts by state (and ``queue_minutes`` rows, audit partitions,
     expired ``console_sessions``).
 
-    :param retention: seconds after which a task in each finished state is deleted.
+    :param retention: seconds after which a task in each finished state is deleted; under
+        ``workflows``, after which a workflow that is over leaves with its tasks (which the
+        others never delete).
     :param stats_seconds: seconds after which a ``queue_minutes`` row is deleted (0: kept).
     :param audit_keep_days: make the audit log's months ahead and drop those past this many days
         (0: drop none; ``None``: leave the audit log alone).
@@ -52,7 +54,10 @@ async def run_once(
             audit.emit(event)
     for status, seconds in retention.items():
         for _ in range(max_batches):
-            n = await pg.tasks.delete_finished(status, seconds, batch)
+            if status == "workflows":  # a workflow over for long enough leaves with its tasks
+                n = await pg.workflows.delete_finished(seconds, batch)
+            else:
+                n = await pg.tasks.delete_finished(status, seconds, batch)
             deleted[status] = deleted.get(status, 0) + n
             if n < batch:
                 break

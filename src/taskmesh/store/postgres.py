@@ -36,6 +36,7 @@ from taskmesh.store.session_queries import SessionQueries
 from taskmesh.store.sql import Executor, connect_options, queries
 from taskmesh.store.task_queries import TaskQueries
 from taskmesh.store.worker_queries import WorkerQueries
+from taskmesh.store.workflow_queries import WorkflowQueries
 
 BEFORE_COMMIT: ContextVar[Callable[[PgStore], Awaitable[None]] | None] = ContextVar(
     "taskmesh_before_commit", default=None
@@ -77,6 +78,7 @@ class PgStore:
         self.keys = KeyQueries(ex, w)
         self.audit = AuditQueries(ex, w)
         self.sessions = SessionQueries(ex, w)
+        self.workflows = WorkflowQueries(ex, w)
 
     def on(self, connection: Executor) -> PgStore:
         """This store's queries on ``connection`` (a caller's own, inside its transaction), sharing its watch."""

@@ -118,7 +118,8 @@ WITH claimed AS (
     WHERE id = ANY($1::uuid[]) AND queue || '' = $2 AND status || '' = 'queued' AND run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM queues p WHERE p.name = $2 AND p.paused_at IS NOT NULL)
     RETURNING id, name, queue, priority, payload::text AS payload, attempts, retries,
-              max_retries, idempotency_key, trace_id, tenant_id, run_at
+              max_retries, idempotency_key, trace_id, tenant_id, run_at, workflow_id, workflow_node, map_index,
+              timeout_s
 ), runs AS (
     INSERT INTO task_runs (id, task_id, attempt, status, worker_id, claimed_at, started_at, lease_expires_at)
     SELECT taskmesh_run_id(id, attempts), id, attempts, 'running', $3, now(), now(), now() + make_interval(secs => $4)
@@ -257,12 +258,12 @@ RETURNING t.id, t.status;
 SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
 
 -- name: task_cancel_queued
--- A queued (ready, delayed or waiting out a backoff) task never runs; its queued run, if any,
--- ends failed with error 'cancelled', and so does the pending first run of a task never claimed
--- (written now, so the task keeps a record of why it never ran).
+-- A queued (ready, delayed or waiting out a backoff) or blocked (a workflow's, waiting for its deps)
+-- task never runs; its queued run, if any, ends failed with error 'cancelled', and so does the
+-- pending first run of a task never claimed (written now, so the task keeps a record of why it never ran).
 WITH t AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
-    WHERE id = $1 AND status = 'queued'
+    WHERE id = $1 AND status IN ('queued', 'blocked')
     RETURNING id, attempts, created_at
 ), queued AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
@@ -356,7 +357,8 @@ FROM tasks WHERE queue = $1 AND status = 'failed' ORDER BY updated_at, id LIMIT 
 SELECT queue, count(*)::bigint AS n FROM tasks WHERE status = 'queued' AND queue = ANY($1::text[]) GROUP BY queue;
 
 -- Retention: delete up to $2 tasks of one finished status unchanged for $1 seconds (their
--- runs go with them), skipping rows another deleter holds. Short statements, so no long
+-- runs go with them), skipping rows another deleter holds. A workflow's tasks leave with it
+-- (workflow_delete_finished), never while it may still read their results. Short statements, so no long
 -- lock on a large history. One block per status, the status a literal: with it a parameter,
 -- the generic plan that asyncpg's cached statement ends up using cannot match the partial
 -- index and scans the whole table (the growth test checks generic plans).
@@ -366,7 +368,7 @@ SELECT queue, count(*)::bigint AS n FROM tasks WHERE status = 'queued' AND queue
 -- name: task_delete_completed
 DELETE FROM tasks WHERE id = ANY(ARRAY(
     SELECT id FROM tasks
-    WHERE status = 'completed' AND updated_at < now() - make_interval(secs => $1)
+    WHERE status = 'completed' AND updated_at < now() - make_interval(secs => $1) AND workflow_id IS NULL
     ORDER BY updated_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -375,7 +377,7 @@ DELETE FROM tasks WHERE id = ANY(ARRAY(
 -- name: task_delete_cancelled
 DELETE FROM tasks WHERE id = ANY(ARRAY(
     SELECT id FROM tasks
-    WHERE status = 'cancelled' AND updated_at < now() - make_interval(secs => $1)
+    WHERE status = 'cancelled' AND updated_at < now() - make_interval(secs => $1) AND workflow_id IS NULL
     ORDER BY updated_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -384,7 +386,7 @@ DELETE FROM tasks WHERE id = ANY(ARRAY(
 -- name: task_delete_failed
 DELETE FROM tasks WHERE id = ANY(ARRAY(
     SELECT id FROM tasks
-    WHERE status = 'failed' AND updated_at < now() - make_interval(secs => $1)
+    WHERE status = 'failed' AND updated_at < now() - make_interval(secs => $1) AND workflow_id IS NULL
     ORDER BY updated_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -778,7 +780,7 @@ FROM unnest($1::text[]) AS q(queue);
 -- cancel request (their worker stops them). `cancelled`: whether the task ended now.
 WITH queued AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
-    WHERE id = ANY($1::uuid[]) AND status || '' = 'queued'  -- by primary key, not the backlog's index
+    WHERE id = ANY($1::uuid[]) AND status || '' IN ('queued', 'blocked')  -- by primary key, not the backlog's index
     RETURNING id, queue, attempts, created_at
 ), runs AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()

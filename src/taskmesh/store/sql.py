@@ -40,13 +40,22 @@ def connect_options(pooler: str) -> dict[str, Any]:
     return {"statement_cache_size": 0} if pooler == "transaction" else {}
 
 
+SQL_FILES = ("queries.sql", "workflows.sql")
+"""The files of named blocks, one namespace (a block's name is unique across them)."""
+
+
 @cache
 def queries() -> dict[str, str]:
-    """The named blocks of ``queries.sql``: ``{"task_insert_many": "WITH ...", ...}``."""
-    text = resources.files("taskmesh.store").joinpath("queries.sql").read_text()
-    parts = _NAME_LINE.split(text)
-    # parts = [preamble, name1, body1, name2, body2, ...]
-    return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    """The named blocks of :data:`SQL_FILES`: ``{"task_insert_many": "WITH ...", ...}``."""
+    found: dict[str, str] = {}
+    for file in SQL_FILES:
+        text = resources.files("taskmesh.store").joinpath(file).read_text()
+        parts = _NAME_LINE.split(text)
+        # parts = [preamble, name1, body1, name2, body2, ...]
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            assert name not in found, f"{file}: block {name} is named twice"
+            found[name] = body.strip().rstrip(";")
+    return found
 
 
 class Queries:

@@ -64,8 +64,8 @@ class TaskActions:
     async def cancel(self, task_id: uuid.UUID) -> Cancelled:
         """Cancel a task.
 
-        A queued task (ready, delayed or waiting out a backoff) becomes
-        ``cancelled`` now and its id leaves Redis; a running one gets
+        A queued task (ready, delayed or waiting out a backoff) or a workflow's blocked one becomes
+        ``cancelled`` now and its id leaves Redis (its workflow follows as for any end); a running one gets
         ``cancel_requested_at`` and its worker cancels the handler (and whatever
         its run ends with, the task is not retried).
 
@@ -77,13 +77,13 @@ class TaskActions:
             if row is None:
                 raise TaskNotFoundError(str(task_id))
             status = row["status"]
-            if status == TaskStatus.QUEUED:
+            if status in (TaskStatus.QUEUED, TaskStatus.BLOCKED):
                 await tx.tasks.cancel_queued(task_id)
             elif status == TaskStatus.RUNNING:
                 await tx.tasks.request_cancel(task_id)
             else:
                 raise TaskFinishedError(str(task_id), status)
-        if status == TaskStatus.QUEUED:
+        if status in (TaskStatus.QUEUED, TaskStatus.BLOCKED):
             try:
                 await self.redis.forget(row["queue"], str(task_id))
                 await self.redis.finished.announce([task_id])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -35,7 +35,18 @@ class ClaimedTask:
     ready_at: float | None = None
     """When the task became runnable (created, due, or its retry's backoff ended), epoch seconds."""
     defect: str | None = None
-    """Why this version cannot run the claimed row (its payload is unreadable): the run fails at once."""
+    """Why this version cannot run the claimed row (its payload is unreadable, its deps' results are over
+    the bound): the run fails at once."""
+    timeout: float | None = None
+    """The task's own timeout, seconds (a workflow node's ``timeout``); ``None``: the handler's."""
+    workflow_id: UUID | None = None
+    """The workflow the task is a node of (``None``: a task of its own)."""
+    workflow_node: str | None = None
+    map_index: int | None = None
+    workflow: dict[str, Any] | None = None
+    """What ``ctx.workflow`` says (see :class:`TaskContext`); filled in after the claim."""
+    parents: dict[str, Any] = field(default_factory=dict)
+    """What ``ctx.parents`` says (see :class:`TaskContext`); filled in after the claim."""
 
     def context(self) -> TaskContext:
         """The :class:`TaskContext` a handler of this run is given (everything but the payload)."""
@@ -51,6 +62,8 @@ class ClaimedTask:
             idempotency_key=self.idempotency_key,
             trace_id=self.trace_id,
             tenant_id=self.tenant_id,
+            parents=self.parents,
+            workflow=self.workflow,
         )
 
 
@@ -80,6 +93,12 @@ class TaskContext:
 
     Handlers must be idempotent (docs/internals/design.md principle 4): ``task_id``,
     ``attempt`` and ``idempotency_key`` let them check for earlier effects.
+
+    A task of a workflow also gets ``parents``: each dep's node id mapped to its result (a list in
+    item order for a map node; ``None`` for a dep that did not succeed, under ``on_dep_failure``
+    ``ignore`` or ``continue``), and ``workflow``: ``{"id", "name", "context", "node", "map_index"}``,
+    plus ``"summary"`` (each node's state: ``succeeded``, ``failed``...) for an ``on_failure`` or
+    ``finally`` callback. Outside a workflow, ``parents`` is empty and ``workflow`` is ``None``.
     """
 
     task_id: UUID
@@ -93,6 +112,8 @@ class TaskContext:
     idempotency_key: str | None
     trace_id: str | None
     tenant_id: str | None
+    parents: dict[str, Any] = field(default_factory=dict)
+    workflow: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,11 +14,13 @@ from enum import StrEnum
 class TaskStatus(StrEnum):
     """Status of a task row (``tasks.status``)."""
 
+    BLOCKED = "blocked"  # a workflow's task waiting for its deps: not claimable, not in Redis
     QUEUED = "queued"
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"  # dead-lettered: terminal until replay
     CANCELLED = "cancelled"
+    SKIPPED = "skipped"  # a workflow's task a failed dep will never let run
 
 
 class RunStatus(StrEnum):
@@ -56,6 +58,42 @@ class BulkAction(StrEnum):
     DELETE = "delete"  # finished -> deleted with its runs
 
 
+class WorkflowStatus(StrEnum):
+    """Status of a workflow (``workflows.status``)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"  # every node succeeded
+    FAILED = "failed"  # a node failed, was skipped or cancelled
+    CANCELLED = "cancelled"  # an operator cancelled it
+
+
+class NodeStatus(StrEnum):
+    """Status of a workflow's node (``workflow_nodes.status``); its tasks carry the rest."""
+
+    BLOCKED = "blocked"  # waiting for its deps
+    RELEASED = "released"  # its tasks exist and are not blocked
+    SKIPPED = "skipped"  # a failed dep under on_dep_failure "fail"
+    FAILED = "failed"  # a map whose source's result is not a list
+    CANCELLED = "cancelled"  # its workflow was cancelled before it was released
+
+
+class NodeKind(StrEnum):
+    """What a workflow's node is (``workflow_nodes.kind``)."""
+
+    TASK = "task"
+    MAP = "map"  # one task per item
+    ON_FAILURE = "on_failure"  # runs once when the workflow fails
+    FINALLY = "finally"  # runs once when the workflow ends
+
+
+class DepFailure(StrEnum):
+    """What a node does when one of its deps fails (``workflow_nodes.on_dep_failure``)."""
+
+    FAIL = "fail"  # it is skipped, and so are its descendants
+    IGNORE = "ignore"  # it runs once every dep ended, seeing the failure
+    CONTINUE = "continue"  # it runs as soon as every dep ended or failed
+
+
 class WorkerState(StrEnum):
     """State of an instance's row in ``workers``."""
 
@@ -76,11 +114,15 @@ class Outcome(StrEnum):
 
 
 TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    # released when its deps ended; skipped by a failed dep; cancelled with its workflow
+    TaskStatus.BLOCKED: frozenset({TaskStatus.QUEUED, TaskStatus.SKIPPED, TaskStatus.CANCELLED}),
     TaskStatus.QUEUED: frozenset({TaskStatus.RUNNING, TaskStatus.CANCELLED}),
     TaskStatus.RUNNING: frozenset({TaskStatus.COMPLETED, TaskStatus.QUEUED, TaskStatus.FAILED, TaskStatus.CANCELLED}),
     TaskStatus.COMPLETED: frozenset(),
-    TaskStatus.FAILED: frozenset({TaskStatus.QUEUED}),  # replay
-    TaskStatus.CANCELLED: frozenset(),
+    # replay (queued); a workflow's retry from failure (blocked, or queued when its deps completed)
+    TaskStatus.FAILED: frozenset({TaskStatus.QUEUED, TaskStatus.BLOCKED}),
+    TaskStatus.CANCELLED: frozenset({TaskStatus.QUEUED, TaskStatus.BLOCKED}),  # an operator's retry
+    TaskStatus.SKIPPED: frozenset({TaskStatus.QUEUED, TaskStatus.BLOCKED}),  # a workflow's retry
 }
 
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
@@ -91,9 +133,9 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.FAILED: frozenset(),
 }
 
-TERMINAL_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.CANCELLED})
-"""Statuses a task never leaves (``failed`` is left only by an operator's replay)."""
-FINISHED_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+TERMINAL_TASK_STATUSES = frozenset({TaskStatus.COMPLETED})
+"""Statuses a task never leaves (``failed``, ``cancelled`` and ``skipped`` are left only by an operator's retry)."""
+FINISHED_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.SKIPPED})
 """Statuses of a task that will not run again unless an operator acts (cancel answers 409 for these)."""
 LIVE_WORKER_STATES = frozenset({WorkerState.RUNNING, WorkerState.DRAINING})
 """Worker states of an instance that beats."""

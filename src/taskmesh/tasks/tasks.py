@@ -34,6 +34,7 @@ from taskmesh.tasks.records import task_and_latest_run, task_summary_to_dict
 from taskmesh.tasks.registry import Handler, Registry
 from taskmesh.tasks.states import TaskStatus, TaskType
 from taskmesh.tasks.validation import MAX_DELAY_SECONDS, TaskSpec, dump_json, parse_task_specs
+from taskmesh.workflows import inputs
 
 log = get_logger("taskmesh.tasks.tasks")
 
@@ -67,6 +68,8 @@ class Tasks(TaskActions):
         (``queued_quota.py``); ``None``: none.
     :param advertised: what live instances advertise about their handlers, for names this process
         has no handler of (``advertised.py``); default a new reader.
+    :param workflow_parents_max_bytes: most bytes of deps' results one task of a workflow is handed
+        (the ``workflow_parents_max_bytes`` setting).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class Tasks(TaskActions):
         max_delay_seconds: float = MAX_DELAY_SECONDS,
         queued_limits: QueuedLimits | None = None,
         advertised: AdvertisedHandlers | None = None,
+        workflow_parents_max_bytes: int = inputs.PARENTS_MAX_BYTES,
     ) -> None:
         self.pg = pg
         self.redis = redis
@@ -89,6 +93,7 @@ class Tasks(TaskActions):
         self.max_delay_seconds = max_delay_seconds
         self.queued_limits = queued_limits
         self.advertised = advertised if advertised is not None else AdvertisedHandlers()
+        self.workflow_parents_max_bytes = workflow_parents_max_bytes
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -428,7 +433,8 @@ class Tasks(TaskActions):
         quietly; ids not due yet go back to the delayed set, and those of a paused
         queue (none is claimed there) back to the ready set. A claimed row this
         version cannot read (a payload that is not JSON) is still returned, with
-        ``defect`` saying why, so that its run is failed, not lost.
+        ``defect`` saying why, so that its run is failed, not lost. A task of a workflow comes with
+        its deps' results and its workflow (``workflows/inputs.py``).
         """
         uuids = [uuid.UUID(raw) for raw in ids]  # RedisStore returns canonical task ids only
         if not uuids:
@@ -436,7 +442,10 @@ class Tasks(TaskActions):
         rows = await self.pg.tasks.claim_many(uuids, queue, worker_id, lease_seconds)
         if len(rows) < len(uuids):
             await self._return_unclaimed(uuids, {r["id"] for r in rows})
-        return [_claimed(r) for r in rows]
+        claimed = [_claimed(r) for r in rows]
+        if any(t.workflow_id is not None for t in claimed):
+            claimed = await inputs.attach(self.pg, claimed, self.workflow_parents_max_bytes)
+        return claimed
 
     async def _return_unclaimed(self, popped: Sequence[uuid.UUID], claimed: set[uuid.UUID]) -> None:
         """Push popped ids that are still queued back, so that they run when they can.
@@ -568,4 +577,8 @@ def _claimed(r: Any) -> ClaimedTask:
         tenant_id=r["tenant_id"],
         ready_at=_epoch(r["run_at"]),
         defect=defect,
+        timeout=r["timeout_s"],
+        workflow_id=r["workflow_id"],
+        workflow_node=r["workflow_node"],
+        map_index=r["map_index"],
     )

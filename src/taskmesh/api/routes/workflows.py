@@ -1,0 +1,277 @@
+"""Workflow routes: submit a graph, read one, list them, cancel one, retry one from failure.
+
+Scopes are the tasks': submit and retry ``tasks:write``, cancel ``tasks:cancel``, read ``tasks:read``.
+A tenant-bound key submits into its tenant (another tenant named in the body: 403) and sees only its
+tenant's workflows: another's answers 404, as a missing one does. A queue-bound key submits only
+nodes on its queues and sees only workflows whose every node is on them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from taskmesh.api.auth import reach_of, require
+from taskmesh.api.deps import (
+    StateDep,
+    body_schema,
+    json_response,
+    parse_body,
+    query_parameter,
+    read_json,
+)
+from taskmesh.api.problems import problem_responses
+from taskmesh.api.schemas.workflows import (
+    WorkflowCancelled,
+    WorkflowCreated,
+    WorkflowDetail,
+    WorkflowPage,
+    WorkflowRetried,
+)
+from taskmesh.errors import BeyondReachError, InvalidTaskError, NotReadyError, WorkflowNotFoundError
+from taskmesh.security import audit
+from taskmesh.security.tenancy import Reach
+from taskmesh.tasks.states import WorkflowStatus
+from taskmesh.tasks.validation import NAME_REGEX, TaskSpec, check_json
+from taskmesh.workflows.spec import WorkflowSpec, parse_workflow
+from taskmesh.workflows.workflows import PAGE_MAX, Workflows
+
+router = APIRouter()
+
+WorkflowIdPath = Annotated[str, Path(description="A workflow's id (UUID).", json_schema_extra={"format": "uuid"})]
+
+
+def get_workflows(state: StateDep) -> Workflows:
+    """The workflow facade.
+
+    :raises NotReadyError: the stores have not answered yet (503).
+    """
+    if state.workflows is None:
+        raise NotReadyError()
+    return state.workflows
+
+
+WorkflowsDep = Annotated[Workflows, Depends(get_workflows)]
+
+
+def parse_workflow_id(raw: str) -> uuid.UUID:
+    """:raises InvalidTaskError: not a UUID (422 naming ``workflow_id``)."""
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise InvalidTaskError("workflow_id", "must be a UUID") from None
+
+
+async def reached(workflows: Workflows, workflow_id: uuid.UUID, reach: Reach) -> None:
+    """Refuse a workflow beyond the caller's reach as a missing one.
+
+    :raises WorkflowNotFoundError: none has this id, or it is another tenant's or on a queue beyond the key's.
+    """
+    tenant, queues = await workflows.owner(workflow_id)
+    if not (reach.tenant_id is None or tenant == reach.tenant_id) or not all(reach.sees_queue(q) for q in queues):
+        raise WorkflowNotFoundError(str(workflow_id))
+
+
+def bind_to_reach(spec: WorkflowSpec, reach: Reach, workflows: Workflows) -> WorkflowSpec:
+    """The workflow in the caller's tenant (filled in when the body has none), every node on its queues.
+
+    :raises BeyondReachError: another tenant, or a node's queue beyond the key's (403 naming the field).
+    """
+    if reach.tenant_id is not None:
+        if spec.tenant_id is None:
+            spec = spec.model_copy(update={"tenant_id": reach.tenant_id})
+        elif spec.tenant_id != reach.tenant_id:
+            raise BeyondReachError(
+                "tenant_id",
+                f"this key is bound to tenant {reach.tenant_id!r}; it cannot create workflows of tenant "
+                f"{spec.tenant_id!r}",
+            )
+    if reach.queues is not None:
+        named = [(f"nodes[{i}].queue_name", n.task, n.queue_name) for i, n in enumerate(spec.nodes)]
+        named += [
+            (f"{k}.queue_name", c.task, c.queue_name)
+            for k, c in (("on_failure", spec.on_failure), ("finally", spec.finally_))
+            if c
+        ]
+        for where, task, queue in named:
+            resolved = workflows.tasks.queue_for(task, queue or spec.queue_name)
+            if not reach.sees_queue(resolved):
+                raise BeyondReachError(where, f"this key cannot create tasks on queue {resolved!r}")
+    return spec
+
+
+@router.post(
+    "/api/v1/workflows",
+    operation_id="createWorkflow",
+    tags=["workflows"],
+    dependencies=[Depends(require("tasks:write"))],
+    responses={
+        200: {
+            "description": "The dedup_key repeats: the existing workflow, `deduplicated: true`",
+            "model": WorkflowCreated,
+        },
+        **problem_responses(400, 403, 409, 413, 422),
+    },
+    status_code=201,
+    response_model=WorkflowCreated,
+    openapi_extra=body_schema(WorkflowSpec),
+    summary="Submit a workflow: a graph of tasks (200 with the existing workflow when dedup_key repeats)",
+)
+async def create_workflow(request: Request, workflows: WorkflowsDep, state: StateDep) -> Response:
+    """Validate the graph and store the workflow, its nodes, edges and tasks in one transaction; push its roots.
+
+    422 names the node's field: a cycle (naming it), an unknown dep, a duplicate id, more nodes than
+    ``workflow_max_nodes``, a payload its handler's model refuses.
+    """
+    data = await read_json(request, "nodes")
+    spec = parse_workflow(data, workflows.limits)
+    await workflows.tasks.learn()
+    spec = bind_to_reach(spec, reach_of(request), workflows)
+    if spec.tenant_id is not None:  # the tenant's quotas (payload bytes, enqueue rate) count its tasks
+        specs = [
+            TaskSpec.model_construct(name=n.task, payload=n.payload or {}, tenant_id=spec.tenant_id) for n in spec.nodes
+        ]
+        await state.quotas.check(
+            workflows.pg, workflows.tasks.redis, specs, [f"nodes[{i}]." for i in range(len(specs))]
+        )
+    result = await workflows.submit(spec)
+    if not result.created:
+        return json_response(result.to_dict(), 200)
+    return json_response(result.to_dict(), 201, headers={"Location": f"/api/v1/workflows/{result.workflow_id}"})
+
+
+@router.get(
+    "/api/v1/workflows/{workflow_id}",
+    operation_id="getWorkflow",
+    tags=["workflows"],
+    response_model=WorkflowDetail,
+    dependencies=[Depends(require("tasks:read"))],
+    responses=problem_responses(404, 422),
+    summary="A workflow: its state, tasks counted by state, and each node with its tasks and what it waits for",
+)
+async def get_workflow(workflow_id: WorkflowIdPath, request: Request, workflows: WorkflowsDep) -> Response:
+    """The workflow and its nodes (a map node's task ids: its first 1,000; its counts: all)."""
+    wid = parse_workflow_id(workflow_id)
+    await reached(workflows, wid, reach_of(request))
+    return json_response(await workflows.get(wid))
+
+
+_TIME = {"type": "string", "format": "date-time"}
+LIST_PARAMETERS = [
+    query_parameter("name", {"type": "string", "pattern": NAME_REGEX}, "Workflows of this name"),
+    query_parameter("status", {"type": "string", "enum": [s.value for s in WorkflowStatus]}, "Workflows in this state"),
+    query_parameter("tenant_id", {"type": "string", "maxLength": 128}, "Workflows of this tenant"),
+    query_parameter("created_after", _TIME, "Created at or after (RFC 3339 with an offset)"),
+    query_parameter("created_before", _TIME, "Created before (RFC 3339 with an offset)"),
+    query_parameter(
+        "limit", {"type": "integer", "minimum": 1, "maximum": PAGE_MAX, "default": 50}, "Workflows per page"
+    ),
+    query_parameter("cursor", {"type": "string"}, "The previous page's next_cursor"),
+]
+
+
+@router.get(
+    "/api/v1/workflows",
+    operation_id="listWorkflows",
+    tags=["workflows"],
+    response_model=WorkflowPage,
+    dependencies=[Depends(require("tasks:read"))],
+    responses=problem_responses(422),
+    openapi_extra={"parameters": LIST_PARAMETERS},
+    summary="Find workflows by name, state, tenant and creation time; newest first, keyset pages",
+)
+async def list_workflows(request: Request, workflows: WorkflowsDep) -> Response:
+    """Newest first, up to ``limit`` (1..500, 50) per page: ``{"workflows", "next_cursor"}``."""
+    params = _list_params(request)
+    reach = reach_of(request)
+    if reach.tenant_id is not None:
+        if params.get("tenant_id") not in (None, reach.tenant_id):
+            return json_response({"workflows": [], "next_cursor": None})  # another tenant's: nothing matches
+        params["tenant_id"] = reach.tenant_id
+    return json_response(await workflows.page(**params))
+
+
+def _list_params(request: Request) -> dict[str, Any]:
+    """The listing's filters from the query string.
+
+    :raises InvalidTaskError: an unknown parameter, a bad status, time, limit (422 naming it).
+    """
+    out: dict[str, Any] = {}
+    for key, value in request.query_params.items():
+        if key in ("name", "tenant_id", "cursor"):
+            out[key] = value
+        elif key == "status":
+            if value not in {s.value for s in WorkflowStatus}:
+                raise InvalidTaskError("status", f"must be one of {', '.join(s.value for s in WorkflowStatus)}")
+            out[key] = value
+        elif key in ("created_after", "created_before"):
+            try:
+                at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                at = None
+            if at is None or at.tzinfo is None:
+                raise InvalidTaskError(key, "must be an RFC 3339 time with an offset")
+            out[key] = at
+        elif key == "limit":
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise InvalidTaskError("limit", f"must be an integer from 1 to {PAGE_MAX}") from None
+        else:
+            raise InvalidTaskError(key, "unknown parameter")
+    return out
+
+
+class CancelWorkflow(BaseModel):
+    """Body of ``POST /api/v1/workflows/{id}/cancel`` (optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(
+        default=None, max_length=500, description="Why: kept with the workflow and in the audit log."
+    )
+
+
+@router.post(
+    "/api/v1/workflows/{workflow_id}/cancel",
+    operation_id="cancelWorkflow",
+    tags=["workflows"],
+    response_model=WorkflowCancelled,
+    dependencies=[Depends(require("tasks:cancel"))],
+    responses=problem_responses(404, 409, 422),
+    openapi_extra=body_schema(CancelWorkflow, required=False),
+    summary="Cancel a workflow: nothing of it starts again, running tasks are stopped (idempotent)",
+)
+async def cancel_workflow(workflow_id: WorkflowIdPath, request: Request, workflows: WorkflowsDep) -> Response:
+    """Blocked and queued tasks end ``cancelled``; running ones are stopped as a cancelled task is.
+
+    409 for a completed or failed workflow; a cancelled one answers 200 again.
+    """
+    wid = parse_workflow_id(workflow_id)
+    reason = (await parse_body(request, CancelWorkflow, optional=True)).reason
+    if reason is not None:
+        check_json(reason, "reason")
+        audit.note(reason=reason)
+    await reached(workflows, wid, reach_of(request))
+    return json_response(await workflows.cancel(wid, reason))
+
+
+@router.post(
+    "/api/v1/workflows/{workflow_id}/retry",
+    operation_id="retryWorkflow",
+    tags=["workflows"],
+    response_model=WorkflowRetried,
+    dependencies=[Depends(require("tasks:write"))],
+    responses=problem_responses(404, 409, 422),
+    summary="Retry a failed or cancelled workflow from where it failed; completed tasks keep their results",
+)
+async def retry_workflow(workflow_id: WorkflowIdPath, request: Request, workflows: WorkflowsDep) -> Response:
+    """Failed, cancelled and skipped tasks wait again for their deps with a fresh retry budget, in one transaction."""
+    wid = parse_workflow_id(workflow_id)
+    await reached(workflows, wid, reach_of(request))
+    return json_response(await workflows.retry(wid))

@@ -1,0 +1,302 @@
+-- Workflows: a graph of tasks (docs/guides/workflows.md). Nodes are task rows (a map node one per
+-- item) tagged with their workflow and node; the graph's shape is in workflow_nodes and
+-- workflow_edges. A task waiting for its deps is `blocked` (the claim, the reconciler's push and
+-- the queue depths look at `queued` only); a task a failed dep will never let run is `skipped`.
+--
+-- Readiness is decided in PostgreSQL, in the transaction that ends a task, whatever statement
+-- ends it: one statement-level trigger on tasks (tasks_transitions) hands every task of a
+-- workflow that reached a terminal state to taskmesh_workflow_advance, which releases each
+-- child whose deps are now all terminal with a conditional update from `blocked`, skips the
+-- descendants a failure dooms, expands a map over its source's result, and ends the workflow.
+-- Released ids reach Redis by the path of a transactional enqueue: a notification on
+-- taskmesh_enqueued, delivered at commit (enqueued_listener pushes them; the reconciler finds
+-- any it missed), so no follow-up is needed from the statement that ended the task.
+--
+-- Expand step: new tables, nullable columns (no rewrite), a wider CHECK (NOT VALID here,
+-- validated and the narrower one dropped in 0026 beside the indexes built concurrently).
+CREATE TABLE workflows (
+    id          uuid PRIMARY KEY,
+    name        text NOT NULL,
+    status      text NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'cancelled')),
+    tenant_id   text,
+    dedup_key   text,
+    trace_id    text,
+    context     jsonb,
+    cancel_reason text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+);
+CREATE UNIQUE INDEX workflows_dedup_key ON workflows (dedup_key, (COALESCE(tenant_id, ''))) WHERE dedup_key IS NOT NULL;
+CREATE INDEX workflows_created_idx ON workflows (created_at, id);
+CREATE INDEX workflows_finished_idx ON workflows (finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX workflows_running_idx ON workflows (updated_at) WHERE status = 'running';
+
+-- One row per node. kind: a task, a map (one task per item), or a callback run when the
+-- workflow fails (on_failure) or ends (finally). status: blocked until decided, then released
+-- (its tasks exist and are not blocked), skipped (a failed dep under on_dep_failure 'fail'),
+-- failed (a map whose source's result is not a list) or cancelled (the workflow was).
+CREATE TABLE workflow_nodes (
+    workflow_id    uuid NOT NULL REFERENCES workflows (id) ON DELETE CASCADE,
+    node_id        text NOT NULL,
+    position       integer NOT NULL,
+    kind           text NOT NULL CHECK (kind IN ('task', 'map', 'on_failure', 'finally')),
+    task_name      text NOT NULL,
+    deps           text[] NOT NULL DEFAULT '{}',
+    on_dep_failure text NOT NULL CHECK (on_dep_failure IN ('fail', 'ignore', 'continue')),
+    map_from       text,
+    template       jsonb NOT NULL,  -- queue, priority, max_retries, timeout, max_items of tasks made at release
+    status         text NOT NULL CHECK (status IN ('blocked', 'released', 'skipped', 'failed', 'cancelled')),
+    error          text,
+    released_at    timestamptz,
+    PRIMARY KEY (workflow_id, node_id)
+);
+CREATE INDEX workflow_nodes_blocked_idx ON workflow_nodes (workflow_id) WHERE status = 'blocked';
+
+CREATE TABLE workflow_edges (
+    workflow_id uuid NOT NULL,
+    parent      text NOT NULL,
+    child       text NOT NULL,
+    PRIMARY KEY (workflow_id, parent, child),
+    FOREIGN KEY (workflow_id, child) REFERENCES workflow_nodes (workflow_id, node_id) ON DELETE CASCADE
+);
+CREATE INDEX workflow_edges_child_idx ON workflow_edges (workflow_id, child);  -- a node's deps, at claim
+
+ALTER TABLE tasks ADD COLUMN IF NOT EXISTS workflow_id uuid,
+                  ADD COLUMN IF NOT EXISTS workflow_node text,
+                  ADD COLUMN IF NOT EXISTS map_index integer,
+                  ADD COLUMN IF NOT EXISTS timeout_s float8 CHECK (timeout_s > 0);
+ALTER TABLE tasks ADD CONSTRAINT tasks_status_valid
+    CHECK (status IN ('blocked', 'queued', 'running', 'completed', 'failed', 'cancelled', 'skipped')) NOT VALID;
+
+-- A time-ordered (version 7) uuid made in SQL, for the tasks a map creates at release: new
+-- rows land at the primary key's right edge, as the ones taskmesh.ids.uuid7 makes.
+CREATE FUNCTION taskmesh_uuid7() RETURNS uuid
+LANGUAGE sql VOLATILE AS $$
+    SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) PLACING
+        substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3) FROM 1 FOR 6),
+        52, 1), 53, 1), 'hex')::uuid
+$$;
+
+-- Where a node stands, from its tasks' rows (no counter is kept anywhere): pending (blocked, or
+-- a task of it not ended), failing (a task of it failed while others still run), failed (ended,
+-- not every task completed; skipped, failed or cancelled as a node) or succeeded.
+CREATE FUNCTION taskmesh_node_state(p_workflow uuid, p_node text, p_status text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN p_status = 'blocked' THEN 'pending'
+        WHEN p_status <> 'released' THEN 'failed'
+        WHEN EXISTS (SELECT 1 FROM tasks WHERE workflow_id = p_workflow AND workflow_node = p_node
+                                           AND status IN ('blocked', 'queued', 'running')) THEN
+            CASE WHEN EXISTS (SELECT 1 FROM tasks WHERE workflow_id = p_workflow AND workflow_node = p_node
+                                                    AND status IN ('failed', 'cancelled', 'skipped'))
+                 THEN 'failing' ELSE 'pending' END
+        WHEN EXISTS (SELECT 1 FROM tasks WHERE workflow_id = p_workflow AND workflow_node = p_node
+                                           AND status IN ('failed', 'cancelled', 'skipped')) THEN 'failed'
+        ELSE 'succeeded'
+    END
+$$;
+
+-- Decide what the ends of tasks of nodes (p_workflows[i], p_nodes[i]) make possible; a null node:
+-- look at every blocked node of that workflow (the reconciler's repair, a retry). Returns how
+-- many nodes it decided (released, skipped or failed).
+--
+-- One decision at a time per workflow: the row lock below is taken by every path that comes here
+-- (the trigger, a retry, the reconciler), and each statement after it reads a fresh snapshot
+-- (READ COMMITTED), so the last of two concurrent ends sees the other's and releases the join,
+-- and the conditional update from `blocked` releases it once.
+CREATE FUNCTION taskmesh_workflow_advance(p_workflows uuid[], p_nodes text[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_w uuid[] := p_workflows;
+    v_n text[] := p_nodes;
+    v_next_w uuid[];
+    v_next_n text[];
+    v_all uuid[];
+    v_released uuid[] := '{}';
+    v_ids uuid[];
+    v_decided integer := 0;
+    v_states text[];
+    v_verdict text;
+    v_result jsonb;
+    v_error text;
+    c record;
+    i integer;
+BEGIN
+    SELECT array_agg(id ORDER BY id) INTO v_all FROM (
+        SELECT id FROM workflows WHERE id = ANY(p_workflows) ORDER BY id FOR NO KEY UPDATE
+    ) locked;
+    IF v_all IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('taskmesh.advancing', 'on', true);
+    LOOP
+        v_next_w := '{}';
+        v_next_n := '{}';
+        FOR c IN
+            SELECT n.workflow_id, n.node_id, n.kind, n.task_name, n.deps, n.on_dep_failure, n.map_from, n.template
+            FROM workflow_nodes n JOIN workflows w ON w.id = n.workflow_id AND w.status = 'running'
+            WHERE n.status = 'blocked' AND n.workflow_id = ANY(v_all)
+              AND ((n.workflow_id, n.node_id) IN (
+                       SELECT e.workflow_id, e.child FROM unnest(v_w, v_n) ch(w, node)
+                       JOIN workflow_edges e ON e.workflow_id = ch.w AND e.parent = ch.node)
+                   OR n.kind IN ('on_failure', 'finally') AND n.workflow_id = ANY(v_w)
+                   OR n.workflow_id IN (SELECT ch.w FROM unnest(v_w, v_n) ch(w, node) WHERE ch.node IS NULL))
+            ORDER BY n.workflow_id, n.position
+        LOOP
+            IF c.kind IN ('task', 'map') THEN
+                SELECT array_agg(taskmesh_node_state(d.workflow_id, d.node_id, d.status)) INTO v_states
+                FROM workflow_nodes d WHERE d.workflow_id = c.workflow_id AND d.node_id = ANY(c.deps);
+                v_states := COALESCE(v_states, '{}');
+                IF c.on_dep_failure = 'fail' AND ('failed' = ANY(v_states) OR 'failing' = ANY(v_states)) THEN
+                    v_verdict := 'skip';
+                ELSIF 'pending' = ANY(v_states) OR (c.on_dep_failure = 'ignore' AND 'failing' = ANY(v_states)) THEN
+                    v_verdict := 'wait';
+                ELSE
+                    v_verdict := 'release';
+                END IF;
+            ELSE
+                SELECT array_agg(taskmesh_node_state(d.workflow_id, d.node_id, d.status)) INTO v_states
+                FROM workflow_nodes d
+                WHERE d.workflow_id = c.workflow_id
+                  AND (d.kind IN ('task', 'map') OR c.kind = 'finally' AND d.kind = 'on_failure');
+                v_states := COALESCE(v_states, '{}');
+                IF 'pending' = ANY(v_states) OR 'failing' = ANY(v_states) THEN
+                    v_verdict := 'wait';
+                ELSIF c.kind = 'finally' THEN
+                    v_verdict := 'release';
+                ELSIF EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = c.workflow_id
+                                 AND d.kind IN ('task', 'map') AND d.status IN ('skipped', 'failed', 'cancelled'))
+                   OR EXISTS (SELECT 1 FROM tasks t JOIN workflow_nodes d
+                                ON d.workflow_id = t.workflow_id AND d.node_id = t.workflow_node
+                              WHERE t.workflow_id = c.workflow_id AND d.kind IN ('task', 'map')
+                                AND t.status IN ('failed', 'cancelled', 'skipped')) THEN
+                    v_verdict := 'release';
+                ELSE
+                    v_verdict := 'skip';
+                END IF;
+            END IF;
+
+            CONTINUE WHEN v_verdict = 'wait';
+            v_decided := v_decided + 1;
+            IF v_verdict = 'skip' THEN
+                UPDATE workflow_nodes SET status = 'skipped'
+                WHERE workflow_id = c.workflow_id AND node_id = c.node_id AND status = 'blocked';
+                UPDATE tasks SET status = 'skipped', updated_at = now()
+                WHERE workflow_id = c.workflow_id AND workflow_node = c.node_id AND status = 'blocked';
+                v_next_w := v_next_w || c.workflow_id;
+                v_next_n := v_next_n || c.node_id;
+                CONTINUE;
+            END IF;
+
+            -- A map over a result is made when released; released again by a retry, it keeps its tasks.
+            IF c.map_from IS NOT NULL AND NOT EXISTS (SELECT 1 FROM tasks WHERE workflow_id = c.workflow_id
+                                                                             AND workflow_node = c.node_id) THEN
+                v_error := NULL;
+                SELECT r.result INTO v_result FROM tasks t JOIN task_runs r ON r.task_id = t.id
+                WHERE t.workflow_id = c.workflow_id AND t.workflow_node = c.map_from AND t.status = 'completed'
+                  AND r.status = 'succeeded'
+                ORDER BY r.attempt DESC LIMIT 1;
+                IF NOT FOUND THEN
+                    v_error := format('map.from: node %L did not succeed, so there is no list to map over', c.map_from);
+                ELSIF v_result IS NULL OR jsonb_typeof(v_result) <> 'array' THEN
+                    v_error := format('map.from: node %L returned %s, not a list', c.map_from,
+                                      COALESCE(jsonb_typeof(v_result), 'nothing'));
+                ELSIF jsonb_array_length(v_result) > (c.template ->> 'max_items')::integer THEN
+                    v_error := format('map.from: node %L returned %s items, more than the workflow_map_max_items setting (%s)',
+                                      c.map_from, jsonb_array_length(v_result), c.template ->> 'max_items');
+                END IF;
+                IF v_error IS NOT NULL THEN
+                    UPDATE workflow_nodes SET status = 'failed', error = v_error
+                    WHERE workflow_id = c.workflow_id AND node_id = c.node_id;
+                    v_next_w := v_next_w || c.workflow_id;
+                    v_next_n := v_next_n || c.node_id;
+                    CONTINUE;
+                END IF;
+                WITH made AS (
+                    INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at,
+                                       tenant_id, trace_id, workflow_id, workflow_node, map_index, timeout_s)
+                    SELECT taskmesh_uuid7(), c.task_name, 'immediate', c.template ->> 'queue',
+                           (c.template ->> 'priority')::integer, item.value, (c.template ->> 'max_retries')::integer,
+                           'queued', now(), w.tenant_id, w.trace_id, c.workflow_id, c.node_id,
+                           (item.ordinality - 1)::integer, (c.template ->> 'timeout')::float8
+                    FROM jsonb_array_elements(v_result) WITH ORDINALITY AS item(value, ordinality)
+                    JOIN workflows w ON w.id = c.workflow_id
+                    ORDER BY item.ordinality
+                    RETURNING id
+                )
+                SELECT array_agg(id) INTO v_ids FROM made;
+            ELSE
+                WITH released AS (
+                    UPDATE tasks SET status = 'queued', run_at = now(), updated_at = now()
+                    WHERE workflow_id = c.workflow_id AND workflow_node = c.node_id AND status = 'blocked'
+                    RETURNING id
+                )
+                SELECT array_agg(id) INTO v_ids FROM released;
+            END IF;
+            UPDATE workflow_nodes SET status = 'released', released_at = now()
+            WHERE workflow_id = c.workflow_id AND node_id = c.node_id;
+            IF v_ids IS NULL THEN  -- a map over nothing has ended as it began
+                v_next_w := v_next_w || c.workflow_id;
+                v_next_n := v_next_n || c.node_id;
+            ELSE
+                v_released := v_released || v_ids;
+            END IF;
+        END LOOP;
+        EXIT WHEN cardinality(v_next_w) = 0;
+        v_w := v_next_w;
+        v_n := v_next_n;
+    END LOOP;
+
+    -- A workflow whose every node is decided and every task ended is over.
+    UPDATE workflows w
+    SET status = CASE
+            WHEN w.status <> 'running' THEN w.status
+            WHEN EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = w.id AND d.kind IN ('task', 'map')
+                                                          AND d.status IN ('skipped', 'failed', 'cancelled'))
+              OR EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id AND t.status IN ('failed', 'cancelled'))
+                THEN 'failed'
+            ELSE 'completed' END,
+        finished_at = now(), updated_at = now()
+    WHERE w.id = ANY(v_all) AND w.finished_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = w.id AND d.status = 'blocked')
+      AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id AND t.status IN ('blocked', 'queued', 'running'));
+
+    PERFORM set_config('taskmesh.advancing', 'off', true);
+    FOR i IN 1 .. cardinality(v_released) BY 200 LOOP
+        PERFORM pg_notify('taskmesh_enqueued', array_to_string(v_released[i : i + 199], ' '));
+    END LOOP;
+    RETURN v_decided;
+END
+$$;
+
+-- The one place a task's status change is followed up, whatever statement made it (a result,
+-- a reclaim, a hand-back, a cancel, a bulk operation, a retry): the tasks of workflows that
+-- reached a terminal state advance their workflows. Other statements pay one scan of their
+-- transition table for a workflow id. The updates advance makes itself are looked at by
+-- advance's own loop, not by a nested call (taskmesh.advancing).
+CREATE FUNCTION taskmesh_task_transitions() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_w uuid[];
+    v_n text[];
+BEGIN
+    IF current_setting('taskmesh.advancing', true) = 'on'
+       OR NOT EXISTS (SELECT 1 FROM changed_new WHERE workflow_id IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
+    SELECT array_agg(e.workflow_id), array_agg(e.workflow_node) INTO v_w, v_n
+    FROM (SELECT DISTINCT n.workflow_id, n.workflow_node
+          FROM changed_new n JOIN changed_old o ON o.id = n.id
+          WHERE n.workflow_id IS NOT NULL AND n.status IS DISTINCT FROM o.status
+            AND n.status IN ('completed', 'failed', 'cancelled', 'skipped')) e;
+    IF v_w IS NOT NULL THEN
+        PERFORM taskmesh_workflow_advance(v_w, v_n);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER tasks_transitions AFTER UPDATE ON tasks
+    REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new
+    FOR EACH STATEMENT EXECUTE FUNCTION taskmesh_task_transitions();

@@ -1,0 +1,171 @@
+"""A validated workflow as the rows that store it, and the ids to push once they commit (pure: no I/O).
+
+Each node becomes a ``workflow_nodes`` row and its tasks (one, or one per item of a map over a
+list; none yet for a map over a dep's result, made when that node is released); each dep an
+edge. Roots are ``released`` with their tasks ``queued`` (pushed once committed), every other
+node ``blocked``: migration 0025's trigger releases them as their deps end. The callbacks are
+nodes ``on_failure`` and ``finally`` of their own kind, without edges.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from taskmesh.ids import uuid7
+from taskmesh.tasks.models import PushTarget
+from taskmesh.tasks.states import NodeKind, NodeStatus, TaskStatus
+from taskmesh.tasks.validation import dump_json
+from taskmesh.workflows.spec import MapFrom, NodeSpec, TaskOptions, WorkflowLimits, WorkflowSpec
+
+Resolve = Callable[[str, str | None, int | None], tuple[str, int]]
+"""``(task name, queue asked for, max_retries asked for) -> (queue, max_retries)``: a task's defaults
+as an enqueue resolves them (the request's, else its handler's, else the instance's)."""
+
+
+@dataclass(slots=True)
+class TaskColumns:
+    """The columns of ``workflow_insert_tasks``, one item per task."""
+
+    ids: list[uuid.UUID] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    queues: list[str] = field(default_factory=list)
+    priorities: list[int] = field(default_factory=list)
+    payloads: list[str] = field(default_factory=list)
+    max_retries: list[int] = field(default_factory=list)
+    statuses: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    map_indexes: list[int | None] = field(default_factory=list)
+    timeouts: list[float | None] = field(default_factory=list)
+
+    def columns(self) -> list[list[Any]]:
+        """The ten arrays in the statement's order."""
+        return [
+            self.ids,
+            self.names,
+            self.queues,
+            self.priorities,
+            self.payloads,
+            self.max_retries,
+            self.statuses,
+            self.nodes,
+            self.map_indexes,
+            self.timeouts,
+        ]
+
+
+@dataclass(slots=True)
+class WorkflowPlan:
+    """What one submission writes, and what it answers."""
+
+    workflow_id: uuid.UUID
+    trace_id: str
+    context_json: str | None
+    nodes_json: str
+    parents: list[str]
+    children: list[str]
+    tasks: TaskColumns
+    push: list[PushTarget]
+    answer: dict[str, str | list[str]]
+    """``{node id: task id, or a map's task ids}`` as the 201 answer names them."""
+    empty_root_maps: bool
+    """A root is a map over no items: it has ended already, and its workflow must advance at once."""
+
+
+def plan(spec: WorkflowSpec, trace_id: str, resolve: Resolve, limits: WorkflowLimits) -> WorkflowPlan:
+    """The rows of ``spec`` (validated by :func:`~taskmesh.workflows.spec.parse_workflow`).
+
+    :param trace_id: the workflow's trace id, which every task of it carries.
+    :param resolve: a task's queue and max_retries as an enqueue resolves them.
+    :raises InvalidTaskError: a payload is not storable JSON (``nodes[i].payload``).
+    """
+    workflow_id = uuid7()
+    tasks = TaskColumns()
+    push: list[PushTarget] = []
+    answer: dict[str, str | list[str]] = {}
+    rows: list[dict[str, Any]] = []
+    parents: list[str] = []
+    children: list[str] = []
+    empty_root_maps = False
+    callbacks: list[tuple[NodeKind, TaskOptions]] = []
+    if spec.on_failure is not None:
+        callbacks.append((NodeKind.ON_FAILURE, spec.on_failure))
+    if spec.finally_ is not None:
+        callbacks.append((NodeKind.FINALLY, spec.finally_))
+    entries: list[tuple[str, NodeKind, TaskOptions, NodeSpec | None]] = [
+        (n.id, NodeKind.MAP if n.map is not None else NodeKind.TASK, n, n) for n in spec.nodes
+    ]
+    entries += [(kind.value, kind, options, None) for kind, options in callbacks]
+    for position, (node_id, kind, options, node) in enumerate(entries):
+        where = f"nodes[{position}]." if node is not None else f"{node_id}."
+        queue, max_retries = resolve(options.task, options.queue_name or spec.queue_name, options.max_retries)
+        priority = options.priority if options.priority is not None else 0
+        root = node is not None and not node.deps
+        released = root
+        template = {
+            "queue": queue,
+            "priority": priority,
+            "max_retries": max_retries,
+            "timeout": options.timeout,
+            "max_items": limits.map_max_items,
+        }
+        map_from = node.map.from_ if node is not None and isinstance(node.map, MapFrom) else None
+        rows.append(
+            {
+                "node_id": node_id,
+                "position": position,
+                "kind": kind.value,
+                "task_name": options.task,
+                "deps": node.deps if node is not None else [],
+                "on_dep_failure": node.on_dep_failure.value if node is not None else "fail",
+                "map_from": map_from,
+                "template": template,
+                "status": NodeStatus.RELEASED if released else NodeStatus.BLOCKED,
+            }
+        )
+        if node is not None:
+            for dep in node.deps:
+                parents.append(dep)
+                children.append(node_id)
+        if map_from is not None:
+            answer[node_id] = []
+            continue
+        if node is not None and isinstance(node.map, list):
+            payloads = [dump_json(item, f"{where}map[{i}]") for i, item in enumerate(node.map)]
+            indexes: list[int | None] = list(range(len(payloads)))
+            empty_root_maps = empty_root_maps or (root and not payloads)
+        else:
+            payloads = [dump_json(options.payload if options.payload is not None else {}, f"{where}payload")]
+            indexes = [None]
+        ids = [uuid7() for _ in payloads]
+        status = TaskStatus.QUEUED if released else TaskStatus.BLOCKED
+        for task_id, payload, index in zip(ids, payloads, indexes, strict=True):
+            tasks.ids.append(task_id)
+            tasks.names.append(options.task)
+            tasks.queues.append(queue)
+            tasks.priorities.append(priority)
+            tasks.payloads.append(payload)
+            tasks.max_retries.append(max_retries)
+            tasks.statuses.append(status)
+            tasks.nodes.append(node_id)
+            tasks.map_indexes.append(index)
+            tasks.timeouts.append(options.timeout)
+            if released:
+                push.append(PushTarget(task_id, queue, priority, None))
+        answer[node_id] = [str(i) for i in ids] if kind == NodeKind.MAP else str(ids[0])
+    return WorkflowPlan(
+        workflow_id=workflow_id,
+        trace_id=trace_id,
+        context_json=orjson.dumps(spec.context).decode() if spec.context is not None else None,
+        nodes_json=orjson.dumps(rows).decode(),
+        parents=parents,
+        children=children,
+        tasks=tasks,
+        push=push,
+        answer=answer,
+        empty_root_maps=empty_root_maps,
+    )

@@ -1,0 +1,379 @@
+"""The workflow facade: submit a graph, read it, list them, cancel one, retry one from failure, repair.
+
+Every write commits in PostgreSQL first; the roots of a submission are then pushed as any enqueue's
+tasks are (:meth:`~taskmesh.tasks.tasks.Tasks.push`), and everything after (releases, skips, maps,
+the workflow's end) happens in the transactions that end its tasks (migration 0025), whose
+released ids reach Redis through ``enqueued_listener`` or, failing that, the reconciler.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from taskmesh.errors import InvalidTaskError, StoreError, WorkflowNotFoundError, WorkflowStateError
+from taskmesh.observability.logs import get_logger
+from taskmesh.observability.tracing import new_trace_id
+from taskmesh.security import audit
+from taskmesh.tasks.states import NodeKind, TaskStatus, WorkflowStatus
+from taskmesh.tasks.tasks import Tasks
+from taskmesh.tasks.validation import TaskSpec
+from taskmesh.workflows.plan import plan
+from taskmesh.workflows.spec import MapFrom, WorkflowLimits, WorkflowSpec
+
+log = get_logger("taskmesh.workflows")
+
+TASK_IDS_PER_NODE = 1000
+"""Most task ids of one map node a read lists (its counts cover all of them)."""
+PAGE_MAX = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """Answer of :meth:`Workflows.submit`.
+
+    ``created`` is ``False`` when the dedup key named an existing workflow, whose id and status are
+    returned (and ``nodes`` is empty).
+    """
+
+    workflow_id: uuid.UUID
+    status: str
+    created: bool
+    trace_id: str | None
+    nodes: dict[str, str | list[str]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The API's answer."""
+        body: dict[str, Any] = {
+            "workflow_id": str(self.workflow_id),
+            "status": self.status,
+            "trace_id": self.trace_id,
+            "nodes": self.nodes,
+        }
+        if not self.created:
+            body["deduplicated"] = True
+        return body
+
+
+class Workflows:
+    """Workflows over the task facade's stores.
+
+    :param tasks: the task facade (its stores, handlers and defaults resolve each node's tasks).
+    :param limits: the bounds of one workflow (settings ``workflow_max_nodes``, ``workflow_map_max_items``).
+    """
+
+    def __init__(self, tasks: Tasks, limits: WorkflowLimits | None = None) -> None:
+        self.tasks = tasks
+        self.pg = tasks.pg
+        self.limits = limits or WorkflowLimits()
+
+    # -- submit ------------------------------------------------------------------
+
+    async def submit(self, spec: WorkflowSpec) -> Submitted:
+        """Store the workflow, its nodes, edges and tasks in one transaction, then push its roots.
+
+        :raises InvalidTaskError: a payload does not fit its handler's model (``nodes[i].payload``,
+            ``nodes[i].map[j]``); nothing is written.
+        :raises StoreError: PostgreSQL failed; nothing was written.
+        """
+        await self.tasks.learn()
+        self._check_payloads(spec)
+        trace_id = spec.trace_id or new_trace_id()
+        planned = plan(spec, trace_id, self._resolve, self.limits)
+        async with self.pg.transaction() as tx:
+            made = await tx.workflows.insert(
+                planned.workflow_id, spec.name, spec.tenant_id, spec.dedup_key, trace_id, planned.context_json
+            )
+            if not made:
+                assert spec.dedup_key is not None  # only a taken key inserts nothing
+                found = await tx.workflows.find_by_dedup_key(spec.dedup_key, spec.tenant_id)
+                if found is None:  # deleted between the two statements: vanishingly rare, say so
+                    raise WorkflowNotFoundError(f"of dedup_key {spec.dedup_key!r} (deleted meanwhile)")
+                _note(found["id"], spec.tenant_id, deduplicated=True)
+                return Submitted(found["id"], found["status"], False, found["trace_id"], {})
+            await tx.workflows.insert_nodes(planned.workflow_id, planned.nodes_json)
+            await tx.workflows.insert_edges(planned.workflow_id, planned.parents, planned.children)
+            await tx.workflows.insert_tasks(spec.tenant_id, trace_id, planned.workflow_id, planned.tasks.columns())
+            if planned.empty_root_maps:
+                await tx.workflows.advance([planned.workflow_id])
+            _note(planned.workflow_id, spec.tenant_id)
+        await self.tasks.push(planned.push)
+        log.info(
+            "workflow_submitted",
+            workflow_id=str(planned.workflow_id),
+            workflow=spec.name,
+            nodes=len(spec.nodes),
+            tasks=len(planned.tasks.ids),
+            trace_id=trace_id,
+        )
+        return Submitted(planned.workflow_id, WorkflowStatus.RUNNING, True, trace_id, planned.answer)
+
+    def _resolve(self, name: str, queue: str | None, max_retries: int | None) -> tuple[str, int]:
+        fields: dict[str, Any] = {"name": name}
+        if queue is not None:
+            fields["queue_name"] = queue
+        if max_retries is not None:
+            fields["max_retries"] = max_retries
+        resolved_queue, resolved_retries, _ = self.tasks.resolve_defaults(TaskSpec(**fields))
+        return resolved_queue, resolved_retries
+
+    def _check_payloads(self, spec: WorkflowSpec) -> None:
+        """Refuse a payload (or a map's item) its handler's declared type does not take.
+
+        :raises InvalidTaskError: naming ``nodes[i].payload``, ``nodes[i].map[j]`` or ``finally.payload``.
+        """
+        for i, node in enumerate(spec.nodes):
+            if isinstance(node.map, list):
+                for j, item in enumerate(node.map):
+                    self._check(node.task, item, f"nodes[{i}].map[{j}]")
+            elif not isinstance(node.map, MapFrom):
+                self._check(node.task, node.payload if node.payload is not None else {}, f"nodes[{i}].payload")
+        for key, callback in (("on_failure", spec.on_failure), ("finally", spec.finally_)):
+            if callback is not None:
+                self._check(callback.task, callback.payload if callback.payload is not None else {}, f"{key}.payload")
+
+    def _check(self, name: str, payload: Any, where: str) -> None:
+        try:
+            self.tasks.check_payload(TaskSpec.model_construct(name=name, payload=payload))
+        except InvalidTaskError as exc:
+            errors = [(where + f.removeprefix("payload"), m) for f, m in exc.errors]
+            raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None
+
+    # -- read --------------------------------------------------------------------
+
+    async def owner(self, workflow_id: uuid.UUID) -> tuple[str | None, list[str]]:
+        """The workflow's tenant and its nodes' queues.
+
+        :raises WorkflowNotFoundError: no workflow has this id.
+        """
+        row = await self.pg.workflows.owner(workflow_id)
+        if row is None:
+            raise WorkflowNotFoundError(str(workflow_id))
+        return row["tenant_id"], list(row["queues"])
+
+    async def get(self, workflow_id: uuid.UUID) -> dict[str, Any]:
+        """The workflow, its tasks counted by status, and each node with its state, tasks, timings and
+        ``waiting_for`` (its deps not ended yet).
+
+        :raises WorkflowNotFoundError: no workflow has this id.
+        """
+        row = await self.pg.workflows.get(workflow_id)
+        if row is None:
+            raise WorkflowNotFoundError(str(workflow_id))
+        nodes = await self.pg.workflows.nodes(workflow_id)
+        ids = await self.pg.workflows.task_ids(workflow_id, TASK_IDS_PER_NODE)
+        states = {n["node_id"]: n["state"] for n in nodes}
+        counts: dict[str, int] = {}
+        out_nodes = []
+        for n in nodes:
+            node_counts: dict[str, int] = orjson.loads(n["counts"])
+            for status, k in node_counts.items():
+                counts[status] = counts.get(status, 0) + k
+            kind = n["kind"]
+            if kind in (NodeKind.ON_FAILURE, NodeKind.FINALLY):
+                waits = [m for m, s in states.items() if m not in (NodeKind.ON_FAILURE, NodeKind.FINALLY)]
+                waiting = [m for m in waits if states[m] in ("pending", "failing")] if n["status"] == "blocked" else []
+            else:
+                waiting = (
+                    [d for d in n["deps"] if states.get(d) in ("pending", "failing")]
+                    if n["status"] == "blocked"
+                    else []
+                )
+            node: dict[str, Any] = {
+                "id": n["node_id"],
+                "task": n["task_name"],
+                "kind": kind,
+                "deps": list(n["deps"]),
+                "on_dep_failure": n["on_dep_failure"],
+                "map_from": n["map_from"],
+                "status": n["status"],
+                "state": _display_state(n["status"], n["state"], node_counts),
+                "counts": node_counts,
+                "started_at": _iso(n["started_at"]),
+                "finished_at": _iso(n["finished_at"]) if n["state"] in ("succeeded", "failed") else None,
+                "waiting_for": waiting,
+                "error": n["error"],
+            }
+            task_ids = [str(i) for i in ids.get(n["node_id"], [])]
+            if kind == NodeKind.MAP:
+                node["task_ids"] = task_ids
+            else:
+                node["task_id"] = task_ids[0] if task_ids else None
+            out_nodes.append(node)
+        return {
+            **_summary(row),
+            "dedup_key": row["dedup_key"],
+            "trace_id": row["trace_id"],
+            "context": orjson.loads(row["context"]) if row["context"] is not None else None,
+            "cancel_reason": row["cancel_reason"],
+            "counts": counts,
+            "nodes": out_nodes,
+        }
+
+    async def page(
+        self,
+        *,
+        name: str | None = None,
+        status: str | None = None,
+        tenant_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> dict[str, Any]:
+        """A page of workflows, newest first: ``{"workflows": [...], "next_cursor": str | None}``.
+
+        :param cursor: ``next_cursor`` of the page before.
+        :raises InvalidTaskError: a cursor that is not one this returned, a limit out of 1..500.
+        """
+        if not 1 <= limit <= PAGE_MAX:
+            raise InvalidTaskError("limit", f"must be 1 to {PAGE_MAX}")
+        after = _parse_cursor(cursor) if cursor else None
+        rows = await self.pg.workflows.page(name, status, tenant_id, created_after, created_before, after, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        items = [{**_summary(r), "counts": orjson.loads(r["counts"])} for r in rows]
+        next_cursor = _cursor(rows[-1]["created_at"], rows[-1]["id"]) if more and rows else None
+        return {"workflows": items, "next_cursor": next_cursor}
+
+    # -- cancel and retry ------------------------------------------------------------
+
+    async def cancel(self, workflow_id: uuid.UUID, reason: str | None = None) -> dict[str, Any]:
+        """Cancel a workflow: no node of it is released from now on, its blocked and queued tasks end
+        ``cancelled`` and its running ones are stopped through the cancel of one task (a ``def``
+        handler's process too). Idempotent: a cancelled workflow answers again, ending what is left.
+
+        :returns: ``{"workflow_id", "status", "cancelled": tasks ended now, "cancel_requested": running
+            tasks asked to stop}``.
+        :raises WorkflowNotFoundError: no workflow has this id.
+        :raises WorkflowStateError: it is completed or failed (there is nothing to cancel).
+        """
+        status = await self.pg.workflows.mark_cancelled(workflow_id, reason)
+        if status is None:
+            raise WorkflowNotFoundError(str(workflow_id))
+        if status != WorkflowStatus.CANCELLED:
+            raise WorkflowStateError(str(workflow_id), status, "there is nothing to cancel (retry it to run it again)")
+        rows = await self.pg.workflows.cancel_tasks(workflow_id)
+        await self.pg.workflows.advance([workflow_id])  # over now when nothing of it runs
+        ended = [r for r in rows if r["cancelled"]]
+        try:
+            await self.tasks.redis.forget_many([(r["queue"], str(r["id"])) for r in ended])
+            await self.tasks.redis.finished.announce([r["id"] for r in ended])
+        except StoreError as exc:  # a stray id only costs a failed claim
+            log.warning("redis_forget_failed", tasks=len(ended), error=str(exc))
+        _note(workflow_id, None, reason=reason)
+        log.info("workflow_cancelled", workflow_id=str(workflow_id), cancelled=len(ended), reason=reason)
+        return {
+            "workflow_id": str(workflow_id),
+            "status": WorkflowStatus.CANCELLED.value,
+            "cancelled": len(ended),
+            "cancel_requested": len(rows) - len(ended),
+        }
+
+    async def retry(self, workflow_id: uuid.UUID) -> dict[str, Any]:
+        """Retry a failed or cancelled workflow from where it failed, in one transaction: its failed,
+        cancelled and skipped tasks get a fresh retry budget and wait again for their deps; those
+        whose deps completed are released at once. Completed tasks keep their results and do not run again.
+
+        :returns: ``{"workflow_id", "status": "running", "requeued": tasks made ready now, "reblocked":
+            tasks waiting for their deps again}``.
+        :raises WorkflowNotFoundError: no workflow has this id.
+        :raises WorkflowStateError: it is running, completed, or cancelled with tasks still running.
+        """
+        async with self.pg.transaction() as tx:
+            row = await tx.workflows.lock(workflow_id)
+            if row is None:
+                raise WorkflowNotFoundError(str(workflow_id))
+            if row["status"] not in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED):
+                raise WorkflowStateError(
+                    str(workflow_id), row["status"], "only a failed or cancelled workflow can be retried"
+                )
+            if row["finished_at"] is None:
+                raise WorkflowStateError(
+                    str(workflow_id), row["status"], "tasks of it still run: retry it once they stopped"
+                )
+            reset, _ = await tx.workflows.retry(workflow_id)
+            await tx.workflows.advance([workflow_id])
+            counts = await tx.workflows.status_counts(workflow_id)
+        _note(workflow_id, None)
+        log.info("workflow_retried", workflow_id=str(workflow_id), tasks=reset)
+        return {
+            "workflow_id": str(workflow_id),
+            "status": WorkflowStatus.RUNNING.value,
+            "requeued": counts.get(TaskStatus.QUEUED, 0),
+            "reblocked": counts.get(TaskStatus.BLOCKED, 0),
+        }
+
+    async def repair(self, most: int = 100) -> int:
+        """Decide what a lost or missed decision left behind (the reconciler calls it each sweep): a blocked
+        node whose deps all ended, a workflow over but not marked so, a cancelled one with tasks left.
+
+        :returns: how many nodes were decided (each a repair: logged ``workflow_repaired``).
+        :raises StoreError: PostgreSQL failed.
+        """
+        stuck = await self.pg.workflows.find_stuck(most)
+        repaired = 0
+        for workflow_id in stuck:
+            async with self.pg.transaction() as tx:
+                await tx.workflows.cancel_tasks(workflow_id)  # a cancelled one's tasks left over
+                decided = await tx.workflows.advance([workflow_id])
+            repaired += decided
+            log.warning("workflow_repaired", workflow_id=str(workflow_id), nodes=decided)
+        return repaired
+
+
+def _display_state(status: str, state: str, counts: dict[str, int]) -> str:
+    """One word for a node: ``blocked``, ``running`` (a task of it runs or is queued), ``succeeded``,
+    ``failed``, ``skipped`` or ``cancelled``."""
+    if status in ("skipped", "cancelled", "blocked"):
+        return status
+    if state in ("pending", "failing"):
+        return "running"
+    return state
+
+
+def _summary(row: Any) -> dict[str, Any]:
+    return {
+        "workflow_id": str(row["id"]),
+        "name": row["name"],
+        "status": row["status"],
+        "tenant_id": row["tenant_id"],
+        "created_at": _iso(row["created_at"]),
+        "updated_at": _iso(row["updated_at"]),
+        "finished_at": _iso(row["finished_at"]),
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _cursor(created_at: datetime, workflow_id: uuid.UUID) -> str:
+    return f"{created_at.isoformat()}~{workflow_id}"
+
+
+def _parse_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        at, _, raw = cursor.partition("~")
+        return datetime.fromisoformat(at), uuid.UUID(raw)
+    except ValueError:
+        raise InvalidTaskError("cursor", "not a cursor this listing returned (next_cursor)") from None
+
+
+def _note(
+    workflow_id: uuid.UUID, tenant_id: str | None, *, deduplicated: bool = False, reason: str | None = None
+) -> None:
+    """What the request's audit event records about the workflow (nothing outside a request)."""
+    event = audit.CURRENT.get()
+    if event is None:
+        return
+    event.resource_type, event.resource_id = "workflow", str(workflow_id)
+    event.tenant_id = event.tenant_id or tenant_id
+    if reason is not None:
+        event.details["reason"] = reason
+    if deduplicated:
+        event.details["deduplicated"] = True

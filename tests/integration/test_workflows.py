@@ -1,0 +1,253 @@
+"""Workflows end to end on a real instance: joins, maps, results to children, failure policies,
+callbacks, cancel, retry from failure, reads and listings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import asyncpg
+import httpx
+import pytest
+
+from taskmesh.errors import NonRetryableError
+from taskmesh.tasks.models import TaskContext
+from taskmesh.tasks.registry import Registry
+from tests.conftest import http, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+async def workflow(client: httpx.AsyncClient, workflow_id: str) -> dict[str, Any]:
+    r = await client.get(f"/api/v1/workflows/{workflow_id}")
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+async def ended(client: httpx.AsyncClient, workflow_id: str, timeout: float = 15) -> dict[str, Any]:
+    """The workflow once it is over (finished_at set)."""
+
+    async def check() -> dict[str, Any] | None:
+        body = await workflow(client, workflow_id)
+        return body if body["finished_at"] is not None else None
+
+    result: dict[str, Any] = await wait_for(check, timeout=timeout)
+    return result
+
+
+def nodes_of(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n["id"]: n for n in body["nodes"]}
+
+
+async def test_a_diamond_hands_each_child_its_parents_results_and_joins_once(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    seen: dict[str, Any] = {}
+
+    @registry.task("wf.step")
+    async def step(payload: Any, ctx: TaskContext) -> Any:
+        assert ctx.workflow is not None
+        seen.setdefault(ctx.workflow["node"], []).append((dict(ctx.parents), ctx.workflow["context"]))
+        return {"node": ctx.workflow["node"], "n": payload.get("n", 0)}
+
+    body = {
+        "name": "diamond",
+        "context": {"run": 7},
+        "nodes": [
+            {"id": "a", "task": "wf.step", "payload": {"n": 1}},
+            {"id": "b", "task": "wf.step", "payload": {"n": 2}, "deps": ["a"]},
+            {"id": "c", "task": "wf.step", "payload": {"n": 3}, "deps": ["a"]},
+            {"id": "d", "task": "wf.step", "deps": ["b", "c"]},
+        ],
+    }
+    async with start_instance() as inst, http(inst) as client:
+        r = await client.post("/api/v1/workflows", json=body)
+        assert r.status_code == 201, r.text
+        created = r.json()
+        assert created["status"] == "running" and set(created["nodes"]) == {"a", "b", "c", "d"}
+        done = await ended(client, created["workflow_id"])
+    assert done["status"] == "completed"
+    assert done["counts"] == {"completed": 4}
+    assert {k: len(v) for k, v in seen.items()} == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert seen["d"][0] == ({"b": {"node": "b", "n": 2}, "c": {"node": "c", "n": 3}}, {"run": 7})
+    assert seen["b"][0][0] == {"a": {"node": "a", "n": 1}}
+    assert all(n["state"] == "succeeded" and n["waiting_for"] == [] for n in done["nodes"])
+
+
+async def test_a_map_over_a_result_fans_out_and_its_join_gets_the_list_in_item_order(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    joined: list[Any] = []
+
+    @registry.task("wf.extract")
+    async def extract(payload: Any) -> list[int]:
+        return list(range(25))
+
+    @registry.task("wf.square")
+    async def square(payload: int, ctx: TaskContext) -> int:
+        await anyio.sleep(0.001 * (25 - payload))  # later items end first
+        return payload * payload
+
+    @registry.task("wf.sum")
+    async def total(payload: Any, ctx: TaskContext) -> int:
+        joined.append(ctx.parents["square"])
+        return sum(ctx.parents["square"])
+
+    body = {
+        "name": "etl",
+        "nodes": [
+            {"id": "extract", "task": "wf.extract"},
+            {"id": "square", "task": "wf.square", "deps": ["extract"], "map": {"from": "extract"}},
+            {"id": "sum", "task": "wf.sum", "deps": ["square"]},
+        ],
+    }
+    async with start_instance(worker_concurrency=8) as inst, http(inst) as client:
+        created = (await client.post("/api/v1/workflows", json=body)).json()
+        assert created["nodes"]["square"] == []
+        done = await ended(client, created["workflow_id"])
+    assert done["status"] == "completed", done
+    assert joined == [[i * i for i in range(25)]]
+    mapped = nodes_of(done)["square"]
+    assert mapped["kind"] == "map" and mapped["counts"] == {"completed": 25} and len(mapped["task_ids"]) == 25
+
+
+async def test_a_failed_dep_skips_its_descendants_runs_an_ignoring_child_and_the_callbacks_once(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    ran: list[str] = []
+    summaries: dict[str, Any] = {}
+
+    @registry.task("wf.ok")
+    async def ok(payload: Any, ctx: TaskContext) -> str:
+        assert ctx.workflow is not None
+        ran.append(ctx.workflow["node"])
+        if ctx.workflow["node"] in ("on_failure", "finally"):
+            summaries[ctx.workflow["node"]] = ctx.workflow["summary"]
+        return "ok"
+
+    @registry.task("wf.boom", max_retries=0)
+    async def boom(payload: Any) -> None:
+        raise NonRetryableError("upstream said no")
+
+    @registry.task("wf.sees")
+    async def sees(payload: Any, ctx: TaskContext) -> Any:
+        ran.append("sees")
+        return ctx.parents
+
+    body = {
+        "name": "policies",
+        "nodes": [
+            {"id": "a", "task": "wf.ok"},
+            {"id": "bad", "task": "wf.boom", "deps": ["a"]},
+            {"id": "after", "task": "wf.ok", "deps": ["bad"]},
+            {"id": "later", "task": "wf.ok", "deps": ["after"]},
+            {"id": "sees", "task": "wf.sees", "deps": ["bad", "a"], "on_dep_failure": "ignore"},
+        ],
+        "on_failure": {"task": "wf.ok"},
+        "finally": {"task": "wf.ok"},
+    }
+    async with start_instance() as inst, http(inst) as client:
+        created = (await client.post("/api/v1/workflows", json=body)).json()
+        done = await ended(client, created["workflow_id"])
+        sees_task = nodes_of(done)["sees"]["task_id"]
+        runs = (await client.get(f"/api/v1/tasks/{sees_task}/runs")).json()["runs"]
+    nodes = nodes_of(done)
+    assert done["status"] == "failed"
+    assert {k: n["state"] for k, n in nodes.items()} == {
+        "a": "succeeded",
+        "bad": "failed",
+        "after": "skipped",
+        "later": "skipped",
+        "sees": "succeeded",
+        "on_failure": "succeeded",
+        "finally": "succeeded",
+    }
+    assert sorted(ran) == ["a", "finally", "on_failure", "sees"]
+    assert runs[-1]["result"] == {"bad": None, "a": "ok"}
+    assert summaries["on_failure"] == {
+        "a": "succeeded",
+        "bad": "failed",
+        "after": "failed",
+        "later": "failed",
+        "sees": "succeeded",
+    }
+
+
+async def test_retry_from_failure_reruns_only_what_failed_and_completes(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    runs: dict[str, int] = {}
+    broken = {"yes": True}
+
+    @registry.task("wf.count")
+    async def count(payload: Any, ctx: TaskContext) -> str:
+        assert ctx.workflow is not None
+        node = ctx.workflow["node"]
+        runs[node] = runs.get(node, 0) + 1
+        if node == "flaky" and broken["yes"]:
+            raise NonRetryableError("not yet")
+        return node
+
+    body = {
+        "name": "retry-me",
+        "nodes": [
+            {"id": "first", "task": "wf.count"},
+            {"id": "flaky", "task": "wf.count", "deps": ["first"]},
+            {"id": "last", "task": "wf.count", "deps": ["flaky"]},
+        ],
+    }
+    async with start_instance() as inst, http(inst) as client:
+        created = (await client.post("/api/v1/workflows", json=body)).json()
+        wid = created["workflow_id"]
+        failed = await ended(client, wid)
+        broken["yes"] = False
+        r = await client.post(f"/api/v1/workflows/{wid}/retry")
+        done = await ended(client, wid)
+        again = await client.post(f"/api/v1/workflows/{wid}/retry")
+    assert failed["status"] == "failed"
+    assert (r.status_code, r.json()) == (
+        200,
+        {"workflow_id": wid, "status": "running", "requeued": 1, "reblocked": 1},
+    )
+    assert done["status"] == "completed", done
+    assert runs == {"first": 1, "flaky": 2, "last": 1}
+    assert again.status_code == 409
+    assert again.json()["detail"] == f"workflow {wid} is completed; only a failed or cancelled workflow can be retried"
+
+
+async def test_cancel_ends_what_waits_and_stops_what_runs(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    started = anyio.Event()
+
+    @registry.task("wf.slow")
+    async def slow(payload: Any) -> None:
+        started.set()
+        await anyio.sleep(60)
+
+    @registry.task("wf.never")
+    async def never(payload: Any) -> None:
+        raise AssertionError("a cancelled workflow's node ran")
+
+    body = {
+        "name": "cancel-me",
+        "nodes": [
+            {"id": "slow", "task": "wf.slow"},
+            {"id": "next", "task": "wf.never", "deps": ["slow"], "on_dep_failure": "ignore"},
+        ],
+        "finally": {"task": "wf.never"},
+    }
+    async with start_instance(lease_seconds=3) as inst, http(inst) as client:
+        created = (await client.post("/api/v1/workflows", json=body)).json()
+        wid = created["workflow_id"]
+        with anyio.fail_after(10):
+            await started.wait()
+        r = await client.post(f"/api/v1/workflows/{wid}/cancel", json={"reason": "wrong input"})
+        assert r.status_code == 200, r.text
+        assert (r.json()["cancelled"], r.json()["cancel_requested"]) == (2, 1)
+        done = await ended(client, wid)
+        again = await client.post(f"/api/v1/workflows/{wid}/cancel")
+    assert done["status"] == "cancelled" and done["cancel_reason"] == "wrong input"
+    assert done["counts"] == {"cancelled": 3}
+    assert again.status_code == 200 and again.json()["cancelled"] == 0
