@@ -8,6 +8,7 @@ import pytest
 
 from taskmesh.clients.workflows import WorkflowBuilder
 from taskmesh.errors import InvalidTaskError
+from taskmesh.workflows.spec import parse_workflow
 
 
 def builder(name: str = "nightly-report", **options: Any) -> WorkflowBuilder[dict[str, Any]]:
@@ -152,3 +153,36 @@ def test_a_callback_given_twice_is_refused() -> None:
 def test_the_refusals_are_the_clients_bad_input_error() -> None:
     with pytest.raises(ValueError, match="duplicate node id"):
         builder().task("a", "t.a").task("a", "t.a")
+
+
+def test_the_server_takes_the_builders_body_and_refuses_the_same_graphs_in_the_same_words() -> None:
+    wf = (
+        builder(dedup_key="d", context={"a": 1}, trace_id="t")
+        .task("extract", "reports.extract", {"day": 1}, timeout=30.0)
+        .map("render", "reports.render", from_="extract", on_dep_failure="continue")
+        .map("notify", "mail.send", ["a@x"])
+        .task("publish", "reports.publish", deps=["render", "notify"])
+        .on_failure("alerts.page", priority=900)
+        .finally_("reports.cleanup", {"x": 1})
+    )
+    spec = parse_workflow(wf.to_json())
+    assert [(n.id, n.deps) for n in spec.nodes] == [
+        ("extract", []),
+        ("render", ["extract"]),
+        ("notify", []),
+        ("publish", ["render", "notify"]),
+    ]
+    raw = {"name": "w", "nodes": [{"id": "a", "task": "t.a"}, {"id": "a", "task": "t.a"}]}
+    local = refusal(lambda: builder("w").task("a", "t.a").task("a", "t.a"))
+    assert refusal(lambda: parse_workflow(raw)) == local
+    raw = {"name": "w", "nodes": [{"id": "a", "task": "t.a"}, {"id": "b", "task": "t.b", "deps": ["a", "x"]}]}
+    assert refusal(lambda: parse_workflow(raw)) == refusal(
+        builder("w").task("a", "t.a").task("b", "t.b", deps=["a", "x"]).to_json
+    )
+    for reserved in ("on_failure", "finally"):
+        raw = {"name": "w", "nodes": [{"id": "a", "task": "t.a"}, {"id": reserved, "task": "t.a"}]}
+        assert refusal(lambda r=raw: parse_workflow(r)) == refusal(
+            lambda r=reserved: builder("w").task("a", "t.a").task(r, "t.a")
+        )
+    raw = {"name": "w", "nodes": [{"id": "a", "task": "t.a", "on_dep_failure": "skip"}]}
+    assert refusal(lambda: parse_workflow(raw)) == refusal(lambda: builder("w").task("a", "t.a", on_dep_failure="skip"))

@@ -8,14 +8,20 @@ workflow; and what only a Python call can get wrong: a map without exactly one o
 ``items`` and ``from_``, a callback given twice. Everything else (names, payloads,
 priorities, cycles) is for the server to judge. It reads and writes nothing itself:
 :meth:`WorkflowBuilder.submit` hands the body to the client that made the builder.
+
+The helpers after it check the arguments of the clients' other workflow methods as the HTTP
+API does (an id, the listing's filters, a cancel's reason).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from taskmesh.errors import InvalidTaskError
+from taskmesh.tasks.validation import check_json
 
 R = TypeVar("R")
 
@@ -267,3 +273,74 @@ def _fresh(node: dict[str, Any]) -> dict[str, Any]:
         if key in out:
             out[key] = list(out[key]) if isinstance(out[key], list) else dict(out[key])
     return out
+
+
+WorkflowRef = uuid.UUID | str | Mapping[str, Any]
+"""A workflow as the clients' methods take it: its id, its id as text, or a submit's answer."""
+
+WORKFLOW_STATUSES = ("running", "completed", "failed", "cancelled")
+"""The statuses ``list_workflows`` filters by (``taskmesh.tasks.states.WorkflowStatus``)."""
+REASON_MAX = 500
+"""Most characters of a cancel's reason, as the API's ``POST /api/v1/workflows/{id}/cancel``."""
+
+
+def workflow_ref(ref: WorkflowRef) -> uuid.UUID:
+    """The workflow id of ``ref``.
+
+    :raises InvalidTaskError: not a UUID (``workflow_id: must be a UUID``), as the API says it.
+    """
+    if isinstance(ref, uuid.UUID):
+        return ref
+    raw = ref.get("workflow_id") if isinstance(ref, Mapping) else ref
+    try:
+        return uuid.UUID(str(raw))
+    except ValueError:
+        raise InvalidTaskError("workflow_id", "must be a UUID") from None
+
+
+def list_filters(
+    name: str | None,
+    status: str | None,
+    tenant_id: str | None,
+    created_after: datetime | str | None,
+    created_before: datetime | str | None,
+) -> dict[str, Any]:
+    """The filters of ``list_workflows`` as the facade's ``page`` takes them, checked as the API checks them.
+
+    :param created_after: an aware datetime, or RFC 3339 text with an offset; so is ``created_before``.
+    :returns: the filters given, times as aware datetimes.
+    :raises InvalidTaskError: ``status`` not a workflow status, or a time without an offset.
+    """
+    if status is not None and status not in WORKFLOW_STATUSES:
+        raise InvalidTaskError("status", f"must be one of {', '.join(WORKFLOW_STATUSES)}")
+    out: dict[str, Any] = {
+        key: value for key, value in (("name", name), ("status", status), ("tenant_id", tenant_id)) if value is not None
+    }
+    for key, value in (("created_after", created_after), ("created_before", created_before)):
+        if value is None:
+            continue
+        at: datetime | None
+        if isinstance(value, datetime):
+            at = value
+        else:
+            try:
+                at = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+            except ValueError:
+                at = None
+        if at is None or at.tzinfo is None:
+            raise InvalidTaskError(key, "must be an RFC 3339 time with an offset")
+        out[key] = at
+    return out
+
+
+def cancel_reason(reason: str | None) -> str | None:
+    """``reason`` once it is one the API would take (at most 500 characters, no NUL).
+
+    :raises InvalidTaskError: too long, or holding a NUL character (``reason``).
+    """
+    if reason is None:
+        return None
+    if len(reason) > REASON_MAX:
+        raise InvalidTaskError("reason", f"String should have at most {REASON_MAX} characters")
+    check_json(reason, "reason")
+    return reason
