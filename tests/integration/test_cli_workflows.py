@@ -209,14 +209,15 @@ async def test_workflows_cancel_and_retry_say_what_they_did_and_exit_4_when_the_
         shown = await cli(inst, "workflows", "show", held)
         assert fields(shown.lines())["cancel reason"] == "wrong input file"
 
-        broken = (await submit(client, BROKEN))["workflow_id"]
+        two_after = {**BROKEN, "nodes": [*BROKEN["nodes"], {"id": "also", "task": "cli.ok", "deps": ["bad"]}]}
+        broken = (await submit(client, two_after))["workflow_id"]
         await ended(client, broken, "failed")
         retried = await cli(inst, "workflows", "retry", broken)
         assert (retried.code, retried.err) == (0, "")
-        assert retried.out == f"{broken}: running; 1 tasks queued again, 1 waiting for them again\n"
+        assert retried.out == f"{broken}: running; 1 tasks queued again, 2 waiting for them again\n"
         await ended(client, broken, "failed")  # cli.fail fails every time
         as_json = await cli(inst, "workflows", "retry", broken, "--json")
-        assert as_json.json() == {"workflow_id": broken, "status": "running", "requeued": 1, "reblocked": 1}
+        assert as_json.json() == {"workflow_id": broken, "status": "running", "requeued": 1, "reblocked": 2}
 
         done = (await submit(client, FANOUT))["workflow_id"]
         await ended(client, done, "completed")

@@ -105,7 +105,7 @@ async def test_the_client_submits_reads_lists_and_deduplicates_a_workflow_as_the
         assert ([w["workflow_id"] for w in rest["workflows"]], rest["next_cursor"]) == ([answer["workflow_id"]], None)
 
 
-BAD_BODIES = [
+BAD_BODIES: list[dict[str, Any]] = [
     {"name": "bad name", "nodes": [{"id": "a", "task": "wf.items"}]},
     {
         "name": "cycle",
