@@ -36,6 +36,11 @@ async def ended(client: httpx.AsyncClient, workflow_id: str, timeout: float = 15
     return result
 
 
+async def _metrics_with(client: httpx.AsyncClient, line: str) -> str | None:
+    text = (await client.get("/metrics")).text
+    return text if line in text else None
+
+
 def nodes_of(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {n["id"]: n for n in body["nodes"]}
 
@@ -61,12 +66,15 @@ async def test_a_diamond_hands_each_child_its_parents_results_and_joins_once(
             {"id": "d", "task": "wf.step", "deps": ["b", "c"]},
         ],
     }
-    async with start_instance() as inst, http(inst) as client:
+    async with start_instance(metrics_sample_seconds=0.2) as inst, http(inst) as client:
         r = await client.post("/api/v1/workflows", json=body)
         assert r.status_code == 201, r.text
         created = r.json()
         assert created["status"] == "running" and set(created["nodes"]) == {"a", "b", "c", "d"}
         done = await ended(client, created["workflow_id"])
+        counted = 'taskmesh_workflows_ended_total{outcome="completed",workflow="diamond"} 1.0'
+        metrics = await wait_for(lambda: _metrics_with(client, counted))
+    assert 'taskmesh_workflows_submitted_total{workflow="diamond"} 1.0' in metrics
     assert done["status"] == "completed"
     assert done["counts"] == {"completed": 4}
     assert {k: len(v) for k, v in seen.items()} == {"a": 1, "b": 1, "c": 1, "d": 1}
