@@ -262,8 +262,9 @@ BEGIN
     UPDATE workflows w
     SET status = CASE
             WHEN w.status <> 'running' THEN w.status
+            -- a node that did not succeed, or a callback's task that failed
             WHEN EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = w.id AND d.kind IN ('task', 'map')
-                                                          AND d.status IN ('skipped', 'failed', 'cancelled'))
+                            AND taskmesh_node_state(d.workflow_id, d.node_id, d.status) <> 'succeeded')
               OR EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id AND t.status IN ('failed', 'cancelled'))
                 THEN 'failed'
             ELSE 'completed' END,
