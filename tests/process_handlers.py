@@ -151,3 +151,33 @@ async def ledger_blocking(payload: dict[str, Any], ctx: TaskContext) -> None:
     """The chaos ledger's handler that blocks the event loop (``time.sleep``) for part of its run."""
     time.sleep(random.uniform(0, float(payload.get("max_block", 0.05))))
     await ledger(payload, ctx)
+
+
+@taskmesh.task("wf_ledger")
+async def wf_ledger(payload: dict[str, Any], ctx: TaskContext) -> Any:
+    """A workflow node's run recorded in ``wf_ledger`` (node, task, attempt, pid, start, end, how many parent
+    results it was handed); sleeps ``seconds`` on attempt 1 (``first_only``) or every attempt first.
+
+    Returns its map item (or its node id), so a join can check what it was handed.
+    """
+    global _ledger_pool
+    if _ledger_pool is None:
+        _ledger_pool = await asyncpg.create_pool(os.environ["DATABASE_URL"], min_size=1, max_size=4)
+    start = time.time()
+    seconds = float(payload.get("seconds", 0)) if isinstance(payload, dict) else 0.0
+    if seconds and (ctx.attempt == 1 or not payload.get("first_only")):
+        await anyio.sleep(seconds)
+    handed = sum(len(v) if isinstance(v, list) else 1 for v in ctx.parents.values())
+    assert ctx.workflow is not None
+    await _ledger_pool.execute(
+        "INSERT INTO wf_ledger (node, task_id, attempt, pid, started, ended, handed)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        ctx.workflow["node"],
+        ctx.task_id,
+        ctx.attempt,
+        os.getpid(),
+        start,
+        time.time(),
+        handed,
+    )
+    return payload if not isinstance(payload, dict) else ctx.workflow["node"]

@@ -3,6 +3,7 @@ callbacks, cancel, retry from failure, reads and listings."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import anyio
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from taskmesh.errors import NonRetryableError
+from taskmesh.services import retention
 from taskmesh.tasks.models import TaskContext
 from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
@@ -34,6 +36,11 @@ async def ended(client: httpx.AsyncClient, workflow_id: str, timeout: float = 15
 
     result: dict[str, Any] = await wait_for(check, timeout=timeout)
     return result
+
+
+async def _metrics_with(client: httpx.AsyncClient, line: str) -> str | None:
+    text = (await client.get("/metrics")).text
+    return text if line in text else None
 
 
 def nodes_of(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -61,12 +68,15 @@ async def test_a_diamond_hands_each_child_its_parents_results_and_joins_once(
             {"id": "d", "task": "wf.step", "deps": ["b", "c"]},
         ],
     }
-    async with start_instance() as inst, http(inst) as client:
+    async with start_instance(metrics_sample_seconds=0.2) as inst, http(inst) as client:
         r = await client.post("/api/v1/workflows", json=body)
         assert r.status_code == 201, r.text
         created = r.json()
         assert created["status"] == "running" and set(created["nodes"]) == {"a", "b", "c", "d"}
         done = await ended(client, created["workflow_id"])
+        counted = 'taskmesh_workflows_ended_total{outcome="completed",workflow="diamond"} 1.0'
+        metrics = await wait_for(lambda: _metrics_with(client, counted))
+    assert 'taskmesh_workflows_submitted_total{workflow="diamond"} 1.0' in metrics
     assert done["status"] == "completed"
     assert done["counts"] == {"completed": 4}
     assert {k: len(v) for k, v in seen.items()} == {"a": 1, "b": 1, "c": 1, "d": 1}
@@ -251,3 +261,38 @@ async def test_cancel_ends_what_waits_and_stops_what_runs(
     assert done["status"] == "cancelled" and done["cancel_reason"] == "wrong input"
     assert done["counts"] == {"cancelled": 3}
     assert again.status_code == 200 and again.json()["cancelled"] == 0
+
+
+async def test_a_workflow_and_its_tasks_leave_together_and_never_while_it_may_read_them(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, stores: Any
+) -> None:
+    @registry.task("wf.quick")
+    async def quick(payload: Any) -> str:
+        return "done"
+
+    over = {"name": "over", "nodes": [{"id": "a", "task": "wf.quick"}, {"id": "b", "task": "wf.quick", "deps": ["a"]}]}
+    live = {
+        "name": "live",
+        "nodes": [
+            {"id": "a", "task": "wf.quick"},
+            {"id": "wait", "task": "wf.quick", "queue_name": "parked", "deps": ["a"]},
+        ],
+    }
+    async with start_instance() as inst, http(inst) as client:
+        old = (await client.post("/api/v1/workflows", json=over)).json()["workflow_id"]
+        running = (await client.post("/api/v1/workflows", json=live)).json()
+        await ended(client, old)
+        await wait_for(lambda: _node_state(client, running["workflow_id"], "a", "succeeded"))
+    # as if everything ended long ago
+    await pool.execute("UPDATE workflows SET finished_at = finished_at - interval '2 days' WHERE finished_at IS NOT NULL")
+    await pool.execute("UPDATE tasks SET updated_at = now() - interval '2 days'")
+    deleted = await retention.run_once(stores.pg, {"completed": 3600, "workflows": 86400})
+    assert deleted == {"workflows": 1}
+    assert await pool.fetchval("SELECT count(*) FROM tasks WHERE workflow_id = $1", uuid.UUID(old)) == 0
+    assert await pool.fetchval("SELECT count(*) FROM workflow_nodes WHERE workflow_id = $1", uuid.UUID(old)) == 0
+    # the live workflow's completed task stays: its child is handed its result when it runs
+    assert await pool.fetchval("SELECT status FROM tasks WHERE id = $1", uuid.UUID(running["nodes"]["a"])) == "completed"
+
+
+async def _node_state(client: httpx.AsyncClient, workflow_id: str, node: str, state: str) -> bool:
+    return bool(nodes_of(await workflow(client, workflow_id))[node]["state"] == state)

@@ -72,6 +72,8 @@ DURATION_BUCKETS = (
 """Run duration and queue wait buckets: 1 ms to 1 h, seconds."""
 HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 """HTTP request latency buckets, seconds."""
+WORKFLOW_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
+"""Workflow duration buckets, seconds (a tenth of a second to a day)."""
 
 HTTP_REFUSAL_REASONS = (
     "headers_too_large",
@@ -86,6 +88,8 @@ OUTCOME_LABELS = {"retry": "retrying"}
 
 OTHER_TASK = "(other)"
 """The ``task_name`` label of every task name no handler is registered under."""
+WORKFLOW_NAMES_MAX = 100
+"""Distinct ``workflow`` label values one instance makes; later names count under ``(other)``."""
 UNSERVED_QUEUE = "(unserved)"
 """The ``queue`` label of every queue this instance is not configured with and no live worker serves."""
 SERVED_QUEUES_MAX = 1000
@@ -244,6 +248,28 @@ class Metrics:
             "service",
             "outcome",
         )
+        # Workflows.
+        self.workflows_submitted = c(
+            "taskmesh_workflows_submitted", "Workflows this instance stored (a repeated dedup_key is not).", "workflow"
+        )
+        self.workflows_ended = c(
+            "taskmesh_workflows_ended",
+            "Workflows that ended, by outcome: completed, failed, cancelled (each counted by one instance: "
+            "sum over instances).",
+            "workflow",
+            "outcome",
+        )
+        self.workflow_duration = h(
+            "taskmesh_workflow_duration_seconds",
+            "Time from a workflow's submission to its end (each counted by one instance).",
+            WORKFLOW_BUCKETS,
+            "workflow",
+        )
+        self.workflow_repairs = c(
+            "taskmesh_workflow_repairs",
+            "Workflow nodes the reconciler decided because no transaction had (a release lost to a bug, "
+            "a workflow over but not marked so); 0 in a healthy cluster.",
+        )
         # Schedules.
         self.schedule_fires = c(
             "taskmesh_schedule_fires",
@@ -282,6 +308,7 @@ class Metrics:
         GCCollector(registry=self.registry)
         # Keyed by label values (bounded), never by raw names.
         self._finished: dict[tuple[str, str, str], Counter] = {}
+        self._workflow_names: set[str] = set()
         self._durations: dict[tuple[str, str], Histogram] = {}
         self._started: dict[tuple[str, str], Counter] = {}
         self._waits: dict[tuple[str, str], Histogram] = {}
@@ -305,6 +332,15 @@ class Metrics:
     def task_label(self, name: str) -> str:
         """``name`` when a handler is registered under it, else ``(other)``."""
         return name if name in self._task_names else OTHER_TASK
+
+    def workflow_label(self, name: str) -> str:
+        """``name`` among the first :data:`WORKFLOW_NAMES_MAX` workflow names this instance saw, else ``(other)``."""
+        if name in self._workflow_names:
+            return name
+        if len(self._workflow_names) < WORKFLOW_NAMES_MAX:
+            self._workflow_names.add(name)
+            return name
+        return OTHER_TASK
 
     def queue_label(self, queue: str) -> str:
         """``queue`` when this instance is configured with it or a live worker serves it, else ``(unserved)``."""

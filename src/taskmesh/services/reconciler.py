@@ -34,10 +34,15 @@ mirror is rewritten in one MULTI):
   no fetcher of this instance holds it in a claim (see :func:`_push`), so a
   walk in the middle of a drain pushes back no ghosts.
 - **DLQ mirror repair**, with each queue's sweep.
+- **Workflow repair**, with each sweep, in one instance (``{prefix}:lock:workflow_repair``): a
+  blocked node whose deps all ended, a workflow over but not marked so, a cancelled one with tasks
+  left is decided (``Workflows.repair``). The transaction that ends a task decides all of that
+  itself, so each repair is a decision lost to a bug: logged ``workflow_repaired`` and counted
+  (``taskmesh_workflow_repairs_total``).
 
 Emits ``redis_resynced`` and ``tasks_repushed`` logs and the
 ``taskmesh_redis_resyncs_total`` / ``taskmesh_tasks_repushed_total`` metrics.
-Tick counts: ``repushed``, ``dlq_repaired``.
+Tick counts: ``repushed``, ``dlq_repaired``, ``workflows_repaired``.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from taskmesh.services.base import Counts, run_periodic
 from taskmesh.store.keys import DLQ_MIRROR_MAX
 from taskmesh.tasks.models import PushTarget
 from taskmesh.tasks.tasks import Tasks
+from taskmesh.workflows.workflows import Workflows
 
 log = get_logger("taskmesh.reconciler")
 
@@ -203,7 +209,25 @@ async def sweep(
             await tasks.redis.release_lock(key, token)
     if pushed:
         log.info("tasks_repushed", count=pushed)
-    return {"repushed": pushed, "dlq_repaired": repaired}
+    return {"repushed": pushed, "dlq_repaired": repaired, "workflows_repaired": await repair_workflows(tasks)}
+
+
+async def repair_workflows(tasks: Tasks) -> int:
+    """Decide the workflow nodes no transaction decided (one instance per sweep: ``{prefix}:lock:workflow_repair``).
+
+    :returns: nodes decided (each a repair, logged ``workflow_repaired`` and counted).
+    """
+    key = tasks.redis.keys.lock("workflow_repair")
+    token = await tasks.redis.try_lock(key, LOCK_MS)
+    if token is None:
+        return 0
+    try:
+        repaired = await Workflows(tasks).repair()
+    finally:
+        await tasks.redis.release_lock(key, token)
+    if repaired and tasks.metrics:
+        tasks.metrics.workflow_repairs.inc(repaired)
+    return repaired
 
 
 async def resync(tasks: Tasks, queues: Sequence[str], popped: Popped = none_popped) -> int:

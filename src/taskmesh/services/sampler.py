@@ -21,6 +21,9 @@ Each sample first adds this instance's ended runs and its started runs' waits
 that minute's most ready tasks and oldest ready age of its queues to what it saw (the
 console's charts).
 
+Workflows that ended since the last sample are taken from ``workflow_ended`` (each row by one
+instance) and counted by name and outcome, with their durations.
+
 These are cluster-wide facts that every instance reports: aggregate them with
 ``max by (queue)``. A failing store is handled by the periodic loop
 (``services.base``); the gauges keep their last values. Tick counts: none.
@@ -37,6 +40,8 @@ from taskmesh.store import Stores
 from taskmesh.store.task_queries import DEAD_LETTER_FOLD_ROUNDS
 from taskmesh.tasks.states import WorkerState
 
+ENDED_WORKFLOWS_READ = 10_000
+"""Most ended workflows one sample counts (the rest wait for the next)."""
 QUEUES_READ = 10_000
 """Most served queues one sample reads, and most unserved queues whose tasks it counts (each an index probe)."""
 
@@ -55,6 +60,7 @@ async def run_once(
     """
     if tally is not None:
         await _add_minute(stores, tally)
+    await count_ended_workflows(stores, metrics)
     queues = list(queues)
     sizes = await stores.redis.sizes(queues)
     for queue, (ready, delayed) in sizes.items():
@@ -110,3 +116,17 @@ async def run(
 ) -> None:
     """Sample every ``interval`` seconds for ever (cancelled by the supervisor)."""
     await run_periodic("sampler", lambda: run_once(stores, metrics, queues, in_flight, tally), interval=interval)
+
+
+async def count_ended_workflows(stores: Stores, metrics: Metrics) -> int:
+    """Count the workflows that ended since any instance last looked (each by exactly one instance).
+
+    :returns: how many were counted.
+    :raises StoreError: PostgreSQL failed (nothing was taken).
+    """
+    rows = await stores.pg.workflows.take_ended(ENDED_WORKFLOWS_READ)
+    for row in rows:
+        name = metrics.workflow_label(row["name"])
+        metrics.workflows_ended.labels(name, row["outcome"]).inc()
+        metrics.workflow_duration.labels(name).observe(row["seconds"])
+    return len(rows)

@@ -129,3 +129,7 @@ class WorkflowQueries(Queries):
         """``workflow_delete_finished``: how many workflows left (with their tasks)."""
         deleted: int = await self._fetchval("workflow_delete_finished", older_than_seconds, batch)
         return deleted
+
+    async def take_ended(self, most: int) -> list[asyncpg.Record]:
+        """``workflow_take_ended``: ``name, outcome, seconds`` of workflows that ended, now taken."""
+        return await self._fetch("workflow_take_ended", most)

@@ -233,3 +233,10 @@ WITH gone AS (
     DELETE FROM tasks WHERE workflow_id = ANY(ARRAY(SELECT id FROM gone))
 )
 SELECT count(*)::int FROM gone;
+
+-- name: workflow_take_ended
+-- Up to $1 ended workflows not counted yet, taken (deleted) for this instance's metrics.
+DELETE FROM workflow_ended WHERE id = ANY(ARRAY(
+    SELECT id FROM workflow_ended ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+))
+RETURNING name, outcome, seconds;

@@ -102,6 +102,8 @@ class Workflows:
                 await tx.workflows.advance([planned.workflow_id])
             _note(planned.workflow_id, spec.tenant_id)
         await self.tasks.push(planned.push)
+        if self.tasks.metrics is not None:
+            self.tasks.metrics.workflows_submitted.labels(self.tasks.metrics.workflow_label(spec.name)).inc()
         log.info(
             "workflow_submitted",
             workflow_id=str(planned.workflow_id),

@@ -62,6 +62,15 @@ CREATE TABLE workflow_edges (
 );
 CREATE INDEX workflow_edges_child_idx ON workflow_edges (workflow_id, child);  -- a node's deps, at claim
 
+-- Workflows that ended, until an instance's sampler counts them (taskmesh_workflows_ended_total): each
+-- row is taken by one instance (DELETE ... RETURNING), so the sum over instances counts each once.
+CREATE TABLE workflow_ended (
+    id      bigserial PRIMARY KEY,
+    name    text NOT NULL,
+    outcome text NOT NULL,
+    seconds float8 NOT NULL
+);
+
 ALTER TABLE tasks ADD COLUMN IF NOT EXISTS workflow_id uuid,
                   ADD COLUMN IF NOT EXISTS workflow_node text,
                   ADD COLUMN IF NOT EXISTS map_index integer,
@@ -248,19 +257,24 @@ BEGIN
         v_n := v_next_n;
     END LOOP;
 
-    -- A workflow whose every node is decided and every task ended is over.
+    -- A workflow whose every node is decided and every task ended is over (and counted: workflow_ended).
+    WITH over AS (
     UPDATE workflows w
     SET status = CASE
             WHEN w.status <> 'running' THEN w.status
+            -- a node that did not succeed, or a callback's task that failed
             WHEN EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = w.id AND d.kind IN ('task', 'map')
-                                                          AND d.status IN ('skipped', 'failed', 'cancelled'))
+                            AND taskmesh_node_state(d.workflow_id, d.node_id, d.status) <> 'succeeded')
               OR EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id AND t.status IN ('failed', 'cancelled'))
                 THEN 'failed'
             ELSE 'completed' END,
         finished_at = now(), updated_at = now()
     WHERE w.id = ANY(v_all) AND w.finished_at IS NULL
       AND NOT EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = w.id AND d.status = 'blocked')
-      AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id AND t.status IN ('blocked', 'queued', 'running'));
+      AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id AND t.status IN ('blocked', 'queued', 'running'))
+    RETURNING w.name, w.status, extract(epoch FROM w.finished_at - w.created_at)::float8 AS seconds
+    )
+    INSERT INTO workflow_ended (name, outcome, seconds) SELECT name, status, seconds FROM over;
 
     PERFORM set_config('taskmesh.advancing', 'off', true);
     FOR i IN 1 .. cardinality(v_released) BY 200 LOOP
