@@ -6,6 +6,10 @@
 -- ======================================================================
 -- tasks and runs
 -- ======================================================================
+-- Every statement that changes a task's status returns the same transition row per task it
+-- changed: `id, queue, priority, status, run_at` (the status it has now), which
+-- Tasks.mirror turns into the Redis follow-up, one path for all of them. What PostgreSQL must
+-- do after a change (a workflow's children) is migration 0025's trigger, in the same transaction.
 
 -- name: task_insert_many
 -- Bulk enqueue: every task in one statement. No run row yet: the first claim writes
@@ -252,7 +256,7 @@ SET status = CASE WHEN runs.next_retry_at IS NULL THEN 'cancelled' ELSE 'queued'
     updated_at = now()
 FROM runs
 WHERE t.id = runs.task_id AND t.status || '' = 'running'  -- by primary key, as in run_finish_many
-RETURNING t.id, t.status;
+RETURNING t.id, t.queue, t.priority, t.status, t.run_at;
 
 -- name: task_lock_for_cancel
 SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
@@ -264,19 +268,22 @@ SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
 WITH t AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE id = $1 AND status IN ('queued', 'blocked')
-    RETURNING id, attempts, created_at
+    RETURNING id, queue, priority, status, run_at, attempts, created_at
 ), queued AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM t)) AND status = 'queued'  -- by (task_id, attempt), not a scan
+), pending AS (
+    -- (created when the task was, as its pending run showed it)
+    INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at, created_at)
+    SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now(), created_at FROM t WHERE attempts = 0
+    ON CONFLICT (task_id, attempt) DO NOTHING
 )
--- (created when the task was, as its pending run showed it)
-INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at, created_at)
-SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now(), created_at FROM t WHERE attempts = 0
-ON CONFLICT (task_id, attempt) DO NOTHING;
+SELECT id, queue, priority, status, run_at FROM t;
 
 -- name: task_request_cancel
 UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
-WHERE id = $1 AND status = 'running';
+WHERE id = $1 AND status = 'running'
+RETURNING id, queue, priority, status, run_at;
 
 -- name: task_list_failed_with_latest_run
 -- The dead-letter queue of one queue, oldest first (Postgres is the truth; the
@@ -777,11 +784,11 @@ FROM unnest($1::text[]) AS q(queue);
 
 -- name: bulk_cancel
 -- Queued tasks become cancelled (their queued or pending run ends failed 'cancelled'); running ones get a
--- cancel request (their worker stops them). `cancelled`: whether the task ended now.
+-- cancel request (their worker stops them): their transition rows, status `cancelled` or `running`.
 WITH queued AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status || '' IN ('queued', 'blocked')  -- by primary key, not the backlog's index
-    RETURNING id, queue, attempts, created_at
+    RETURNING id, queue, priority, status, run_at, attempts, created_at
 ), runs AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM queued)) AND status = 'queued'  -- by (task_id, attempt)
@@ -792,11 +799,11 @@ WITH queued AS (
 ), running AS (
     UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status || '' = 'running'
-    RETURNING id, queue
+    RETURNING id, queue, priority, status, run_at
 )
-SELECT id, queue, true AS cancelled FROM queued
+SELECT id, queue, priority, status, run_at FROM queued
 UNION ALL
-SELECT id, queue, false FROM running;
+SELECT id, queue, priority, status, run_at FROM running;
 
 -- name: bulk_delete
 -- Finished tasks (completed, failed, cancelled) are deleted with their runs.

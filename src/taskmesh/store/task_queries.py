@@ -152,20 +152,22 @@ class TaskQueries(Queries):
         return await self._fetch("run_reclaim_expired", stale_seconds, limit)
 
     async def hand_back_by_worker(self, worker_id: str, error: str, delay_seconds: float) -> list[asyncpg.Record]:
-        """``run_hand_back_by_worker``: ``id, status`` of the tasks handed back."""
+        """``run_hand_back_by_worker``: the transition rows (``id, queue, priority, status, run_at``) of the tasks
+        handed back."""
         return await self._fetch("run_hand_back_by_worker", worker_id, error, delay_seconds)
 
     async def lock_for_cancel(self, task_id: uuid.UUID) -> asyncpg.Record | None:
         """``task_lock_for_cancel`` (inside a transaction): ``id, queue, status``, row locked."""
         return await self._fetchrow("task_lock_for_cancel", task_id)
 
-    async def cancel_queued(self, task_id: uuid.UUID) -> None:
-        """``task_cancel_queued``."""
-        await self._execute("task_cancel_queued", task_id)
+    async def cancel_queued(self, task_id: uuid.UUID) -> asyncpg.Record | None:
+        """``task_cancel_queued``: the task's transition row (``id, queue, priority, status, run_at``), ``None``
+        when it was not queued or blocked."""
+        return await self._fetchrow("task_cancel_queued", task_id)
 
-    async def request_cancel(self, task_id: uuid.UUID) -> None:
-        """``task_request_cancel``."""
-        await self._execute("task_request_cancel", task_id)
+    async def request_cancel(self, task_id: uuid.UUID) -> asyncpg.Record | None:
+        """``task_request_cancel``: the running task's row (status still ``running``), ``None`` when it was not."""
+        return await self._fetchrow("task_request_cancel", task_id)
 
     async def list_failed_with_latest_run(
         self, queue: str, limit: int, tenant_id: str | None = None

@@ -90,8 +90,8 @@ class WorkflowQueries(Queries):
         return status
 
     async def cancel_tasks(self, workflow_id: uuid.UUID) -> list[asyncpg.Record]:
-        """``workflow_cancel_tasks``: ``id, queue, cancelled`` (false: a running task asked to stop); nothing
-        unless the workflow is cancelled."""
+        """``workflow_cancel_tasks``: the transition rows (``id, queue, priority, status, run_at``): ``cancelled``,
+        or ``running`` for a running task asked to stop; nothing unless the workflow is cancelled."""
         return await self._fetch("workflow_cancel_tasks", workflow_id)
 
     async def status_counts(self, workflow_id: uuid.UUID) -> dict[str, int]:

@@ -108,7 +108,7 @@ WITH w AS (
 ), ended AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE workflow_id = (SELECT id FROM w) AND status IN ('blocked', 'queued')
-    RETURNING id, queue, attempts, created_at
+    RETURNING id, queue, priority, status, run_at, attempts, created_at
 ), runs AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM ended)) AND status = 'queued'
@@ -119,11 +119,11 @@ WITH w AS (
 ), running AS (
     UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
     WHERE workflow_id = (SELECT id FROM w) AND status = 'running' AND cancel_requested_at IS NULL
-    RETURNING id, queue
+    RETURNING id, queue, priority, status, run_at
 )
-SELECT id, queue, true AS cancelled FROM ended
+SELECT id, queue, priority, status, run_at FROM ended
 UNION ALL
-SELECT id, queue, false FROM running;
+SELECT id, queue, priority, status, run_at FROM running;
 
 -- name: workflow_advance
 -- Decide what can be decided in these workflows now (every blocked node looked at), and end the

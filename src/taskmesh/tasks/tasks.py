@@ -32,7 +32,7 @@ from taskmesh.tasks.queued_quota import QueuedLimits, created_by_tenant
 from taskmesh.tasks.records import run_to_dict as _run_to_dict
 from taskmesh.tasks.records import task_and_latest_run, task_summary_to_dict
 from taskmesh.tasks.registry import Handler, Registry
-from taskmesh.tasks.states import TaskStatus, TaskType
+from taskmesh.tasks.states import FINISHED_TASK_STATUSES, TaskStatus, TaskType
 from taskmesh.tasks.validation import MAX_DELAY_SECONDS, TaskSpec, dump_json, parse_task_specs
 from taskmesh.workflows import inputs
 
@@ -506,26 +506,35 @@ class Tasks(TaskActions):
                 )
 
     async def mirror(self, rows: Sequence[Any]) -> None:
-        """Redis side of tasks whose state changed: queued ones to ready or delayed, failed ones to the DLQ,
-        and the finished ones announced to requests waiting for them (``store/finished.py``).
+        """The Redis follow-up of status changes, one path for every statement that makes them (a result, a
+        reclaim, a cancel of one task or of many, a workflow's cancel): queued tasks to ready or delayed,
+        failed ones to the DLQ mirror, cancelled ones out of ready and delayed, and every end announced to
+        requests waiting for it (``store/finished.py``). A running task (a cancel requested) and a blocked
+        one are not in Redis: nothing. A failure is logged and left to the reconciler.
 
-        :param rows: ``id, queue, priority, status, run_at`` of each changed task.
+        :param rows: transition rows: ``id, queue, priority, status, run_at`` of each changed task.
         """
         pushes: list[PushTarget] = []
         dead: dict[str, list[str]] = defaultdict(list)
+        forget: list[tuple[str, str]] = []
         finished: list[uuid.UUID] = []
         for row in rows:
-            if row["status"] == TaskStatus.QUEUED:
+            status = row["status"]
+            if status == TaskStatus.QUEUED:
                 pushes.append(PushTarget(row["id"], row["queue"], row["priority"], row["run_at"]))
-            else:
+            elif status in FINISHED_TASK_STATUSES:
                 finished.append(row["id"])
-                if row["status"] == TaskStatus.FAILED:
+                if status == TaskStatus.FAILED:
                     dead[row["queue"]].append(str(row["id"]))
+                elif status == TaskStatus.CANCELLED:
+                    forget.append((row["queue"], str(row["id"])))
         try:
             if pushes:
                 await self.redis.push_ready_or_delayed(pushes)
             for queue, ids in dead.items():
                 await self.redis.dead_letter(queue, ids)
+            if forget:
+                await self.redis.forget_many(forget)
             await self.redis.finished.announce(finished)
         except StoreError as exc:  # Postgres has it; the reconciler repairs Redis
             log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from taskmesh.errors import InvalidTaskError, StoreError, WorkflowNotFoundError, WorkflowStateError
+from taskmesh.errors import InvalidTaskError, WorkflowNotFoundError, WorkflowStateError
 from taskmesh.observability.logs import get_logger
 from taskmesh.observability.tracing import new_trace_id
 from taskmesh.security import audit
@@ -261,12 +261,8 @@ class Workflows:
             raise WorkflowStateError(str(workflow_id), status, "there is nothing to cancel (retry it to run it again)")
         rows = await self.pg.workflows.cancel_tasks(workflow_id)
         await self.pg.workflows.advance([workflow_id])  # over now when nothing of it runs
-        ended = [r for r in rows if r["cancelled"]]
-        try:
-            await self.tasks.redis.forget_many([(r["queue"], str(r["id"])) for r in ended])
-            await self.tasks.redis.finished.announce([r["id"] for r in ended])
-        except StoreError as exc:  # a stray id only costs a failed claim
-            log.warning("redis_forget_failed", tasks=len(ended), error=str(exc))
+        await self.tasks.mirror(rows)
+        ended = [r for r in rows if r["status"] == TaskStatus.CANCELLED]
         _note(workflow_id, None, reason=reason)
         log.info("workflow_cancelled", workflow_id=str(workflow_id), cancelled=len(ended), reason=reason)
         return {
