@@ -81,6 +81,7 @@ async def _count_completed(url: str) -> int | None:
 def workflow_body(i: int) -> tuple[dict[str, Any], int, dict[str, int]]:
     """The ``i``-th workflow: its body, how many tasks it makes, and each join with how many results it is handed."""
     step = {"seconds": 0.05}
+    nodes: list[dict[str, Any]]
     if i % 2 == 0:
         nodes = [
             {"id": "root", "task": "wf_ledger", "payload": step},

@@ -193,7 +193,7 @@ async def test_retry_from_failure_reruns_only_what_failed_and_completes(
     @registry.task("wf.count")
     async def count(payload: Any, ctx: TaskContext) -> str:
         assert ctx.workflow is not None
-        node = ctx.workflow["node"]
+        node: str = ctx.workflow["node"]
         runs[node] = runs.get(node, 0) + 1
         if node == "flaky" and broken["yes"]:
             raise NonRetryableError("not yet")
@@ -284,14 +284,15 @@ async def test_a_workflow_and_its_tasks_leave_together_and_never_while_it_may_re
         await ended(client, old)
         await wait_for(lambda: _node_state(client, running["workflow_id"], "a", "succeeded"))
     # as if everything ended long ago
-    await pool.execute("UPDATE workflows SET finished_at = finished_at - interval '2 days' WHERE finished_at IS NOT NULL")
+    await pool.execute("UPDATE workflows SET finished_at = now() - interval '2 days' WHERE finished_at IS NOT NULL")
     await pool.execute("UPDATE tasks SET updated_at = now() - interval '2 days'")
     deleted = await retention.run_once(stores.pg, {"completed": 3600, "workflows": 86400})
     assert deleted == {"workflows": 1}
     assert await pool.fetchval("SELECT count(*) FROM tasks WHERE workflow_id = $1", uuid.UUID(old)) == 0
     assert await pool.fetchval("SELECT count(*) FROM workflow_nodes WHERE workflow_id = $1", uuid.UUID(old)) == 0
     # the live workflow's completed task stays: its child is handed its result when it runs
-    assert await pool.fetchval("SELECT status FROM tasks WHERE id = $1", uuid.UUID(running["nodes"]["a"])) == "completed"
+    live_a = uuid.UUID(running["nodes"]["a"])
+    assert await pool.fetchval("SELECT status FROM tasks WHERE id = $1", live_a) == "completed"
 
 
 async def _node_state(client: httpx.AsyncClient, workflow_id: str, node: str, state: str) -> bool:
