@@ -28,8 +28,8 @@ R = TypeVar("R")
 RESERVED_NODE_IDS = ("on_failure", "finally")
 """Node ids the callbacks take in the server's answer; no node of the graph may have them."""
 ON_DEP_FAILURE = ("fail", "ignore", "continue")
-"""What a node does when a dep of it failed: be skipped (the default), run anyway with ``None``
-for that dep's result, or run as ``ignore`` does while the workflow still ends failed."""
+"""What a node does when a dep of it failed: be skipped (the default), run once every dep ended with
+``None`` for that dep's result, or run as soon as every dep ended or (a map) has a failed task."""
 
 
 class WorkflowBuilder(Generic[R]):

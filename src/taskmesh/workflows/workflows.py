@@ -331,6 +331,8 @@ def _display_state(status: str, state: str, counts: dict[str, int]) -> str:
         return status
     if state in ("pending", "failing"):
         return "running"
+    if state == "failed" and not counts.get("failed") and not counts.get("skipped") and counts.get("cancelled"):
+        return "cancelled"  # stopped by a cancel, not failed by itself
     return state
 
 
