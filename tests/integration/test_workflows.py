@@ -74,9 +74,11 @@ async def test_a_diamond_hands_each_child_its_parents_results_and_joins_once(
         created = r.json()
         assert created["status"] == "running" and set(created["nodes"]) == {"a", "b", "c", "d"}
         done = await ended(client, created["workflow_id"])
+        join = (await client.get(f"/api/v1/tasks/{created['nodes']['d']}")).json()["task"]
         counted = 'taskmesh_workflows_ended_total{outcome="completed",workflow="diamond"} 1.0'
         metrics = await wait_for(lambda: _metrics_with(client, counted))
     assert 'taskmesh_workflows_submitted_total{workflow="diamond"} 1.0' in metrics
+    assert (join["workflow_id"], join["workflow_node"], join["map_index"]) == (created["workflow_id"], "d", None)
     assert done["status"] == "completed"
     assert done["counts"] == {"completed": 4}
     assert {k: len(v) for k, v in seen.items()} == {"a": 1, "b": 1, "c": 1, "d": 1}

@@ -48,7 +48,7 @@ WHERE t.idempotency_key IS NOT NULL;  -- the dedup index holds keyed tasks only 
 -- claimed has no run row: its latest run is then the pending first one (see 0017's migration).
 SELECT t.id, t.name, t.type, t.queue, t.priority, t.payload::text AS payload, t.idempotency_key,
        t.max_retries, t.retries, t.attempts, t.status, t.run_at, t.tenant_id, t.trace_id,
-       t.created_at, t.updated_at,
+       t.created_at, t.updated_at, t.workflow_id, t.workflow_node, t.map_index,
        r.id AS run_id, r.attempt AS run_attempt, r.status AS run_status, r.worker_id AS run_worker_id,
        r.claimed_at AS run_claimed_at, r.started_at AS run_started_at, r.finished_at AS run_finished_at,
        r.lease_expires_at AS run_lease_expires_at, r.next_retry_at AS run_next_retry_at,
