@@ -12,24 +12,28 @@
 -- do after a change (a workflow's children) is migration 0025's trigger, in the same transaction.
 
 -- name: task_insert_many
--- Bulk enqueue: every task in one statement. No run row yet: the first claim writes
--- it (until then the task shows a pending run built from its row).
+-- Bulk enqueue: every task in one statement, as the enqueue plan made them (tasks/enqueue_plan.py:
+-- an enqueue's, a schedule's fires, a workflow's nodes). No run row yet: the first claim writes
+-- it (until then the task shows a pending run built from its row). A workflow's task comes
+-- `blocked` when it waits for its deps.
 -- Repeated idempotency keys (in the table or within the batch) insert nothing.
 -- run_at: the given instant (a past one, however old, means now), else
 -- now() + the delay (0 for an immediate task), so an instance whose clock runs ahead cannot
 -- park a task in the future.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
-                         $8::int[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[])
+                         $8::int[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[], $13::text[],
+                         $14::uuid[], $15::text[], $16::int[], $17::float8[])
         AS i(id, name, type, queue, priority, payload, idempotency_key, max_retries, run_at, delay_s,
-             tenant_id, trace_id)
+             tenant_id, trace_id, status, workflow_id, workflow_node, map_index, timeout_s)
 ), t AS (
     INSERT INTO tasks (id, name, type, queue, priority, payload, idempotency_key,
-                       max_retries, status, run_at, tenant_id, trace_id)
-    SELECT id, name, type, queue, priority, payload::jsonb, idempotency_key, max_retries, 'queued',
+                       max_retries, status, run_at, tenant_id, trace_id, workflow_id, workflow_node, map_index,
+                       timeout_s)
+    SELECT id, name, type, queue, priority, payload::jsonb, idempotency_key, max_retries, status,
            CASE WHEN run_at IS NULL THEN now() + make_interval(secs => COALESCE(delay_s, 0))
                 ELSE GREATEST(run_at, now()) END,  -- GREATEST skips nulls: hence the CASE
-           tenant_id, trace_id
+           tenant_id, trace_id, workflow_id, workflow_node, map_index, timeout_s
     FROM input
     ON CONFLICT (idempotency_key, (COALESCE(tenant_id, ''))) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at

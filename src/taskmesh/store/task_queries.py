@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterable, Sequence
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -29,42 +30,13 @@ COPY_COLUMNS = ("id", "name", "type", "queue", "priority", "payload", "max_retri
 class TaskQueries(Queries):
     """Queries on ``tasks`` and ``task_runs``."""
 
-    async def insert_many(
-        self,
-        ids: Sequence[uuid.UUID],
-        names: Sequence[str],
-        types: Sequence[str],
-        queues: Sequence[str],
-        priorities: Sequence[int],
-        payloads: Sequence[str],
-        idempotency_keys: Sequence[str | None],
-        max_retries: Sequence[int],
-        run_ats: Sequence[datetime | None],
-        delays: Sequence[float | None],
-        tenant_ids: Sequence[str | None],
-        trace_ids: Sequence[str | None],
-    ) -> list[asyncpg.Record]:
+    async def insert_many(self, columns: Sequence[Sequence[Any]]) -> list[asyncpg.Record]:
         """``task_insert_many``: the rows inserted (``id``, ``run_at``, ``delayed``); repeats insert nothing.
 
-        :param payloads: JSON texts.
-        :param run_ats: due instants, or ``None`` for now + the delay (PostgreSQL's clock).
-        :param delays: seconds after now (``None`` or 0: runnable now).
+        :param columns: the seventeen arrays of an enqueue plan
+            (:meth:`~taskmesh.tasks.enqueue_plan.TaskRows.columns`).
         """
-        return await self._fetch(
-            "task_insert_many",
-            ids,
-            names,
-            types,
-            queues,
-            priorities,
-            payloads,
-            idempotency_keys,
-            max_retries,
-            run_ats,
-            delays,
-            tenant_ids,
-            trace_ids,
-        )
+        return await self._fetch("task_insert_many", *[list(c) for c in columns])
 
     async def copy_in(self, rows: AsyncIterable[bytes]) -> None:
         """Copy immediate tasks without a dedup key into ``tasks`` (``COPY``; cheaper per row than INSERT).

@@ -41,17 +41,6 @@ class WorkflowQueries(Queries):
         """``workflow_insert_edges``: one edge per ``(parents[i], children[i])``."""
         await self._execute("workflow_insert_edges", workflow_id, list(parents), list(children))
 
-    async def insert_tasks(
-        self,
-        tenant_id: str | None,
-        trace_id: str,
-        workflow_id: uuid.UUID,
-        columns: Sequence[Sequence[object]],
-    ) -> None:
-        """``workflow_insert_tasks``: ``columns`` the ten arrays ``id, name, queue, priority, payload (JSON
-        text), max_retries, status, node, map_index, timeout_s``, one item per task."""
-        await self._execute("workflow_insert_tasks", tenant_id, trace_id, workflow_id, *[list(c) for c in columns])
-
     async def get(self, workflow_id: uuid.UUID) -> asyncpg.Record | None:
         """``workflow_get``."""
         return await self._fetchrow("workflow_get", workflow_id)

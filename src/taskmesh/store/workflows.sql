@@ -26,16 +26,6 @@ FROM jsonb_to_recordset($2::text::jsonb) AS n(node_id text, position integer, ki
 INSERT INTO workflow_edges (workflow_id, parent, child)
 SELECT $1, e.parent, e.child FROM unnest($2::text[], $3::text[]) AS e(parent, child);
 
--- name: workflow_insert_tasks
--- The tasks of a workflow's nodes: `queued` (a root) or `blocked`, due now.
-INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at, tenant_id, trace_id,
-                   workflow_id, workflow_node, map_index, timeout_s)
-SELECT i.id, i.name, 'immediate', i.queue, i.priority, i.payload::jsonb, i.max_retries, i.status, now(), $1, $2,
-       $3, i.node, i.map_index, i.timeout_s
-FROM unnest($4::uuid[], $5::text[], $6::text[], $7::int[], $8::text[], $9::int[], $10::text[], $11::text[],
-            $12::int[], $13::float8[])
-    AS i(id, name, queue, priority, payload, max_retries, status, node, map_index, timeout_s);
-
 -- name: workflow_get
 SELECT id, name, status, tenant_id, dedup_key, trace_id, context::text AS context, cancel_reason, created_at,
        updated_at, finished_at

@@ -18,12 +18,11 @@ import asyncpg
 import orjson
 
 from taskmesh.errors import InvalidTaskError, StoreError, TaskNotFoundError
-from taskmesh.ids import uuid7
 from taskmesh.observability.logs import get_logger
 from taskmesh.observability.metrics import Metrics
-from taskmesh.observability.tracing import new_trace_ids
 from taskmesh.security import audit
 from taskmesh.store import PgStore, RedisStore
+from taskmesh.tasks import enqueue_plan
 from taskmesh.tasks.actions import TaskActions
 from taskmesh.tasks.advertised import AdvertisedHandlers, Advertisement
 from taskmesh.tasks.copy_enqueue import COPY_MIN_TASKS, ReadyTargets, copy_many, copyable, copyable_mapping
@@ -33,7 +32,7 @@ from taskmesh.tasks.records import run_to_dict as _run_to_dict
 from taskmesh.tasks.records import task_and_latest_run, task_summary_to_dict
 from taskmesh.tasks.registry import Handler, Registry
 from taskmesh.tasks.states import FINISHED_TASK_STATUSES, TaskStatus, TaskType
-from taskmesh.tasks.validation import MAX_DELAY_SECONDS, TaskSpec, dump_json, parse_task_specs
+from taskmesh.tasks.validation import MAX_DELAY_SECONDS, TaskSpec, parse_task_specs
 from taskmesh.workflows import inputs
 
 log = get_logger("taskmesh.tasks.tasks")
@@ -313,27 +312,9 @@ class Tasks(TaskActions):
             )
             _note_created(copied, tenants)
             return copied, pushes
-        for i, spec in enumerate(specs):
-            self.check_payload(spec, field_prefix.format(i=i))
-        ids = [uuid7() for _ in specs]  # time-ordered: each insert lands at the primary key's right edge
-        fresh = new_trace_ids(len(specs))
-        traces = [s.trace_id or fresh[i] for i, s in enumerate(specs)]  # every task can be followed in the logs
-        prepared = [self.resolve_defaults(s) for s in specs]
-        payloads = [dump_json(s.payload, field_prefix.format(i=i) + "payload") for i, s in enumerate(specs)]
-        rows = await pg.tasks.insert_many(
-            ids,
-            [s.name for s in specs],
-            [task_type or p[2] for p in prepared],
-            [p[0] for p in prepared],
-            [s.priority for s in specs],
-            payloads,
-            [s.dedup_key for s in specs],
-            [p[1] for p in prepared],
-            [s.run_at for s in specs],
-            [s.delay_seconds for s in specs],
-            [s.tenant_id for s in specs],
-            traces,
-        )
+        planned = enqueue_plan.plan(self, specs, field_prefix=field_prefix, task_type=task_type)
+        ids = planned.ids
+        rows = await pg.tasks.insert_many(planned.columns())
         created = {r["id"]: r for r in rows}
         existing: dict[tuple[str, str], tuple[uuid.UUID, str, str | None]] = {}
         missing_keys = [
@@ -346,7 +327,7 @@ class Tasks(TaskActions):
                 existing[r["idempotency_key"], r["tenant"]] = (r["id"], r["status"], r["trace_id"])
         out: list[Enqueued] = []
         targets: list[PushTarget] = []
-        for spec, task_id, trace, (queue, _, _) in zip(specs, ids, traces, prepared, strict=True):
+        for spec, task_id, trace, queue in zip(specs, ids, planned.traces, planned.queues, strict=True):
             row = created.get(task_id)
             if row is not None:
                 out.append(Enqueued(task_id, TaskStatus.QUEUED, created=True, trace_id=trace, queue=queue))

@@ -97,7 +97,7 @@ class Workflows:
                 return Submitted(found["id"], found["status"], False, found["trace_id"], {})
             await tx.workflows.insert_nodes(planned.workflow_id, planned.nodes_json)
             await tx.workflows.insert_edges(planned.workflow_id, planned.parents, planned.children)
-            await tx.workflows.insert_tasks(spec.tenant_id, trace_id, planned.workflow_id, planned.tasks.columns())
+            await tx.tasks.insert_many(planned.tasks.columns())  # the one enqueue plan's statement
             if planned.empty_root_maps:
                 await tx.workflows.advance([planned.workflow_id])
             _note(planned.workflow_id, spec.tenant_id)
