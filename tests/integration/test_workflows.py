@@ -299,3 +299,37 @@ async def test_a_workflow_and_its_tasks_leave_together_and_never_while_it_may_re
 
 async def _node_state(client: httpx.AsyncClient, workflow_id: str, node: str, state: str) -> bool:
     return bool(nodes_of(await workflow(client, workflow_id))[node]["state"] == state)
+
+
+async def test_continue_runs_a_node_at_its_deps_first_failure_and_ignore_waits_for_every_dep(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    handed: dict[str, Any] = {}
+
+    @registry.task("wf.fails", max_retries=0)
+    async def fails(payload: Any) -> None:
+        raise NonRetryableError("the card was declined")
+
+    @registry.task("wf.handle")
+    async def handle(payload: Any, ctx: TaskContext) -> None:
+        assert ctx.workflow is not None
+        handed[ctx.workflow["node"]] = dict(ctx.parents)
+
+    never = {"task": "wf.fails", "queue_name": "parked"}  # a queue nobody serves: it never ends
+    body = {
+        "name": "policies",
+        "nodes": [
+            {"id": "charge", "task": "wf.fails"},
+            {"id": "ship", **never},
+            {"id": "refund", "task": "wf.handle", "deps": ["charge", "ship"], "on_dep_failure": "continue"},
+            {"id": "report", "task": "wf.handle", "deps": ["charge", "ship"], "on_dep_failure": "ignore"},
+        ],
+    }
+    async with start_instance() as inst, http(inst) as client:
+        created = (await client.post("/api/v1/workflows", json=body)).json()
+        await wait_for(lambda: _node_state(client, created["workflow_id"], "refund", "succeeded"))
+        body_now = await workflow(client, created["workflow_id"])
+        await client.post(f"/api/v1/workflows/{created['workflow_id']}/cancel")
+    nodes = nodes_of(body_now)
+    assert handed == {"refund": {"charge": None, "ship": None}}
+    assert (nodes["report"]["state"], nodes["report"]["waiting_for"]) == ("blocked", ["ship"])

@@ -29,7 +29,7 @@ RESERVED_NODE_IDS = ("on_failure", "finally")
 """Node ids the callbacks take in the server's answer; no node of the graph may have them."""
 ON_DEP_FAILURE = ("fail", "ignore", "continue")
 """What a node does when a dep of it failed: be skipped (the default), run once every dep ended with
-``None`` for that dep's result, or run as soon as every dep ended or (a map) has a failed task."""
+``None`` for that dep's result, or run at the first failure without waiting for the other deps."""
 
 
 class WorkflowBuilder(Generic[R]):

@@ -151,25 +151,30 @@ SELECT (SELECT count(*) FROM reset)::int AS tasks, (SELECT count(*) FROM nodes):
 
 -- name: workflow_find_stuck
 -- Workflows a lost or missed decision left behind (the reconciler's repair): a running one with a
--- blocked node none of whose deps is pending (a callback: no other node pending), or one whose
--- every task ended and node was decided but that is not over; a cancelled one with a task still
--- blocked, queued, or running without a cancel request. At most $1, the longest untouched first.
--- Only a decision no transaction took can be seen here: a task's end and the decisions it allows
--- commit together.
+-- blocked node that taskmesh_workflow_advance would decide now (by its policy: `fail` once a dep
+-- failed or none is pending, `ignore` once every dep ended, `continue` once a dep failed or every
+-- dep ended; a callback once every other node ended), or one whose every task ended and node was
+-- decided but that is not over; a cancelled one with a task still blocked, queued, or running
+-- without a cancel request. At most $1, the longest untouched first. Only a decision no
+-- transaction took can be seen here: a task's end and the decisions it allows commit together.
 SELECT id FROM (
     SELECT w.id, w.updated_at FROM workflows w
-    WHERE w.status = 'running' AND EXISTS (
-        SELECT 1 FROM workflow_nodes n
-        WHERE n.workflow_id = w.id AND n.status = 'blocked'
-          AND NOT EXISTS (
-              SELECT 1 FROM workflow_nodes d
+    JOIN workflow_nodes n ON n.workflow_id = w.id AND n.status = 'blocked'
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(bool_or(x.s = 'pending'), false) AS pending,
+               COALESCE(bool_or(x.s = 'failing'), false) AS failing,
+               COALESCE(bool_or(x.s = 'failed'), false) AS failed
+        FROM (SELECT taskmesh_node_state(d.workflow_id, d.node_id, d.status) AS s
+              FROM workflow_nodes d
               WHERE d.workflow_id = n.workflow_id
                 AND (d.node_id = ANY(n.deps)
                      OR n.kind IN ('on_failure', 'finally') AND d.kind IN ('task', 'map')
-                     OR n.kind = 'finally' AND d.kind = 'on_failure')
-                AND taskmesh_node_state(d.workflow_id, d.node_id, d.status) IN ('pending', 'failing')
-                AND NOT (n.on_dep_failure = 'continue'
-                         AND taskmesh_node_state(d.workflow_id, d.node_id, d.status) = 'failing')))
+                     OR n.kind = 'finally' AND d.kind = 'on_failure')) x
+    ) st
+    WHERE w.status = 'running'
+      AND CASE WHEN n.kind IN ('on_failure', 'finally') OR n.on_dep_failure = 'ignore'
+                   THEN NOT (st.pending OR st.failing)
+               ELSE st.failed OR st.failing OR NOT st.pending END
     UNION ALL
     SELECT w.id, w.updated_at FROM workflows w
     WHERE w.finished_at IS NULL

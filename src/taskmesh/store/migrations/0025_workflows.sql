@@ -159,6 +159,8 @@ BEGIN
                 v_states := COALESCE(v_states, '{}');
                 IF c.on_dep_failure = 'fail' AND ('failed' = ANY(v_states) OR 'failing' = ANY(v_states)) THEN
                     v_verdict := 'skip';
+                ELSIF c.on_dep_failure = 'continue' AND ('failed' = ANY(v_states) OR 'failing' = ANY(v_states)) THEN
+                    v_verdict := 'release';  -- at the first failure, not waiting for the other deps
                 ELSIF 'pending' = ANY(v_states) OR (c.on_dep_failure = 'ignore' AND 'failing' = ANY(v_states)) THEN
                     v_verdict := 'wait';
                 ELSE
