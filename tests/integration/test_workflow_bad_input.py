@@ -95,6 +95,13 @@ CASES: list[tuple[str, dict[str, Any], int, str, str]] = [
         "nodes[0].id",
         "'finally' is the id of the workflow's finally callback",
     ),
+    (
+        "a map of the wrong shape",
+        {"name": "w", "nodes": [node("m", map=5)]},
+        422,
+        "nodes[0].map",
+        'must be a list of items or {"from": "<node id>"}',
+    ),
     ("no nodes", {"name": "w", "nodes": []}, 422, "nodes", "List should have at least 1 item after validation, not 0"),
     ("an unknown field", {"name": "w", "nodes": [node("a", colour="red")]}, 422, "nodes[0].colour", "unknown field"),
     (

@@ -180,10 +180,11 @@ async def test_a_failed_dep_skips_its_descendants_runs_an_ignoring_child_and_the
     assert summaries["on_failure"] == {
         "a": "succeeded",
         "bad": "failed",
-        "after": "failed",
-        "later": "failed",
+        "after": "skipped",
+        "later": "skipped",
         "sees": "succeeded",
     }
+    assert nodes["bad"]["error"] == "NonRetryableError: upstream said no"  # its task's, in the workflow's read
 
 
 async def test_retry_from_failure_reruns_only_what_failed_and_completes(
@@ -208,6 +209,7 @@ async def test_retry_from_failure_reruns_only_what_failed_and_completes(
             {"id": "flaky", "task": "wf.count", "deps": ["first"]},
             {"id": "last", "task": "wf.count", "deps": ["flaky"]},
         ],
+        "finally": {"task": "wf.count"},
     }
     async with start_instance() as inst, http(inst) as client:
         created = (await client.post("/api/v1/workflows", json=body)).json()
@@ -217,15 +219,20 @@ async def test_retry_from_failure_reruns_only_what_failed_and_completes(
         r = await client.post(f"/api/v1/workflows/{wid}/retry")
         done = await ended(client, wid)
         again = await client.post(f"/api/v1/workflows/{wid}/retry")
+        too_late = await client.post(f"/api/v1/workflows/{wid}/cancel")
     assert failed["status"] == "failed"
     assert (r.status_code, r.json()) == (
         200,
-        {"workflow_id": wid, "status": "running", "requeued": 1, "reblocked": 1},
+        {"workflow_id": wid, "status": "running", "requeued": 1, "reblocked": 2},
     )
     assert done["status"] == "completed", done
-    assert runs == {"first": 1, "flaky": 2, "last": 1}
+    assert runs == {"first": 1, "flaky": 2, "last": 1, "finally": 2}  # finally: once per end
     assert again.status_code == 409
     assert again.json()["detail"] == f"workflow {wid} is completed; only a failed or cancelled workflow can be retried"
+    assert (too_late.status_code, too_late.json()["detail"]) == (
+        409,
+        f"workflow {wid} is completed; it is over: there is nothing to cancel",
+    )
 
 
 async def test_cancel_ends_what_waits_and_stops_what_runs(

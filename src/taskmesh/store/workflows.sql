@@ -35,8 +35,14 @@ FROM workflows WHERE id = $1;
 -- Each node of a workflow, with its tasks counted by status and their first start and last end.
 SELECT n.node_id, n.kind, n.task_name, n.deps, n.on_dep_failure, n.map_from, n.status, n.error, n.released_at,
        taskmesh_node_state(n.workflow_id, n.node_id, n.status) AS state,
-       COALESCE(c.counts, '{}')::text AS counts, c.started_at, c.finished_at
+       COALESCE(c.counts, '{}')::text AS counts, c.started_at, c.finished_at, e.error AS task_error
 FROM workflow_nodes n
+-- why a task of it failed, its latest run's error (a map's first failed item)
+LEFT JOIN LATERAL (
+    SELECT r.error FROM tasks t JOIN task_runs r ON r.task_id = t.id
+    WHERE t.workflow_id = n.workflow_id AND t.workflow_node = n.node_id AND t.status = 'failed'
+    ORDER BY t.map_index NULLS FIRST, r.attempt DESC LIMIT 1
+) e ON true
 LEFT JOIN LATERAL (
     SELECT jsonb_object_agg(s.status, s.n) AS counts, min(s.started_at) AS started_at,
            max(s.finished_at) AS finished_at
@@ -131,7 +137,8 @@ SELECT status, finished_at FROM workflows WHERE id = $1 FOR NO KEY UPDATE;
 -- Retry from failure (the workflow's row locked by workflow_lock, and nothing of it running): failed,
 -- cancelled and skipped tasks are blocked again with a fresh retry budget (their next run a new
 -- attempt), the nodes they belong to and the nodes decided against are blocked again, and the
--- workflow runs; workflow_advance then releases what is ready. Completed tasks keep their results.
+-- workflow runs; workflow_advance then releases what is ready. Completed tasks keep their results;
+-- the callbacks wait again for the workflow's new end (on_failure and finally run once per end).
 WITH w AS (
     UPDATE workflows SET status = 'running', finished_at = NULL, cancel_reason = NULL, updated_at = now()
     WHERE id = $1
@@ -139,12 +146,14 @@ WITH w AS (
     UPDATE tasks t
     SET status = 'blocked', retries = 0, cancel_requested_at = NULL, updated_at = now(),
         attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
-    WHERE t.workflow_id = $1 AND t.status IN ('failed', 'cancelled', 'skipped')
+    WHERE t.workflow_id = $1
+      AND (t.status IN ('failed', 'cancelled', 'skipped') OR t.workflow_node IN ('on_failure', 'finally'))
     RETURNING t.workflow_node
 ), nodes AS (
     UPDATE workflow_nodes n SET status = 'blocked', error = NULL, released_at = NULL
     WHERE n.workflow_id = $1
-      AND (n.status IN ('skipped', 'failed', 'cancelled') OR n.node_id IN (SELECT workflow_node FROM reset))
+      AND (n.status IN ('skipped', 'failed', 'cancelled') OR n.node_id IN (SELECT workflow_node FROM reset)
+           OR n.kind IN ('on_failure', 'finally'))
     RETURNING n.node_id
 )
 SELECT (SELECT count(*) FROM reset)::int AS tasks, (SELECT count(*) FROM nodes)::int AS nodes;
@@ -204,7 +213,8 @@ ORDER BY c.workflow_id, c.node, e.parent, t.map_index;
 -- name: workflow_run_context
 -- The workflows of claimed tasks ($1), with each node's state for the callbacks' summary.
 SELECT w.id, w.name, w.context::text AS context,
-       (SELECT jsonb_object_agg(n.node_id, taskmesh_node_state(n.workflow_id, n.node_id, n.status))
+       (SELECT jsonb_object_agg(n.node_id, CASE WHEN n.status IN ('skipped', 'cancelled') THEN n.status
+                                                ELSE taskmesh_node_state(n.workflow_id, n.node_id, n.status) END)
         FROM workflow_nodes n WHERE n.workflow_id = w.id AND n.kind IN ('task', 'map'))::text AS summary
 FROM workflows w WHERE w.id = ANY($1::uuid[]);
 
