@@ -90,7 +90,14 @@ async def test_the_client_submits_reads_lists_and_deduplicates_a_workflow_as_the
         assert run is not None and run["result"] == 12
 
         again = await builder.submit()
-        assert again == {**answer, "nodes": {}, "status": "completed", "deduplicated": True}
+        assert again == {
+            **answer,
+            "status": "completed",
+            "deduplicated": True,
+            # the first one's tasks as they are now: the map over src's result has made its three
+            "nodes": {**answer["nodes"], "each": [str(i) for i in wf["nodes"][1]["task_ids"]]},
+        }
+        assert len(again["nodes"]["each"]) == 3
 
         other = await c.workflow("other").task("a", "wf.items").submit()
         await until(c, other["workflow_id"], "completed")

@@ -163,7 +163,7 @@ def state_words(node: dict[str, Any]) -> str:
             return f"waiting for {len(waiting)} node{'s' if len(waiting) != 1 else ''}" if waiting else "waiting"
         return waiting_words(node.get("waiting_for") or [])
     if node.get("kind") == "map":
-        if node.get("error"):
+        if node.get("error") and not counts:  # it could not make its tasks
             return f"failed: {node['error']}"
         return count_words(counts, LINE_CHARS)
     if state == "skipped" and node.get("kind") == "on_failure":
