@@ -47,7 +47,12 @@ async def ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
     """
     global _ledger_pool
     if _ledger_pool is None:
-        _ledger_pool = await asyncpg.create_pool(os.environ["DATABASE_URL"], min_size=1, max_size=4)
+        _ledger_pool = await asyncpg.create_pool(
+            os.environ["DATABASE_URL"],
+            min_size=1,
+            max_size=4,
+            statement_cache_size=0,  # a pooler may be between
+        )
     start = time.time()
     await anyio.sleep(random.uniform(0, float(payload.get("max_sleep", 0.2))))
     end = time.time()
@@ -162,7 +167,12 @@ async def wf_ledger(payload: dict[str, Any], ctx: TaskContext) -> Any:
     """
     global _ledger_pool
     if _ledger_pool is None:
-        _ledger_pool = await asyncpg.create_pool(os.environ["DATABASE_URL"], min_size=1, max_size=4)
+        _ledger_pool = await asyncpg.create_pool(
+            os.environ["DATABASE_URL"],
+            min_size=1,
+            max_size=4,
+            statement_cache_size=0,  # a pooler may be between
+        )
     start = time.time()
     seconds = float(payload.get("seconds", 0)) if isinstance(payload, dict) else 0.0
     if seconds and (ctx.attempt == 1 or not payload.get("first_only")):

@@ -13,6 +13,15 @@ Public API::
 
     with taskmesh.SyncClient(database_url, redis_url) as client:  # code that is not async
         result = client.wait(client.enqueue("reports.export", {"report": 7}), timeout=30)
+
+    async with taskmesh.Client(database_url, redis_url) as client:  # a graph of tasks
+        answer = await (
+            client.workflow("etl")
+            .task("extract", "etl.extract")
+            .map("transform", "etl.transform", from_="extract")
+            .task("load", "etl.load", deps=["transform"])
+            .submit()
+        )
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from taskmesh.errors import (
     TaskNotFoundError,
     TaskStateError,
     WaitTimeoutError,
+    WorkflowNotFoundError,
+    WorkflowStateError,
 )
 
 try:
@@ -45,6 +56,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path that was nev
 if TYPE_CHECKING:
     from taskmesh.clients.client import Client
     from taskmesh.clients.sync_client import SyncClient
+    from taskmesh.clients.workflows import WorkflowBuilder
     from taskmesh.tasks.models import TaskContext
     from taskmesh.tasks.queued_quota import QueuedLimits
     from taskmesh.tasks.registry import Registry, default_registry, task
@@ -52,6 +64,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Client": "taskmesh.clients.client",
     "SyncClient": "taskmesh.clients.sync_client",
+    "WorkflowBuilder": "taskmesh.clients.workflows",
     "TaskContext": "taskmesh.tasks.models",
     "QueuedLimits": "taskmesh.tasks.queued_quota",
     "Registry": "taskmesh.tasks.registry",
@@ -92,6 +105,9 @@ __all__ = [
     "TaskStateError",
     "TaskmeshError",
     "WaitTimeoutError",
+    "WorkflowBuilder",
+    "WorkflowNotFoundError",
+    "WorkflowStateError",
     "__version__",
     "default_registry",
     "task",

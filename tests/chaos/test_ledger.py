@@ -15,7 +15,13 @@ instance with SIGTERM and checks:
 - every task with more than one ledger entry is explained by a kill (an
   earlier entry's process was killed) or a restart (it ended around one).
 
-``CHAOS_TASKS`` and ``CHAOS_SECONDS`` (the run's time limit, default 170)
+Beside the plain tasks run ``CHAOS_WORKFLOWS`` workflows (default 20): half a fan-out/fan-in (a root,
+a map of 10, a join), half a diamond, their nodes recording their runs in ``wf_ledger``. At the end:
+every workflow completed (none stuck), each join's task made once and first claimed after every
+dep's last run ended (by PostgreSQL's clock: never early), handed every dep's result; their runs
+join the overlap and explanation checks.
+
+``CHAOS_TASKS``, ``CHAOS_WORKFLOWS`` and ``CHAOS_SECONDS`` (the run's time limit, default 170)
 make it bigger. Figures are printed at the end.
 """
 
@@ -43,6 +49,9 @@ from tests.proc import Proc, call, spawn, wait_until
 
 __all__ = ["spawn"]  # a fixture, used by name
 TASKS = int(os.environ.get("CHAOS_TASKS", "1000"))
+WORKFLOWS = int(os.environ.get("CHAOS_WORKFLOWS", "20"))
+FAN = 10
+"""Tasks of each fan-out's map node."""
 SECONDS = float(os.environ.get("CHAOS_SECONDS", "170"))
 INSTANCES = 3
 KILL_EVERY = 3.0
@@ -69,6 +78,63 @@ async def _count_completed(url: str) -> int | None:
         await conn.close()
 
 
+def workflow_body(i: int) -> tuple[dict[str, Any], int, dict[str, int]]:
+    """The ``i``-th workflow: its body, how many tasks it makes, and each join with how many results it is handed."""
+    step = {"seconds": 0.05}
+    nodes: list[dict[str, Any]]
+    if i % 2 == 0:
+        nodes = [
+            {"id": "root", "task": "wf_ledger", "payload": step},
+            {"id": "fan", "task": "wf_ledger", "deps": ["root"], "map": [step] * FAN, "max_retries": 20},
+            {"id": "join", "task": "wf_ledger", "payload": step, "deps": ["fan"], "max_retries": 20},
+        ]
+        return {"name": "chaos-fan", "dedup_key": f"chaos-wf-{i}", "nodes": nodes}, FAN + 2, {"join": FAN}
+    nodes = [
+        {"id": "top", "task": "wf_ledger", "payload": step},
+        {"id": "left", "task": "wf_ledger", "payload": step, "deps": ["top"]},
+        {"id": "right", "task": "wf_ledger", "payload": step, "deps": ["top"]},
+        {"id": "bottom", "task": "wf_ledger", "payload": step, "deps": ["left", "right"]},
+    ]
+    for node in nodes:
+        node["max_retries"] = 20
+    joins = {"left": 1, "right": 1, "bottom": 2}
+    return {"name": "chaos-diamond", "dedup_key": f"chaos-wf-{i}", "nodes": nodes}, 4, joins
+
+
+async def check_workflows(conn: asyncpg.Connection, joins: dict[str, dict[str, int]]) -> dict[str, int]:
+    """Each workflow completed; each join made once, first claimed after its deps' last run ended, handed all.
+
+    :param joins: per workflow id, each join node with how many results it is handed.
+    :returns: counts of what was wrong (all 0 on a good run).
+    """
+    wrong = {"stuck": 0, "joins_twice": 0, "joins_early": 0, "joins_short": 0}
+    for workflow_id, nodes in joins.items():
+        wid = uuid.UUID(workflow_id)
+        if await conn.fetchval("SELECT status FROM workflows WHERE id = $1", wid) != "completed":
+            wrong["stuck"] += 1
+        for node, handed in nodes.items():
+            tasks = await conn.fetch("SELECT id FROM tasks WHERE workflow_id = $1 AND workflow_node = $2", wid, node)
+            wrong["joins_twice"] += len(tasks) != 1
+            early = await conn.fetchval(
+                "SELECT (SELECT min(r.claimed_at) FROM task_runs r JOIN tasks t ON t.id = r.task_id"
+                "        WHERE t.workflow_id = $1 AND t.workflow_node = $2)"
+                "     < (SELECT max(r.finished_at) FROM task_runs r JOIN tasks t ON t.id = r.task_id"
+                "        JOIN workflow_edges e ON e.workflow_id = t.workflow_id AND e.parent = t.workflow_node"
+                "        WHERE t.workflow_id = $1 AND e.child = $2)",
+                wid,
+                node,
+            )
+            wrong["joins_early"] += bool(early)
+            got = await conn.fetch(
+                "SELECT l.handed FROM wf_ledger l JOIN tasks t ON t.id = l.task_id"
+                " WHERE t.workflow_id = $1 AND t.workflow_node = $2",
+                wid,
+                node,
+            )
+            wrong["joins_short"] += any(r["handed"] != handed for r in got)
+    return wrong
+
+
 async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
     owned_stores: tuple[EmbeddedPostgres, EmbeddedValkey], spawn: Any, tmp_path: Path
 ) -> None:
@@ -80,6 +146,10 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
     await conn.execute(
         "CREATE TABLE ledger (task_id uuid NOT NULL, attempt int NOT NULL, pid int NOT NULL,"
         " started float8 NOT NULL, ended float8 NOT NULL)"
+    )
+    await conn.execute(
+        "CREATE TABLE wf_ledger (node text NOT NULL, task_id uuid NOT NULL, attempt int NOT NULL, pid int NOT NULL,"
+        " started float8 NOT NULL, ended float8 NOT NULL, handed int NOT NULL)"
     )
     await conn.close()
     env = {
@@ -116,6 +186,14 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
         async with anyio.create_task_group() as tg:
             for start_at in range(0, TASKS, 100):
                 tg.start_soon(enqueue, start_at)
+    joins: dict[str, dict[str, int]] = {}
+    expected = TASKS
+    for i in range(WORKFLOWS):
+        body, made, nodes = workflow_body(i)
+        status, answer = call(live[i % len(live)].port, "POST", "/api/v1/workflows", body)
+        assert status == 201, answer
+        joins[answer["workflow_id"]] = nodes
+        expected += made
     enqueued_in = time.monotonic() - t0
 
     killed: dict[int, float] = {}
@@ -129,9 +207,9 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
     while time.monotonic() < deadline:
         got = await _count_completed(url)
         completed = got if got is not None else completed
-        if completed >= TASKS:
+        if completed >= expected:
             break
-        progress = completed / TASKS
+        progress = completed / expected
         if time.monotonic() >= next_kill:
             victim = rng.choice(live)
             victim.signal(signal.SIGKILL)
@@ -173,8 +251,12 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
             status: count for status, count in await conn.fetch("SELECT status, count(*) FROM tasks GROUP BY status")
         }
         rows: list[asyncpg.Record | dict[str, Any]] = list(
-            await conn.fetch("SELECT task_id, attempt, pid, started, ended FROM ledger")
+            await conn.fetch(
+                "SELECT task_id, attempt, pid, started, ended FROM ledger"
+                " UNION ALL SELECT task_id, attempt, pid, started, ended FROM wf_ledger"
+            )
         )
+        workflows_wrong = await check_workflows(conn, joins)
         # What happened to a task that did not complete, run by run, for the failure message.
         unfinished = [
             dict(r)
@@ -212,17 +294,18 @@ async def test_no_task_is_lost_and_no_attempt_runs_twice_at_once_under_chaos(
                 by_restart = any(w0 - margin <= earlier["ended"] <= w1 + margin for _, w0, w1 in windows)
                 if not (by_kill or by_restart):
                     unexplained.append((str(task_id), earlier["attempt"], earlier["pid"]))
-    lost = TASKS - statuses.get("completed", 0)
+    lost = expected - statuses.get("completed", 0)
     print(
-        f"\nchaos: tasks={TASKS} completed={statuses.get('completed', 0)} lost={lost} "
+        f"\nchaos: tasks={expected} (workflows={WORKFLOWS}) completed={statuses.get('completed', 0)} lost={lost} "
         f"statuses={dict(statuses)} kills={len(killed)} "
         f"disruptions={[w[0] for w in windows]} ledger_entries={len(rows)} tasks_run_more_than_once={repeated} "
         f"overlapping_attempts={overlaps} unexplained={len(unexplained)} "
-        f"enqueue_s={enqueued_in:.1f} run_s={run_seconds:.1f} instance_exits={exits}"
+        f"enqueue_s={enqueued_in:.1f} run_s={run_seconds:.1f} instance_exits={exits} workflows_wrong={workflows_wrong}"
     )
     assert (done_flush, done_redis, done_pg) == (True, True, True), "every disruption happened during the run"
     assert lost == 0, f"{statuses}: {unfinished}"
     assert overlaps == 0
     assert unexplained == []
-    assert len(entries) == TASKS  # every task has at least one recorded run
+    assert len(entries) == expected  # every task has at least one recorded run
+    assert workflows_wrong == {"stuck": 0, "joins_twice": 0, "joins_early": 0, "joins_short": 0}
     assert exits == [0] * len(live)

@@ -58,6 +58,10 @@ CONTRACT: dict[str, Family] = {
     "taskmesh_late_results_total": Family("counter", ()),
     "taskmesh_redis_push_failures_total": Family("counter", ()),
     "taskmesh_schedule_fires_total": Family("counter", ("schedule", "outcome")),
+    "taskmesh_workflows_submitted_total": Family("counter", ("workflow",)),
+    "taskmesh_workflows_ended_total": Family("counter", ("workflow", "outcome")),
+    "taskmesh_workflow_duration_seconds": Family("histogram", ("workflow",)),
+    "taskmesh_workflow_repairs_total": Family("counter", ()),
     "taskmesh_http_requests_total": Family("counter", ("route", "method", "status")),
     "taskmesh_http_request_duration_seconds": Family("histogram", ("route", "method")),
     "taskmesh_store_errors_total": Family("counter", ("store",)),
@@ -95,6 +99,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
         {"fired", "misfire_fired", "misfire_skipped", "overlap_skipped", "triggered", "duplicate"}
     ),
     ("taskmesh_store_errors_total", "store"): frozenset({"postgres", "redis"}),
+    ("taskmesh_workflows_ended_total", "outcome"): frozenset({"completed", "failed", "cancelled"}),
     ("taskmesh_service_ticks_total", "outcome"): frozenset({"ok", "store_unavailable", "error"}),
     ("taskmesh_http_refused_total", "reason"): frozenset({"headers_too_large", "read_timeout", "too_many_connections"}),
 }

@@ -163,8 +163,9 @@ def check_static_command(words: list[str]) -> bool:
     return False
 
 
-def curl_request(words: list[str], port: int, last_task: str | None) -> httpx.Request:
-    """The request a ``curl`` command line sends, aimed at the test's instance."""
+def curl_request(words: list[str], port: int, last_task: str | None, last_workflow: str | None = None) -> httpx.Request:
+    """The request a ``curl`` command line sends, aimed at the test's instance (``<task_id>`` and
+    ``<workflow_id>`` the ids the last answers named)."""
     method, headers, data, url = "GET", {}, None, None
     it = iter(words[1:])
     for word in it:
@@ -182,6 +183,8 @@ def curl_request(words: list[str], port: int, last_task: str | None) -> httpx.Re
     url = re.sub(r"^(https?://)?(localhost|127\.0\.0\.1):8080", f"http://127.0.0.1:{port}", url)
     if last_task:
         url = url.replace("<task_id>", last_task)
+    if last_workflow:
+        url = url.replace("<workflow_id>", last_workflow)
     return httpx.Request(method, url, headers=headers, content=data)
 
 
@@ -319,6 +322,7 @@ async def test_the_pages_examples_run_against_a_real_instance(
 
     # The curl requests of the shell blocks, in page order, against the instance.
     last_task: str | None = None
+    last_workflow: str | None = None
     sent = 0
     async with httpx.AsyncClient(timeout=30) as client:
         for block in ALL:
@@ -328,11 +332,12 @@ async def test_the_pages_examples_run_against_a_real_instance(
                 words = strip_env(shlex.split(line))
                 if words[0] != "curl":
                     continue
-                answer = await client.send(curl_request(words, proc.port, last_task))
+                answer = await client.send(curl_request(words, proc.port, last_task, last_workflow))
                 sent += 1
                 assert answer.status_code < 400, f"{block.where}: {line}\n{answer.status_code} {answer.text}"
                 body = answer.json() if answer.content else {}
                 last_task = body.get("task_id", last_task) if isinstance(body, dict) else last_task
+                last_workflow = body.get("workflow_id", last_workflow) if isinstance(body, dict) else last_workflow
     assert sent >= 6
 
     # The command lines: the operator verbs through the instance's API, then `keys` on its database

@@ -39,6 +39,7 @@ DUMMY = {
     "queue": "default",
     "name": "nightly",
     "key_id": "aaaaaaaaaaaaaaaa",
+    "workflow_id": "00000000-0000-4000-8000-000000000000",
 }
 
 
@@ -138,7 +139,7 @@ async def test_every_api_route_names_its_scope_and_refuses_no_key_with_401_and_a
                     "scope": scope,
                 }
                 checked.append((method.upper(), path, scope))
-    assert len(checked) == 28
+    assert len(checked) == 33
     assert ("POST", "/api/v1/queues/{queue}/pause", "queues:admin") in checked
     assert ("GET", "/api/v1/workers", "workers:read") in checked
 

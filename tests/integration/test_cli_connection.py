@@ -50,6 +50,7 @@ def test_url_goes_before_or_after_the_command_the_one_after_winning_and_comes_fr
         (("--url", first, "workers", "--url", second), {}, second),  # the command's own wins
         (("--url", second, "queues", "list"), {"TASKMESH_URL": first}, second),  # a flag beats the environment
         (("dlq", "list", "emails"), {"TASKMESH_URL": first}, first),
+        (("workflows", "list", "--url", first), {}, first),
         (("--url", first, "schedules", "list"), {}, first),  # schedules and keys too: through the API
         (("schedules", "trigger", "nightly"), {"TASKMESH_URL": first}, first),
         (("keys", "list"), {"TASKMESH_URL": first}, first),
@@ -66,9 +67,9 @@ def test_the_platforms_commands_refuse_url_and_api_key_on_their_command_line_but
         assert ran.code == 2, (args, ran.err)
         flag, command = args[0], args[2] if len(args) > 2 else "run"
         assert (
-            f"Invalid value for '{flag}': {flag} is for the commands that talk to an instance's API (tasks, queues, "
-            f"dlq, workers, bulk, schedules, keys); `taskmesh {command}` runs the platform on the stores of its "
-            "configuration"
+            f"Invalid value for '{flag}': {flag} is for the commands that talk to an instance's API (tasks, "
+            f"workflows, queues, dlq, workers, bulk, schedules, keys); `taskmesh {command}` runs the platform on the "
+            "stores of its configuration"
         ) in ran.err, ran.err
     exported = run_cli("migrate", environ=no_stores(TASKMESH_URL="http://h:1", TASKMESH_API_KEY="tmk_x"))
     assert (exported.code, exported.err) == (

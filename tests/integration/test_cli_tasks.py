@@ -71,7 +71,8 @@ async def test_tasks_list_prints_a_table_its_json_is_the_api_answer_and_filters_
 async def test_bad_filters_are_refused_with_the_api_message_and_exit_2(start_instance: Any) -> None:
     async with start_instance() as inst:
         bad = {
-            ("--status", "bogus"): "status: must be one of queued, running, completed, failed, cancelled",
+            ("--status", "bogus"): "status: must be one of blocked, queued, running, completed, failed, cancelled, "
+            "skipped",
             ("--created-after", "yesterday"): "created_after: must be an RFC 3339 time with an offset, "
             "e.g. 2026-01-01T12:00:00Z",
             ("--payload", "customer.id"): None,

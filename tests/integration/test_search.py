@@ -166,7 +166,7 @@ async def test_a_filter_matching_only_beyond_the_window_gives_a_partial_page_who
     assert (second["partial"], second["next_cursor"]) == (False, None)
 
 
-STATUSES = "must be one of queued, running, completed, failed, cancelled"
+STATUSES = "must be one of blocked, queued, running, completed, failed, cancelled, skipped"
 BAD_SEARCHES = [
     invalid("an unknown filter", "GET", f"{TASKS}?stauts=failed", "stauts", "unknown filter"),
     invalid("an unknown status", "GET", f"{TASKS}?status=done", "status", STATUSES),

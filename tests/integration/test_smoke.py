@@ -42,6 +42,10 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
         "/api/v1/tasks/{task_id}/retry",
         "/api/v1/tasks:bulk",
         "/api/v1/operations/{operation_id}",
+        "/api/v1/workflows",
+        "/api/v1/workflows/{workflow_id}",
+        "/api/v1/workflows/{workflow_id}/cancel",
+        "/api/v1/workflows/{workflow_id}/retry",
         "/api/v1/queues",
         "/api/v1/history",
         "/api/v1/queues/{queue}",
@@ -106,7 +110,7 @@ async def test_every_path_parameter_is_typed_in_the_openapi_document(start_insta
         spec = (await client.get("/openapi.json")).json()
     wanted = {"task_id": {"type": "string", "format": "uuid"}, "queue": {"type": "string", "pattern": NAME_REGEX}}
     wanted["name"] = wanted["queue"]
-    wanted["operation_id"] = wanted["task_id"]
+    wanted["operation_id"] = wanted["workflow_id"] = wanted["task_id"]
     wanted["key_id"] = {"type": "string", "pattern": "^[a-z2-7]{16}$"}
     seen = 0
     for path, operations in spec["paths"].items():
@@ -138,7 +142,7 @@ async def test_every_api_route_documents_its_errors_as_problems_and_the_search_i
             where = f"{method.upper()} {path}"
             errors = {int(s) for s in operation["responses"] if int(s) >= 400}
             wanted = {400, 401, 403, 429, 500, 503}  # a Host not allowed; a scope and a rate limit
-            if any(p in path for p in ("{task_id}", "{operation_id}", "{name}", "{key_id}")):
+            if any(p in path for p in ("{task_id}", "{operation_id}", "{name}", "{key_id}", "{workflow_id}")):
                 wanted.add(404)
             if operation.get("parameters"):
                 wanted.add(422)
@@ -151,7 +155,7 @@ async def test_every_api_route_documents_its_errors_as_problems_and_the_search_i
                 content = operation["responses"][str(status)]["content"]
                 assert set(content) == {"application/problem+json"}, (where, status)
             checked += 1
-    assert checked == 28
+    assert checked == 33
     search = spec["paths"]["/api/v1/tasks"]["get"]
     assert {p["name"] for p in search["parameters"]} == {*FILTERS, "payload.{path}"}
 

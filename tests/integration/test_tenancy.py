@@ -60,6 +60,7 @@ class World:
         self.operation: dict[str, str] = {}
         self.key: dict[str, str] = {}
         self.key_id: dict[str, str] = {}
+        self.workflow: dict[str, dict[str, str]] = {t: {} for t in TENANTS}
 
 
 async def seed(client: httpx.AsyncClient, pool: asyncpg.Pool, world: World) -> None:
@@ -84,6 +85,13 @@ async def seed(client: httpx.AsyncClient, pool: asyncpg.Pool, world: World) -> N
         )
         assert op.status_code == 202, op.text
         world.operation[tenant] = op.json()["operation_id"]
+        for kind in ("running", "failed"):
+            graph = {"name": f"{tenant}-{kind}", "tenant_id": tenant, "nodes": [{"id": "a", "task": "report.build"}]}
+            made = await client.post("/api/v1/workflows", json=graph, headers=bearer(world.key["admin"]))
+            assert made.status_code == 201, made.text
+            world.workflow[tenant][kind] = made.json()["workflow_id"]
+        failing = uuid.UUID(world.workflow[tenant]["failed"])
+        await pool.execute("UPDATE tasks SET status = 'skipped' WHERE workflow_id = $1", failing)  # it ends failed
 
 
 Check = Callable[[httpx.AsyncClient, World], Awaitable[None]]
@@ -212,6 +220,52 @@ async def delete(c: httpx.AsyncClient, w: World) -> None:
     assert theirs.status_code == 200
 
 
+async def create_workflow(c: httpx.AsyncClient, w: World) -> None:
+    graph: dict[str, Any] = {"name": "own", "nodes": [{"id": "a", "task": "report.build"}]}
+    own = await c.post("/api/v1/workflows", json=graph, headers=bearer(w.key["acme"]))
+    assert own.status_code == 201, own.text
+    got = await c.get(f"/api/v1/workflows/{own.json()['workflow_id']}", headers=bearer(w.key["acme"]))
+    assert got.json()["tenant_id"] == "acme"  # filled in from the key
+    other = await c.post("/api/v1/workflows", json={**graph, "tenant_id": "globex"}, headers=bearer(w.key["acme"]))
+    assert other.status_code == 403
+    assert other.json()["errors"] == [
+        {
+            "field": "tenant_id",
+            "message": "this key is bound to tenant 'acme'; it cannot create workflows of tenant 'globex'",
+        }
+    ]
+
+
+async def get_workflow(c: httpx.AsyncClient, w: World) -> None:
+    await same_as_missing(c, "GET", "/api/v1/workflows/{id}", w.workflow["globex"]["running"], w.key["acme"])
+    own = await c.get(f"/api/v1/workflows/{w.workflow['acme']['running']}", headers=bearer(w.key["acme"]))
+    assert own.status_code == 200
+
+
+async def list_workflows(c: httpx.AsyncClient, w: World) -> None:
+    mine = await c.get("/api/v1/workflows", headers=bearer(w.key["acme"]))
+    assert mine.status_code == 200 and mine.json()["workflows"]
+    assert {x["tenant_id"] for x in mine.json()["workflows"]} == {"acme"}
+    theirs = await c.get("/api/v1/workflows", params={"tenant_id": "globex"}, headers=bearer(w.key["acme"]))
+    assert theirs.json() == {"workflows": [], "next_cursor": None}
+    everyone = await c.get("/api/v1/workflows", headers=bearer(w.key["admin"]))
+    assert {x["tenant_id"] for x in everyone.json()["workflows"]} == {"acme", "globex"}
+
+
+async def cancel_workflow(c: httpx.AsyncClient, w: World) -> None:
+    path = "/api/v1/workflows/{id}/cancel"
+    await same_as_missing(c, "POST", path, w.workflow["globex"]["running"], w.key["acme"])
+    own = await c.post(path.format(id=w.workflow["acme"]["running"]), headers=bearer(w.key["acme"]))
+    assert (own.status_code, own.json()["status"]) == (200, "cancelled")
+
+
+async def retry_workflow(c: httpx.AsyncClient, w: World) -> None:
+    path = "/api/v1/workflows/{id}/retry"
+    await same_as_missing(c, "POST", path, w.workflow["globex"]["failed"], w.key["acme"])
+    own = await c.post(path.format(id=w.workflow["acme"]["failed"]), headers=bearer(w.key["acme"]))
+    assert (own.status_code, own.json()["status"]) == (200, "running")
+
+
 def platform_wide(method: str, path: str, scope: str, what: str) -> Check:
     async def check(c: httpx.AsyncClient, w: World) -> None:
         refused = await c.request(method, path, headers=bearer(w.key["acme"]))
@@ -325,6 +379,11 @@ ROUTES: dict[tuple[str, str], list[Check]] = {
     ("POST", "/api/v1/tasks/{task_id}/cancel"): [cancel],
     ("POST", "/api/v1/tasks/{task_id}/retry"): [retry],
     ("DELETE", "/api/v1/tasks/{task_id}"): [delete],
+    ("POST", "/api/v1/workflows"): [create_workflow],
+    ("GET", "/api/v1/workflows/{workflow_id}"): [get_workflow],
+    ("GET", "/api/v1/workflows"): [list_workflows],
+    ("POST", "/api/v1/workflows/{workflow_id}/cancel"): [cancel_workflow],
+    ("POST", "/api/v1/workflows/{workflow_id}/retry"): [retry_workflow],
     ("GET", "/api/v1/queues"): [platform_wide("GET", "/api/v1/queues", "tasks:read", "the queue list")],
     ("GET", "/api/v1/history"): [
         platform_wide("GET", "/api/v1/history", "tasks:read", "the queues' history"),

@@ -216,6 +216,7 @@ async def test_fifty_concurrent_submissions_of_one_dedup_key_make_one_workflow(
     statuses = sorted(r.status_code for r in answers)
     assert statuses == [200] * 49 + [201]
     assert len({r.json()["workflow_id"] for r in answers}) == 1
+    assert len({str(r.json()["nodes"]) for r in answers}) == 1  # each names the one workflow's tasks
     assert await pool.fetchval("SELECT count(*) FROM workflows WHERE dedup_key = $1", body["dedup_key"]) == 1
     assert await pool.fetchval("SELECT count(*) FROM tasks WHERE workflow_node = 'a'") == 1
 

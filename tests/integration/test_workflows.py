@@ -3,6 +3,7 @@ callbacks, cancel, retry from failure, reads and listings."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import anyio
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from taskmesh.errors import NonRetryableError
+from taskmesh.services import retention
 from taskmesh.tasks.models import TaskContext
 from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
@@ -72,9 +74,11 @@ async def test_a_diamond_hands_each_child_its_parents_results_and_joins_once(
         created = r.json()
         assert created["status"] == "running" and set(created["nodes"]) == {"a", "b", "c", "d"}
         done = await ended(client, created["workflow_id"])
+        join = (await client.get(f"/api/v1/tasks/{created['nodes']['d']}")).json()["task"]
         counted = 'taskmesh_workflows_ended_total{outcome="completed",workflow="diamond"} 1.0'
         metrics = await wait_for(lambda: _metrics_with(client, counted))
     assert 'taskmesh_workflows_submitted_total{workflow="diamond"} 1.0' in metrics
+    assert (join["workflow_id"], join["workflow_node"], join["map_index"]) == (created["workflow_id"], "d", None)
     assert done["status"] == "completed"
     assert done["counts"] == {"completed": 4}
     assert {k: len(v) for k, v in seen.items()} == {"a": 1, "b": 1, "c": 1, "d": 1}
@@ -176,10 +180,11 @@ async def test_a_failed_dep_skips_its_descendants_runs_an_ignoring_child_and_the
     assert summaries["on_failure"] == {
         "a": "succeeded",
         "bad": "failed",
-        "after": "failed",
-        "later": "failed",
+        "after": "skipped",
+        "later": "skipped",
         "sees": "succeeded",
     }
+    assert nodes["bad"]["error"] == "NonRetryableError: upstream said no"  # its task's, in the workflow's read
 
 
 async def test_retry_from_failure_reruns_only_what_failed_and_completes(
@@ -191,7 +196,7 @@ async def test_retry_from_failure_reruns_only_what_failed_and_completes(
     @registry.task("wf.count")
     async def count(payload: Any, ctx: TaskContext) -> str:
         assert ctx.workflow is not None
-        node = ctx.workflow["node"]
+        node: str = ctx.workflow["node"]
         runs[node] = runs.get(node, 0) + 1
         if node == "flaky" and broken["yes"]:
             raise NonRetryableError("not yet")
@@ -204,6 +209,7 @@ async def test_retry_from_failure_reruns_only_what_failed_and_completes(
             {"id": "flaky", "task": "wf.count", "deps": ["first"]},
             {"id": "last", "task": "wf.count", "deps": ["flaky"]},
         ],
+        "finally": {"task": "wf.count"},
     }
     async with start_instance() as inst, http(inst) as client:
         created = (await client.post("/api/v1/workflows", json=body)).json()
@@ -213,15 +219,20 @@ async def test_retry_from_failure_reruns_only_what_failed_and_completes(
         r = await client.post(f"/api/v1/workflows/{wid}/retry")
         done = await ended(client, wid)
         again = await client.post(f"/api/v1/workflows/{wid}/retry")
+        too_late = await client.post(f"/api/v1/workflows/{wid}/cancel")
     assert failed["status"] == "failed"
     assert (r.status_code, r.json()) == (
         200,
-        {"workflow_id": wid, "status": "running", "requeued": 1, "reblocked": 1},
+        {"workflow_id": wid, "status": "running", "requeued": 1, "reblocked": 2},
     )
     assert done["status"] == "completed", done
-    assert runs == {"first": 1, "flaky": 2, "last": 1}
+    assert runs == {"first": 1, "flaky": 2, "last": 1, "finally": 2}  # finally: once per end
     assert again.status_code == 409
     assert again.json()["detail"] == f"workflow {wid} is completed; only a failed or cancelled workflow can be retried"
+    assert (too_late.status_code, too_late.json()["detail"]) == (
+        409,
+        f"workflow {wid} is completed; it is over: there is nothing to cancel",
+    )
 
 
 async def test_cancel_ends_what_waits_and_stops_what_runs(
@@ -259,3 +270,73 @@ async def test_cancel_ends_what_waits_and_stops_what_runs(
     assert done["status"] == "cancelled" and done["cancel_reason"] == "wrong input"
     assert done["counts"] == {"cancelled": 3}
     assert again.status_code == 200 and again.json()["cancelled"] == 0
+
+
+async def test_a_workflow_and_its_tasks_leave_together_and_never_while_it_may_read_them(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, stores: Any
+) -> None:
+    @registry.task("wf.quick")
+    async def quick(payload: Any) -> str:
+        return "done"
+
+    over = {"name": "over", "nodes": [{"id": "a", "task": "wf.quick"}, {"id": "b", "task": "wf.quick", "deps": ["a"]}]}
+    live = {
+        "name": "live",
+        "nodes": [
+            {"id": "a", "task": "wf.quick"},
+            {"id": "wait", "task": "wf.quick", "queue_name": "parked", "deps": ["a"]},
+        ],
+    }
+    async with start_instance() as inst, http(inst) as client:
+        old = (await client.post("/api/v1/workflows", json=over)).json()["workflow_id"]
+        running = (await client.post("/api/v1/workflows", json=live)).json()
+        await ended(client, old)
+        await wait_for(lambda: _node_state(client, running["workflow_id"], "a", "succeeded"))
+    # as if everything ended long ago
+    await pool.execute("UPDATE workflows SET finished_at = now() - interval '2 days' WHERE finished_at IS NOT NULL")
+    await pool.execute("UPDATE tasks SET updated_at = now() - interval '2 days'")
+    deleted = await retention.run_once(stores.pg, {"completed": 3600, "workflows": 86400})
+    assert deleted == {"workflows": 1}
+    assert await pool.fetchval("SELECT count(*) FROM tasks WHERE workflow_id = $1", uuid.UUID(old)) == 0
+    assert await pool.fetchval("SELECT count(*) FROM workflow_nodes WHERE workflow_id = $1", uuid.UUID(old)) == 0
+    # the live workflow's completed task stays: its child is handed its result when it runs
+    live_a = uuid.UUID(running["nodes"]["a"])
+    assert await pool.fetchval("SELECT status FROM tasks WHERE id = $1", live_a) == "completed"
+
+
+async def _node_state(client: httpx.AsyncClient, workflow_id: str, node: str, state: str) -> bool:
+    return bool(nodes_of(await workflow(client, workflow_id))[node]["state"] == state)
+
+
+async def test_continue_runs_a_node_at_its_deps_first_failure_and_ignore_waits_for_every_dep(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    handed: dict[str, Any] = {}
+
+    @registry.task("wf.fails", max_retries=0)
+    async def fails(payload: Any) -> None:
+        raise NonRetryableError("the card was declined")
+
+    @registry.task("wf.handle")
+    async def handle(payload: Any, ctx: TaskContext) -> None:
+        assert ctx.workflow is not None
+        handed[ctx.workflow["node"]] = dict(ctx.parents)
+
+    never = {"task": "wf.fails", "queue_name": "parked"}  # a queue nobody serves: it never ends
+    body = {
+        "name": "policies",
+        "nodes": [
+            {"id": "charge", "task": "wf.fails"},
+            {"id": "ship", **never},
+            {"id": "refund", "task": "wf.handle", "deps": ["charge", "ship"], "on_dep_failure": "continue"},
+            {"id": "report", "task": "wf.handle", "deps": ["charge", "ship"], "on_dep_failure": "ignore"},
+        ],
+    }
+    async with start_instance() as inst, http(inst) as client:
+        created = (await client.post("/api/v1/workflows", json=body)).json()
+        await wait_for(lambda: _node_state(client, created["workflow_id"], "refund", "succeeded"))
+        body_now = await workflow(client, created["workflow_id"])
+        await client.post(f"/api/v1/workflows/{created['workflow_id']}/cancel")
+    nodes = nodes_of(body_now)
+    assert handed == {"refund": {"charge": None, "ship": None}}
+    assert (nodes["report"]["state"], nodes["report"]["waiting_for"]) == ("blocked", ["ship"])

@@ -207,6 +207,14 @@ def task_path(task_id: str, suffix: str = "") -> str:
     return f"/api/v1/tasks/{_uuid('task_id', task_id)}{suffix}"
 
 
+def workflow_path(workflow_id: str, suffix: str = "") -> str:
+    """``/api/v1/workflows/{workflow_id}{suffix}``, once ``workflow_id`` is a UUID.
+
+    :raises ApiError: not a UUID (exit 2), with the API's own message.
+    """
+    return f"/api/v1/workflows/{_uuid('workflow_id', workflow_id)}{suffix}"
+
+
 def operation_path(operation_id: str) -> str:
     """``/api/v1/operations/{operation_id}``, once ``operation_id`` is a UUID.
 

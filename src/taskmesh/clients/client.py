@@ -1,5 +1,8 @@
 """The async Python client: enqueue tasks, read them, wait for them, cancel and retry them, with the API's validation.
 
+It submits, reads, lists, cancels and retries workflows too (graphs of tasks), through
+the workflow facade; :mod:`taskmesh.clients.workflows` holds their builder.
+
 The client talks to the stores directly (PostgreSQL and Redis), as an instance
 does, so it can be used without any instance's HTTP API; :class:`taskmesh.SyncClient`
 offers the same methods to code that is not async (Django, Flask, scripts).
@@ -8,7 +11,7 @@ offers the same methods to code that is not async (Django, Flask, scripts).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 import anyio
 import asyncpg
 
+from taskmesh.clients.workflows import WorkflowBuilder, WorkflowRef, cancel_reason, list_filters, workflow_ref
 from taskmesh.errors import (
     ConfigError,
     InvalidTaskError,
@@ -34,10 +38,12 @@ from taskmesh.tasks.registry import Registry, default_registry
 from taskmesh.tasks.states import TaskStatus
 from taskmesh.tasks.tasks import Tasks
 from taskmesh.tasks.validation import MAX_DELAY_SECONDS, parse_task_spec
+from taskmesh.workflows.spec import WorkflowLimits, parse_workflow
+from taskmesh.workflows.workflows import Workflows
 
 
 class Client:
-    """Enqueue and read tasks from application code.
+    """Enqueue and read tasks from application code, and submit and follow workflows of them.
 
     :param database_url: PostgreSQL URL of the taskmesh database.
     :param redis_url: Redis URL taskmesh dispatches through.
@@ -53,6 +59,8 @@ class Client:
     :param queued_limits: tenants' ``max_queued`` quotas to hold on this client's creates too,
         exactly as the instances do (``QueuedLimits.of_settings(load_settings())``); default none:
         the application's own creates are not counted against them.
+    :param workflow_limits: the bounds of one workflow, as the instances' ``workflow_max_nodes`` and
+        ``workflow_map_max_items`` (default their defaults).
 
     Use as ``async with Client(db, redis) as client: ...``; the pools open on
     entry and close on exit.
@@ -75,6 +83,7 @@ class Client:
         redis_mode: RedisMode = "standalone",
         max_delay_seconds: float = MAX_DELAY_SECONDS,
         queued_limits: QueuedLimits | None = None,
+        workflow_limits: WorkflowLimits | None = None,
     ) -> None:
         _check_redis_options(redis_url, redis_mode)
         self._database_url = database_url
@@ -87,8 +96,10 @@ class Client:
         self._redis_mode: RedisMode = redis_mode
         self._max_delay_seconds = max_delay_seconds
         self._queued_limits = queued_limits
+        self._workflow_limits = workflow_limits
         self._stores: Stores | None = None
         self._tasks: Tasks | None = None
+        self._workflows: Workflows | None = None
 
     async def __aenter__(self) -> Client:
         """Open the stores, and check that Redis is one this client can use as configured.
@@ -121,6 +132,7 @@ class Client:
             max_delay_seconds=self._max_delay_seconds,
             queued_limits=self._queued_limits,
         )
+        self._workflows = Workflows(self._tasks, self._workflow_limits)
         return self
 
     async def __aexit__(
@@ -138,6 +150,16 @@ class Client:
         if self._tasks is None:
             raise RuntimeError("use the client as `async with Client(...) as client:`")
         return self._tasks
+
+    @property
+    def workflows(self) -> Workflows:
+        """The workflow facade under the client.
+
+        :raises RuntimeError: used outside ``async with``.
+        """
+        if self._workflows is None:
+            raise RuntimeError("use the client as `async with Client(...) as client:`")
+        return self._workflows
 
     async def enqueue(
         self,
@@ -324,6 +346,91 @@ class Client:
         if anyio.current_time() >= deadline:
             raise WaitTimeoutError(str(tid), waited, status)
         return _RUNNING
+
+    def workflow(
+        self,
+        name: str,
+        *,
+        dedup_key: str | None = None,
+        tenant_id: str | None = None,
+        queue_name: str | None = None,
+        context: Any = None,
+        trace_id: str | None = None,
+    ) -> WorkflowBuilder[Coroutine[Any, Any, dict[str, Any]]]:
+        """A workflow to build node by node, then ``await builder.submit()``; see :class:`WorkflowBuilder`
+        for the options and what it refuses."""
+        return WorkflowBuilder(
+            name,
+            self.submit_workflow,
+            dedup_key=dedup_key,
+            tenant_id=tenant_id,
+            queue_name=queue_name,
+            context=context,
+            trace_id=trace_id,
+        )
+
+    async def submit_workflow(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Submit a workflow given as the body of ``POST /api/v1/workflows`` (as :meth:`WorkflowBuilder.to_json` makes).
+
+        :returns: the API's answer: ``{"workflow_id", "status", "trace_id", "nodes": {node id: task id,
+            or a map node's list}}``, with ``"deduplicated": True`` (and no nodes) when ``dedup_key`` repeats.
+        :raises InvalidTaskError: as the API's 422, naming the field (``nodes[2].deps``); nothing is written.
+        """
+        spec = parse_workflow(dict(body), self.workflows.limits)
+        return (await self.workflows.submit(spec)).to_dict()
+
+    async def get_workflow(self, workflow_id: WorkflowRef) -> dict[str, Any]:
+        """The workflow, its tasks counted by status, and its nodes, in the API's shape.
+
+        :param workflow_id: its id (a UUID or its text), or what ``submit()`` answered.
+        :raises WorkflowNotFoundError: no workflow has this id.
+        :raises InvalidTaskError: ``workflow_id`` is not a UUID.
+        """
+        return await self.workflows.get(workflow_ref(workflow_id))
+
+    async def list_workflows(
+        self,
+        *,
+        name: str | None = None,
+        status: str | None = None,
+        tenant_id: str | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """A page of workflows, newest first: ``{"workflows": [...], "next_cursor": str | None}``.
+
+        :param status: ``running``, ``completed``, ``failed`` or ``cancelled``.
+        :param created_after: created at or after (an aware datetime or RFC 3339 text); ``created_before``: before.
+        :param limit: 1..500 per page.
+        :param cursor: the ``next_cursor`` of the page before.
+        :raises InvalidTaskError: a bad status, time, limit or cursor, as the API's 422.
+        """
+        filters = list_filters(name, status, tenant_id, created_after, created_before)
+        return await self.workflows.page(**filters, cursor=cursor, limit=limit)
+
+    async def cancel_workflow(self, workflow_id: WorkflowRef, reason: str | None = None) -> dict[str, Any]:
+        """Cancel a workflow: its tasks not started end cancelled, its running ones are stopped (as the API's cancel).
+
+        :param reason: why (at most 500 characters), kept with the workflow.
+        :returns: ``{"workflow_id", "status": "cancelled", "cancelled": tasks ended now,
+            "cancel_requested": running tasks asked to stop}``; a cancelled workflow answers again.
+        :raises WorkflowNotFoundError: no workflow has this id.
+        :raises WorkflowStateError: it is completed or failed.
+        :raises InvalidTaskError: ``reason`` longer than 500 characters or holding a NUL.
+        """
+        return await self.workflows.cancel(workflow_ref(workflow_id), cancel_reason(reason))
+
+    async def retry_workflow(self, workflow_id: WorkflowRef) -> dict[str, Any]:
+        """Run a failed or cancelled workflow again from where it failed (as the API's retry): its failed,
+        cancelled and skipped tasks wait again for their deps with a fresh retry budget.
+
+        :returns: ``{"workflow_id", "status": "running", "requeued": n, "reblocked": m}``.
+        :raises WorkflowNotFoundError: no workflow has this id.
+        :raises WorkflowStateError: it is running, completed, or cancelled with tasks still running.
+        """
+        return await self.workflows.retry(workflow_ref(workflow_id))
 
 
 TaskRef = uuid.UUID | str | Enqueued

@@ -19,6 +19,7 @@ from typing import Any, ParamSpec, TypeVar
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from taskmesh.clients.client import Client, TaskRef
+from taskmesh.clients.workflows import WorkflowBuilder, WorkflowRef
 from taskmesh.tasks.actions import Cancelled, Retried
 from taskmesh.tasks.models import Enqueued
 
@@ -27,7 +28,7 @@ T = TypeVar("T")
 
 
 class SyncClient:
-    """Enqueue, read, wait for, cancel and retry tasks from code that is not async.
+    """Enqueue, read, wait for, cancel and retry tasks, and submit and follow workflows, from code that is not async.
 
     Takes the arguments of :class:`taskmesh.Client`. Use as ``with SyncClient(db, redis) as
     client: ...``, or call :meth:`open` once and :meth:`close` at exit. Every method raises
@@ -116,3 +117,28 @@ class SyncClient:
         :raises WaitTimeoutError: it did not finish within ``timeout``.
         """
         return self._call(self._client.wait, task_id, timeout)
+
+    def workflow(self, name: str, **options: Any) -> WorkflowBuilder[dict[str, Any]]:
+        """As :meth:`taskmesh.Client.workflow` (same keyword options); its ``submit()`` blocks for the answer."""
+        # The builder is made here, not on the loop: only its submit crosses to the client's thread.
+        return WorkflowBuilder(name, self.submit_workflow, **options)
+
+    def submit_workflow(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """As :meth:`taskmesh.Client.submit_workflow`."""
+        return self._call(self._client.submit_workflow, body)
+
+    def get_workflow(self, workflow_id: WorkflowRef) -> dict[str, Any]:
+        """As :meth:`taskmesh.Client.get_workflow`."""
+        return self._call(self._client.get_workflow, workflow_id)
+
+    def list_workflows(self, **filters: Any) -> dict[str, Any]:
+        """As :meth:`taskmesh.Client.list_workflows` (same keyword filters, ``limit`` and ``cursor``)."""
+        return self._call(self._client.list_workflows, **filters)
+
+    def cancel_workflow(self, workflow_id: WorkflowRef, reason: str | None = None) -> dict[str, Any]:
+        """As :meth:`taskmesh.Client.cancel_workflow`."""
+        return self._call(self._client.cancel_workflow, workflow_id, reason)
+
+    def retry_workflow(self, workflow_id: WorkflowRef) -> dict[str, Any]:
+        """As :meth:`taskmesh.Client.retry_workflow`."""
+        return self._call(self._client.retry_workflow, workflow_id)

@@ -128,6 +128,50 @@ async def resume(request: Request, queue: str, csrf_token: Csrf = "") -> Respons
     return back("/console/queues", notice=f"Queue {queue} resumed.")
 
 
+def _bad_workflow(workflow_id: str) -> Response | None:
+    """A redirect saying the path's workflow id is none (the API is not called with it)."""
+    if _task(workflow_id) is None:
+        return back("/console/workflows", problem=f"{workflow_id[:80]!r} is not a workflow id (a UUID)")
+    return None
+
+
+@router.post("/console/workflows/{workflow_id}/cancel")
+async def cancel_workflow(request: Request, workflow_id: str, csrf_token: Csrf = "", reason: Reason = "") -> Response:
+    """``POST /api/v1/workflows/{id}/cancel`` with an optional reason (kept with the workflow and audited)."""
+    who = await _acting(request, csrf_token)
+    if (bad := _bad_workflow(workflow_id)) is not None:
+        return bad
+    page = f"/console/workflows/{workflow_id}"
+    async with ConsoleApi(request, who) as api:
+        done = await api.post(
+            f"/api/v1/workflows/{workflow_id}/cancel", {"reason": reason.strip()} if reason.strip() else None
+        )
+    if not done.ok:
+        return failed(request, who, page, "Not cancelled", done)
+    ended, asked = done.body.get("cancelled", 0), done.body.get("cancel_requested", 0)
+    stopping = f"; {asked} running task{'s' if asked != 1 else ''} asked to stop" if asked else ""
+    return back(page, notice=f"Workflow cancelled: {ended} task{'s' if ended != 1 else ''} ended now{stopping}.")
+
+
+@router.post("/console/workflows/{workflow_id}/retry")
+async def retry_workflow(request: Request, workflow_id: str, csrf_token: Csrf = "") -> Response:
+    """``POST /api/v1/workflows/{id}/retry``: a failed or cancelled workflow goes on from where it stopped."""
+    who = await _acting(request, csrf_token)
+    if (bad := _bad_workflow(workflow_id)) is not None:
+        return bad
+    page = f"/console/workflows/{workflow_id}"
+    async with ConsoleApi(request, who) as api:
+        done = await api.post(f"/api/v1/workflows/{workflow_id}/retry")
+    if not done.ok:
+        return failed(request, who, page, "Not retried", done)
+    queued, waiting = done.body.get("requeued", 0), done.body.get("reblocked", 0)
+    return back(
+        page,
+        notice=f"Workflow retried from where it stopped: {queued} task{'s' if queued != 1 else ''} queued again, "
+        f"{waiting} waiting for {'their' if waiting != 1 else 'its'} deps again.",
+    )
+
+
 Ids = Annotated[list[str], Form(max_length=1000)]
 
 

@@ -130,9 +130,7 @@ async def _follow_in_redis(tasks: Tasks, action: BulkAction, changed: list[Any])
         await tasks.redis.forget_many([(r["queue"], str(r["id"])) for r in changed])  # out of the DLQ
         await tasks.push([PushTarget(r["id"], r["queue"], r["priority"], None) for r in changed])
     elif action is BulkAction.CANCEL:
-        ended = [r for r in changed if r["cancelled"]]
-        await tasks.redis.forget_many([(r["queue"], str(r["id"])) for r in ended])
-        await tasks.redis.finished.announce([r["id"] for r in ended])
+        await tasks.mirror(changed)  # transition rows: cancelled ones leave Redis, running ones are asked to stop
     else:
         await tasks.redis.forget_many([(r["queue"], str(r["id"])) for r in changed])
 

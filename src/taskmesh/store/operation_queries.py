@@ -16,7 +16,8 @@ class OperationQueries(Queries):
     """Queries on ``operations``, and the tasks' side of each bulk action on a batch of ids."""
 
     async def cancel(self, ids: Sequence[uuid.UUID]) -> list[asyncpg.Record]:
-        """``bulk_cancel``: ``id, queue, cancelled`` (false: a running task asked to stop)."""
+        """``bulk_cancel``: the transition rows (``id, queue, priority, status, run_at``): ``cancelled``, or
+        ``running`` for a running task asked to stop."""
         return await self._fetch("bulk_cancel", list(ids))
 
     async def delete(self, ids: Sequence[uuid.UUID]) -> list[asyncpg.Record]:

@@ -6,26 +6,34 @@
 -- ======================================================================
 -- tasks and runs
 -- ======================================================================
+-- Every statement that changes a task's status returns the same transition row per task it
+-- changed: `id, queue, priority, status, run_at` (the status it has now), which
+-- Tasks.mirror turns into the Redis follow-up, one path for all of them. What PostgreSQL must
+-- do after a change (a workflow's children) is migration 0025's trigger, in the same transaction.
 
 -- name: task_insert_many
--- Bulk enqueue: every task in one statement. No run row yet: the first claim writes
--- it (until then the task shows a pending run built from its row).
+-- Bulk enqueue: every task in one statement, as the enqueue plan made them (tasks/enqueue_plan.py:
+-- an enqueue's, a schedule's fires, a workflow's nodes). No run row yet: the first claim writes
+-- it (until then the task shows a pending run built from its row). A workflow's task comes
+-- `blocked` when it waits for its deps.
 -- Repeated idempotency keys (in the table or within the batch) insert nothing.
 -- run_at: the given instant (a past one, however old, means now), else
 -- now() + the delay (0 for an immediate task), so an instance whose clock runs ahead cannot
 -- park a task in the future.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
-                         $8::int[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[])
+                         $8::int[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[], $13::text[],
+                         $14::uuid[], $15::text[], $16::int[], $17::float8[])
         AS i(id, name, type, queue, priority, payload, idempotency_key, max_retries, run_at, delay_s,
-             tenant_id, trace_id)
+             tenant_id, trace_id, status, workflow_id, workflow_node, map_index, timeout_s)
 ), t AS (
     INSERT INTO tasks (id, name, type, queue, priority, payload, idempotency_key,
-                       max_retries, status, run_at, tenant_id, trace_id)
-    SELECT id, name, type, queue, priority, payload::jsonb, idempotency_key, max_retries, 'queued',
+                       max_retries, status, run_at, tenant_id, trace_id, workflow_id, workflow_node, map_index,
+                       timeout_s)
+    SELECT id, name, type, queue, priority, payload::jsonb, idempotency_key, max_retries, status,
            CASE WHEN run_at IS NULL THEN now() + make_interval(secs => COALESCE(delay_s, 0))
                 ELSE GREATEST(run_at, now()) END,  -- GREATEST skips nulls: hence the CASE
-           tenant_id, trace_id
+           tenant_id, trace_id, workflow_id, workflow_node, map_index, timeout_s
     FROM input
     ON CONFLICT (idempotency_key, (COALESCE(tenant_id, ''))) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at
@@ -44,7 +52,7 @@ WHERE t.idempotency_key IS NOT NULL;  -- the dedup index holds keyed tasks only 
 -- claimed has no run row: its latest run is then the pending first one (see 0017's migration).
 SELECT t.id, t.name, t.type, t.queue, t.priority, t.payload::text AS payload, t.idempotency_key,
        t.max_retries, t.retries, t.attempts, t.status, t.run_at, t.tenant_id, t.trace_id,
-       t.created_at, t.updated_at,
+       t.created_at, t.updated_at, t.workflow_id, t.workflow_node, t.map_index,
        r.id AS run_id, r.attempt AS run_attempt, r.status AS run_status, r.worker_id AS run_worker_id,
        r.claimed_at AS run_claimed_at, r.started_at AS run_started_at, r.finished_at AS run_finished_at,
        r.lease_expires_at AS run_lease_expires_at, r.next_retry_at AS run_next_retry_at,
@@ -252,7 +260,7 @@ SET status = CASE WHEN runs.next_retry_at IS NULL THEN 'cancelled' ELSE 'queued'
     updated_at = now()
 FROM runs
 WHERE t.id = runs.task_id AND t.status || '' = 'running'  -- by primary key, as in run_finish_many
-RETURNING t.id, t.status;
+RETURNING t.id, t.queue, t.priority, t.status, t.run_at;
 
 -- name: task_lock_for_cancel
 SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
@@ -264,19 +272,22 @@ SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
 WITH t AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE id = $1 AND status IN ('queued', 'blocked')
-    RETURNING id, attempts, created_at
+    RETURNING id, queue, priority, status, run_at, attempts, created_at
 ), queued AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM t)) AND status = 'queued'  -- by (task_id, attempt), not a scan
+), pending AS (
+    -- (created when the task was, as its pending run showed it)
+    INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at, created_at)
+    SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now(), created_at FROM t WHERE attempts = 0
+    ON CONFLICT (task_id, attempt) DO NOTHING
 )
--- (created when the task was, as its pending run showed it)
-INSERT INTO task_runs (id, task_id, attempt, status, error, finished_at, created_at)
-SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now(), created_at FROM t WHERE attempts = 0
-ON CONFLICT (task_id, attempt) DO NOTHING;
+SELECT id, queue, priority, status, run_at FROM t;
 
 -- name: task_request_cancel
 UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
-WHERE id = $1 AND status = 'running';
+WHERE id = $1 AND status = 'running'
+RETURNING id, queue, priority, status, run_at;
 
 -- name: task_list_failed_with_latest_run
 -- The dead-letter queue of one queue, oldest first (Postgres is the truth; the
@@ -777,11 +788,11 @@ FROM unnest($1::text[]) AS q(queue);
 
 -- name: bulk_cancel
 -- Queued tasks become cancelled (their queued or pending run ends failed 'cancelled'); running ones get a
--- cancel request (their worker stops them). `cancelled`: whether the task ended now.
+-- cancel request (their worker stops them): their transition rows, status `cancelled` or `running`.
 WITH queued AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status || '' IN ('queued', 'blocked')  -- by primary key, not the backlog's index
-    RETURNING id, queue, attempts, created_at
+    RETURNING id, queue, priority, status, run_at, attempts, created_at
 ), runs AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM queued)) AND status = 'queued'  -- by (task_id, attempt)
@@ -792,11 +803,11 @@ WITH queued AS (
 ), running AS (
     UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status || '' = 'running'
-    RETURNING id, queue
+    RETURNING id, queue, priority, status, run_at
 )
-SELECT id, queue, true AS cancelled FROM queued
+SELECT id, queue, priority, status, run_at FROM queued
 UNION ALL
-SELECT id, queue, false FROM running;
+SELECT id, queue, priority, status, run_at FROM running;
 
 -- name: bulk_delete
 -- Finished tasks (completed, failed, cancelled) are deleted with their runs.

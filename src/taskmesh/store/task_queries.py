@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterable, Sequence
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -29,42 +30,13 @@ COPY_COLUMNS = ("id", "name", "type", "queue", "priority", "payload", "max_retri
 class TaskQueries(Queries):
     """Queries on ``tasks`` and ``task_runs``."""
 
-    async def insert_many(
-        self,
-        ids: Sequence[uuid.UUID],
-        names: Sequence[str],
-        types: Sequence[str],
-        queues: Sequence[str],
-        priorities: Sequence[int],
-        payloads: Sequence[str],
-        idempotency_keys: Sequence[str | None],
-        max_retries: Sequence[int],
-        run_ats: Sequence[datetime | None],
-        delays: Sequence[float | None],
-        tenant_ids: Sequence[str | None],
-        trace_ids: Sequence[str | None],
-    ) -> list[asyncpg.Record]:
+    async def insert_many(self, columns: Sequence[Sequence[Any]]) -> list[asyncpg.Record]:
         """``task_insert_many``: the rows inserted (``id``, ``run_at``, ``delayed``); repeats insert nothing.
 
-        :param payloads: JSON texts.
-        :param run_ats: due instants, or ``None`` for now + the delay (PostgreSQL's clock).
-        :param delays: seconds after now (``None`` or 0: runnable now).
+        :param columns: the seventeen arrays of an enqueue plan
+            (:meth:`~taskmesh.tasks.enqueue_plan.TaskRows.columns`).
         """
-        return await self._fetch(
-            "task_insert_many",
-            ids,
-            names,
-            types,
-            queues,
-            priorities,
-            payloads,
-            idempotency_keys,
-            max_retries,
-            run_ats,
-            delays,
-            tenant_ids,
-            trace_ids,
-        )
+        return await self._fetch("task_insert_many", *[list(c) for c in columns])
 
     async def copy_in(self, rows: AsyncIterable[bytes]) -> None:
         """Copy immediate tasks without a dedup key into ``tasks`` (``COPY``; cheaper per row than INSERT).
@@ -152,20 +124,22 @@ class TaskQueries(Queries):
         return await self._fetch("run_reclaim_expired", stale_seconds, limit)
 
     async def hand_back_by_worker(self, worker_id: str, error: str, delay_seconds: float) -> list[asyncpg.Record]:
-        """``run_hand_back_by_worker``: ``id, status`` of the tasks handed back."""
+        """``run_hand_back_by_worker``: the transition rows (``id, queue, priority, status, run_at``) of the tasks
+        handed back."""
         return await self._fetch("run_hand_back_by_worker", worker_id, error, delay_seconds)
 
     async def lock_for_cancel(self, task_id: uuid.UUID) -> asyncpg.Record | None:
         """``task_lock_for_cancel`` (inside a transaction): ``id, queue, status``, row locked."""
         return await self._fetchrow("task_lock_for_cancel", task_id)
 
-    async def cancel_queued(self, task_id: uuid.UUID) -> None:
-        """``task_cancel_queued``."""
-        await self._execute("task_cancel_queued", task_id)
+    async def cancel_queued(self, task_id: uuid.UUID) -> asyncpg.Record | None:
+        """``task_cancel_queued``: the task's transition row (``id, queue, priority, status, run_at``), ``None``
+        when it was not queued or blocked."""
+        return await self._fetchrow("task_cancel_queued", task_id)
 
-    async def request_cancel(self, task_id: uuid.UUID) -> None:
-        """``task_request_cancel``."""
-        await self._execute("task_request_cancel", task_id)
+    async def request_cancel(self, task_id: uuid.UUID) -> asyncpg.Record | None:
+        """``task_request_cancel``: the running task's row (status still ``running``), ``None`` when it was not."""
+        return await self._fetchrow("task_request_cancel", task_id)
 
     async def list_failed_with_latest_run(
         self, queue: str, limit: int, tenant_id: str | None = None

@@ -41,17 +41,6 @@ class WorkflowQueries(Queries):
         """``workflow_insert_edges``: one edge per ``(parents[i], children[i])``."""
         await self._execute("workflow_insert_edges", workflow_id, list(parents), list(children))
 
-    async def insert_tasks(
-        self,
-        tenant_id: str | None,
-        trace_id: str,
-        workflow_id: uuid.UUID,
-        columns: Sequence[Sequence[object]],
-    ) -> None:
-        """``workflow_insert_tasks``: ``columns`` the ten arrays ``id, name, queue, priority, payload (JSON
-        text), max_retries, status, node, map_index, timeout_s``, one item per task."""
-        await self._execute("workflow_insert_tasks", tenant_id, trace_id, workflow_id, *[list(c) for c in columns])
-
     async def get(self, workflow_id: uuid.UUID) -> asyncpg.Record | None:
         """``workflow_get``."""
         return await self._fetchrow("workflow_get", workflow_id)
@@ -90,8 +79,8 @@ class WorkflowQueries(Queries):
         return status
 
     async def cancel_tasks(self, workflow_id: uuid.UUID) -> list[asyncpg.Record]:
-        """``workflow_cancel_tasks``: ``id, queue, cancelled`` (false: a running task asked to stop); nothing
-        unless the workflow is cancelled."""
+        """``workflow_cancel_tasks``: the transition rows (``id, queue, priority, status, run_at``): ``cancelled``,
+        or ``running`` for a running task asked to stop; nothing unless the workflow is cancelled."""
         return await self._fetch("workflow_cancel_tasks", workflow_id)
 
     async def status_counts(self, workflow_id: uuid.UUID) -> dict[str, int]:

@@ -26,16 +26,6 @@ FROM jsonb_to_recordset($2::text::jsonb) AS n(node_id text, position integer, ki
 INSERT INTO workflow_edges (workflow_id, parent, child)
 SELECT $1, e.parent, e.child FROM unnest($2::text[], $3::text[]) AS e(parent, child);
 
--- name: workflow_insert_tasks
--- The tasks of a workflow's nodes: `queued` (a root) or `blocked`, due now.
-INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at, tenant_id, trace_id,
-                   workflow_id, workflow_node, map_index, timeout_s)
-SELECT i.id, i.name, 'immediate', i.queue, i.priority, i.payload::jsonb, i.max_retries, i.status, now(), $1, $2,
-       $3, i.node, i.map_index, i.timeout_s
-FROM unnest($4::uuid[], $5::text[], $6::text[], $7::int[], $8::text[], $9::int[], $10::text[], $11::text[],
-            $12::int[], $13::float8[])
-    AS i(id, name, queue, priority, payload, max_retries, status, node, map_index, timeout_s);
-
 -- name: workflow_get
 SELECT id, name, status, tenant_id, dedup_key, trace_id, context::text AS context, cancel_reason, created_at,
        updated_at, finished_at
@@ -45,8 +35,14 @@ FROM workflows WHERE id = $1;
 -- Each node of a workflow, with its tasks counted by status and their first start and last end.
 SELECT n.node_id, n.kind, n.task_name, n.deps, n.on_dep_failure, n.map_from, n.status, n.error, n.released_at,
        taskmesh_node_state(n.workflow_id, n.node_id, n.status) AS state,
-       COALESCE(c.counts, '{}')::text AS counts, c.started_at, c.finished_at
+       COALESCE(c.counts, '{}')::text AS counts, c.started_at, c.finished_at, e.error AS task_error
 FROM workflow_nodes n
+-- why a task of it failed, its latest run's error (a map's first failed item)
+LEFT JOIN LATERAL (
+    SELECT r.error FROM tasks t JOIN task_runs r ON r.task_id = t.id
+    WHERE t.workflow_id = n.workflow_id AND t.workflow_node = n.node_id AND t.status = 'failed'
+    ORDER BY t.map_index NULLS FIRST, r.attempt DESC LIMIT 1
+) e ON true
 LEFT JOIN LATERAL (
     SELECT jsonb_object_agg(s.status, s.n) AS counts, min(s.started_at) AS started_at,
            max(s.finished_at) AS finished_at
@@ -108,7 +104,7 @@ WITH w AS (
 ), ended AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE workflow_id = (SELECT id FROM w) AND status IN ('blocked', 'queued')
-    RETURNING id, queue, attempts, created_at
+    RETURNING id, queue, priority, status, run_at, attempts, created_at
 ), runs AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM ended)) AND status = 'queued'
@@ -119,11 +115,11 @@ WITH w AS (
 ), running AS (
     UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
     WHERE workflow_id = (SELECT id FROM w) AND status = 'running' AND cancel_requested_at IS NULL
-    RETURNING id, queue
+    RETURNING id, queue, priority, status, run_at
 )
-SELECT id, queue, true AS cancelled FROM ended
+SELECT id, queue, priority, status, run_at FROM ended
 UNION ALL
-SELECT id, queue, false FROM running;
+SELECT id, queue, priority, status, run_at FROM running;
 
 -- name: workflow_advance
 -- Decide what can be decided in these workflows now (every blocked node looked at), and end the
@@ -141,7 +137,8 @@ SELECT status, finished_at FROM workflows WHERE id = $1 FOR NO KEY UPDATE;
 -- Retry from failure (the workflow's row locked by workflow_lock, and nothing of it running): failed,
 -- cancelled and skipped tasks are blocked again with a fresh retry budget (their next run a new
 -- attempt), the nodes they belong to and the nodes decided against are blocked again, and the
--- workflow runs; workflow_advance then releases what is ready. Completed tasks keep their results.
+-- workflow runs; workflow_advance then releases what is ready. Completed tasks keep their results;
+-- the callbacks wait again for the workflow's new end (on_failure and finally run once per end).
 WITH w AS (
     UPDATE workflows SET status = 'running', finished_at = NULL, cancel_reason = NULL, updated_at = now()
     WHERE id = $1
@@ -149,37 +146,44 @@ WITH w AS (
     UPDATE tasks t
     SET status = 'blocked', retries = 0, cancel_requested_at = NULL, updated_at = now(),
         attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
-    WHERE t.workflow_id = $1 AND t.status IN ('failed', 'cancelled', 'skipped')
+    WHERE t.workflow_id = $1
+      AND (t.status IN ('failed', 'cancelled', 'skipped') OR t.workflow_node IN ('on_failure', 'finally'))
     RETURNING t.workflow_node
 ), nodes AS (
     UPDATE workflow_nodes n SET status = 'blocked', error = NULL, released_at = NULL
     WHERE n.workflow_id = $1
-      AND (n.status IN ('skipped', 'failed', 'cancelled') OR n.node_id IN (SELECT workflow_node FROM reset))
+      AND (n.status IN ('skipped', 'failed', 'cancelled') OR n.node_id IN (SELECT workflow_node FROM reset)
+           OR n.kind IN ('on_failure', 'finally'))
     RETURNING n.node_id
 )
 SELECT (SELECT count(*) FROM reset)::int AS tasks, (SELECT count(*) FROM nodes)::int AS nodes;
 
 -- name: workflow_find_stuck
 -- Workflows a lost or missed decision left behind (the reconciler's repair): a running one with a
--- blocked node none of whose deps is pending (a callback: no other node pending), or one whose
--- every task ended and node was decided but that is not over; a cancelled one with a task still
--- blocked, queued, or running without a cancel request. At most $1, the longest untouched first.
--- Only a decision no transaction took can be seen here: a task's end and the decisions it allows
--- commit together.
+-- blocked node that taskmesh_workflow_advance would decide now (by its policy: `fail` once a dep
+-- failed or none is pending, `ignore` once every dep ended, `continue` once a dep failed or every
+-- dep ended; a callback once every other node ended), or one whose every task ended and node was
+-- decided but that is not over; a cancelled one with a task still blocked, queued, or running
+-- without a cancel request. At most $1, the longest untouched first. Only a decision no
+-- transaction took can be seen here: a task's end and the decisions it allows commit together.
 SELECT id FROM (
     SELECT w.id, w.updated_at FROM workflows w
-    WHERE w.status = 'running' AND EXISTS (
-        SELECT 1 FROM workflow_nodes n
-        WHERE n.workflow_id = w.id AND n.status = 'blocked'
-          AND NOT EXISTS (
-              SELECT 1 FROM workflow_nodes d
+    JOIN workflow_nodes n ON n.workflow_id = w.id AND n.status = 'blocked'
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(bool_or(x.s = 'pending'), false) AS pending,
+               COALESCE(bool_or(x.s = 'failing'), false) AS failing,
+               COALESCE(bool_or(x.s = 'failed'), false) AS failed
+        FROM (SELECT taskmesh_node_state(d.workflow_id, d.node_id, d.status) AS s
+              FROM workflow_nodes d
               WHERE d.workflow_id = n.workflow_id
                 AND (d.node_id = ANY(n.deps)
                      OR n.kind IN ('on_failure', 'finally') AND d.kind IN ('task', 'map')
-                     OR n.kind = 'finally' AND d.kind = 'on_failure')
-                AND taskmesh_node_state(d.workflow_id, d.node_id, d.status) IN ('pending', 'failing')
-                AND NOT (n.on_dep_failure = 'continue'
-                         AND taskmesh_node_state(d.workflow_id, d.node_id, d.status) = 'failing')))
+                     OR n.kind = 'finally' AND d.kind = 'on_failure')) x
+    ) st
+    WHERE w.status = 'running'
+      AND CASE WHEN n.kind IN ('on_failure', 'finally') OR n.on_dep_failure = 'ignore'
+                   THEN NOT (st.pending OR st.failing)
+               ELSE st.failed OR st.failing OR NOT st.pending END
     UNION ALL
     SELECT w.id, w.updated_at FROM workflows w
     WHERE w.finished_at IS NULL
@@ -209,7 +213,8 @@ ORDER BY c.workflow_id, c.node, e.parent, t.map_index;
 -- name: workflow_run_context
 -- The workflows of claimed tasks ($1), with each node's state for the callbacks' summary.
 SELECT w.id, w.name, w.context::text AS context,
-       (SELECT jsonb_object_agg(n.node_id, taskmesh_node_state(n.workflow_id, n.node_id, n.status))
+       (SELECT jsonb_object_agg(n.node_id, CASE WHEN n.status IN ('skipped', 'cancelled') THEN n.status
+                                                ELSE taskmesh_node_state(n.workflow_id, n.node_id, n.status) END)
         FROM workflow_nodes n WHERE n.workflow_id = w.id AND n.kind IN ('task', 'map'))::text AS summary
 FROM workflows w WHERE w.id = ANY($1::uuid[]);
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from taskmesh.errors import StoreError, TaskFinishedError, TaskNotFoundError, TaskStateError
 from taskmesh.observability.logs import get_logger
@@ -61,6 +62,10 @@ class TaskActions:
         """Push ids into Redis (:meth:`taskmesh.tasks.tasks.Tasks.push` does it)."""
         raise NotImplementedError
 
+    async def mirror(self, rows: Sequence[Any]) -> None:
+        """The Redis follow-up of transition rows (:meth:`taskmesh.tasks.tasks.Tasks.mirror` does it)."""
+        raise NotImplementedError
+
     async def cancel(self, task_id: uuid.UUID) -> Cancelled:
         """Cancel a task.
 
@@ -78,19 +83,14 @@ class TaskActions:
                 raise TaskNotFoundError(str(task_id))
             status = row["status"]
             if status in (TaskStatus.QUEUED, TaskStatus.BLOCKED):
-                await tx.tasks.cancel_queued(task_id)
+                changed = await tx.tasks.cancel_queued(task_id)
             elif status == TaskStatus.RUNNING:
-                await tx.tasks.request_cancel(task_id)
+                changed = await tx.tasks.request_cancel(task_id)
             else:
                 raise TaskFinishedError(str(task_id), status)
-        if status in (TaskStatus.QUEUED, TaskStatus.BLOCKED):
-            try:
-                await self.redis.forget(row["queue"], str(task_id))
-                await self.redis.finished.announce([task_id])
-            except StoreError as exc:  # a stray id only costs a failed claim
-                log.warning("redis_forget_failed", task_id=str(task_id), error=str(exc))
-            return Cancelled(task_id, TaskStatus.CANCELLED, status)
-        return Cancelled(task_id, TaskStatus.RUNNING, status)
+            assert changed is not None  # the row is locked in the status just read
+        await self.mirror([changed])  # a stray id left in Redis would only cost a failed claim
+        return Cancelled(task_id, changed["status"], status)
 
     async def retry(self, task_id: uuid.UUID, priority: int | None = None, queue: str | None = None) -> Retried:
         """Move one failed or cancelled task back to queued, due now, with a fresh retry budget.

@@ -96,8 +96,9 @@ class TaskContext:
 
     A task of a workflow also gets ``parents``: each dep's node id mapped to its result (a list in
     item order for a map node; ``None`` for a dep that did not succeed, under ``on_dep_failure``
-    ``ignore`` or ``continue``), and ``workflow``: ``{"id", "name", "context", "node", "map_index"}``,
-    plus ``"summary"`` (each node's state: ``succeeded``, ``failed``...) for an ``on_failure`` or
+    ``ignore`` or ``continue``, or has not ended, under ``continue``), and ``workflow``:
+    ``{"id", "name", "context", "node", "map_index"}``, plus ``"summary"`` (each node's state:
+    ``succeeded``, ``failed``, ``skipped`` or ``cancelled``) for an ``on_failure`` or
     ``finally`` callback. Outside a workflow, ``parents`` is empty and ``workflow`` is ``None``.
     """
 

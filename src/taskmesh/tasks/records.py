@@ -140,8 +140,15 @@ def run_to_dict(row: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def task_and_latest_run(row: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Split a ``task_get_with_latest_run`` row into the task and its latest run (``None``: no run yet)."""
-    return task_to_dict(row), (run_to_dict(row, prefix="run_") if row["run_id"] is not None else None)
+    """Split a ``task_get_with_latest_run`` row into the task and its latest run (``None``: no run yet).
+
+    The task says which workflow it is a node of: ``workflow_id``, ``workflow_node`` and ``map_index``
+    (null for a task of its own).
+    """
+    task = task_to_dict(row)
+    task["workflow_id"] = str(row["workflow_id"]) if row["workflow_id"] is not None else None
+    task["workflow_node"], task["map_index"] = row["workflow_node"], row["map_index"]
+    return task, (run_to_dict(row, prefix="run_") if row["run_id"] is not None else None)
 
 
 def pause_to_dict(queue: str, row: Any) -> dict[str, Any]:

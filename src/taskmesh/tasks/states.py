@@ -91,7 +91,7 @@ class DepFailure(StrEnum):
 
     FAIL = "fail"  # it is skipped, and so are its descendants
     IGNORE = "ignore"  # it runs once every dep ended, seeing the failure
-    CONTINUE = "continue"  # it runs as soon as every dep ended or failed
+    CONTINUE = "continue"  # it runs at a dep's first failure (not waiting for the others), else once all ended
 
 
 class WorkerState(StrEnum):

@@ -18,12 +18,11 @@ import asyncpg
 import orjson
 
 from taskmesh.errors import InvalidTaskError, StoreError, TaskNotFoundError
-from taskmesh.ids import uuid7
 from taskmesh.observability.logs import get_logger
 from taskmesh.observability.metrics import Metrics
-from taskmesh.observability.tracing import new_trace_ids
 from taskmesh.security import audit
 from taskmesh.store import PgStore, RedisStore
+from taskmesh.tasks import enqueue_plan
 from taskmesh.tasks.actions import TaskActions
 from taskmesh.tasks.advertised import AdvertisedHandlers, Advertisement
 from taskmesh.tasks.copy_enqueue import COPY_MIN_TASKS, ReadyTargets, copy_many, copyable, copyable_mapping
@@ -32,8 +31,8 @@ from taskmesh.tasks.queued_quota import QueuedLimits, created_by_tenant
 from taskmesh.tasks.records import run_to_dict as _run_to_dict
 from taskmesh.tasks.records import task_and_latest_run, task_summary_to_dict
 from taskmesh.tasks.registry import Handler, Registry
-from taskmesh.tasks.states import TaskStatus, TaskType
-from taskmesh.tasks.validation import MAX_DELAY_SECONDS, TaskSpec, dump_json, parse_task_specs
+from taskmesh.tasks.states import FINISHED_TASK_STATUSES, TaskStatus, TaskType
+from taskmesh.tasks.validation import MAX_DELAY_SECONDS, TaskSpec, parse_task_specs
 from taskmesh.workflows import inputs
 
 log = get_logger("taskmesh.tasks.tasks")
@@ -313,27 +312,9 @@ class Tasks(TaskActions):
             )
             _note_created(copied, tenants)
             return copied, pushes
-        for i, spec in enumerate(specs):
-            self.check_payload(spec, field_prefix.format(i=i))
-        ids = [uuid7() for _ in specs]  # time-ordered: each insert lands at the primary key's right edge
-        fresh = new_trace_ids(len(specs))
-        traces = [s.trace_id or fresh[i] for i, s in enumerate(specs)]  # every task can be followed in the logs
-        prepared = [self.resolve_defaults(s) for s in specs]
-        payloads = [dump_json(s.payload, field_prefix.format(i=i) + "payload") for i, s in enumerate(specs)]
-        rows = await pg.tasks.insert_many(
-            ids,
-            [s.name for s in specs],
-            [task_type or p[2] for p in prepared],
-            [p[0] for p in prepared],
-            [s.priority for s in specs],
-            payloads,
-            [s.dedup_key for s in specs],
-            [p[1] for p in prepared],
-            [s.run_at for s in specs],
-            [s.delay_seconds for s in specs],
-            [s.tenant_id for s in specs],
-            traces,
-        )
+        planned = enqueue_plan.plan(self, specs, field_prefix=field_prefix, task_type=task_type)
+        ids = planned.ids
+        rows = await pg.tasks.insert_many(planned.columns())
         created = {r["id"]: r for r in rows}
         existing: dict[tuple[str, str], tuple[uuid.UUID, str, str | None]] = {}
         missing_keys = [
@@ -346,7 +327,7 @@ class Tasks(TaskActions):
                 existing[r["idempotency_key"], r["tenant"]] = (r["id"], r["status"], r["trace_id"])
         out: list[Enqueued] = []
         targets: list[PushTarget] = []
-        for spec, task_id, trace, (queue, _, _) in zip(specs, ids, traces, prepared, strict=True):
+        for spec, task_id, trace, queue in zip(specs, ids, planned.traces, planned.queues, strict=True):
             row = created.get(task_id)
             if row is not None:
                 out.append(Enqueued(task_id, TaskStatus.QUEUED, created=True, trace_id=trace, queue=queue))
@@ -506,26 +487,35 @@ class Tasks(TaskActions):
                 )
 
     async def mirror(self, rows: Sequence[Any]) -> None:
-        """Redis side of tasks whose state changed: queued ones to ready or delayed, failed ones to the DLQ,
-        and the finished ones announced to requests waiting for them (``store/finished.py``).
+        """The Redis follow-up of status changes, one path for every statement that makes them (a result, a
+        reclaim, a cancel of one task or of many, a workflow's cancel): queued tasks to ready or delayed,
+        failed ones to the DLQ mirror, cancelled ones out of ready and delayed, and every end announced to
+        requests waiting for it (``store/finished.py``). A running task (a cancel requested) and a blocked
+        one are not in Redis: nothing. A failure is logged and left to the reconciler.
 
-        :param rows: ``id, queue, priority, status, run_at`` of each changed task.
+        :param rows: transition rows: ``id, queue, priority, status, run_at`` of each changed task.
         """
         pushes: list[PushTarget] = []
         dead: dict[str, list[str]] = defaultdict(list)
+        forget: list[tuple[str, str]] = []
         finished: list[uuid.UUID] = []
         for row in rows:
-            if row["status"] == TaskStatus.QUEUED:
+            status = row["status"]
+            if status == TaskStatus.QUEUED:
                 pushes.append(PushTarget(row["id"], row["queue"], row["priority"], row["run_at"]))
-            else:
+            elif status in FINISHED_TASK_STATUSES:
                 finished.append(row["id"])
-                if row["status"] == TaskStatus.FAILED:
+                if status == TaskStatus.FAILED:
                     dead[row["queue"]].append(str(row["id"]))
+                elif status == TaskStatus.CANCELLED:
+                    forget.append((row["queue"], str(row["id"])))
         try:
             if pushes:
                 await self.redis.push_ready_or_delayed(pushes)
             for queue, ids in dead.items():
                 await self.redis.dead_letter(queue, ids)
+            if forget:
+                await self.redis.forget_many(forget)
             await self.redis.finished.announce(finished)
         except StoreError as exc:  # Postgres has it; the reconciler repairs Redis
             log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))

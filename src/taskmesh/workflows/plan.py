@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from taskmesh.ids import uuid7
+from taskmesh.tasks.enqueue_plan import TaskRows
 from taskmesh.tasks.models import PushTarget
 from taskmesh.tasks.states import NodeKind, NodeStatus, TaskStatus
 from taskmesh.tasks.validation import dump_json
@@ -25,37 +26,6 @@ from taskmesh.workflows.spec import MapFrom, NodeSpec, TaskOptions, WorkflowLimi
 Resolve = Callable[[str, str | None, int | None], tuple[str, int]]
 """``(task name, queue asked for, max_retries asked for) -> (queue, max_retries)``: a task's defaults
 as an enqueue resolves them (the request's, else its handler's, else the instance's)."""
-
-
-@dataclass(slots=True)
-class TaskColumns:
-    """The columns of ``workflow_insert_tasks``, one item per task."""
-
-    ids: list[uuid.UUID] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-    queues: list[str] = field(default_factory=list)
-    priorities: list[int] = field(default_factory=list)
-    payloads: list[str] = field(default_factory=list)
-    max_retries: list[int] = field(default_factory=list)
-    statuses: list[str] = field(default_factory=list)
-    nodes: list[str] = field(default_factory=list)
-    map_indexes: list[int | None] = field(default_factory=list)
-    timeouts: list[float | None] = field(default_factory=list)
-
-    def columns(self) -> list[list[Any]]:
-        """The ten arrays in the statement's order."""
-        return [
-            self.ids,
-            self.names,
-            self.queues,
-            self.priorities,
-            self.payloads,
-            self.max_retries,
-            self.statuses,
-            self.nodes,
-            self.map_indexes,
-            self.timeouts,
-        ]
 
 
 @dataclass(slots=True)
@@ -68,7 +38,8 @@ class WorkflowPlan:
     nodes_json: str
     parents: list[str]
     children: list[str]
-    tasks: TaskColumns
+    tasks: TaskRows
+    """The workflow's tasks as an enqueue plan's rows (``task_insert_many`` stores them)."""
     push: list[PushTarget]
     answer: dict[str, str | list[str]]
     """``{node id: task id, or a map's task ids}`` as the 201 answer names them."""
@@ -84,7 +55,7 @@ def plan(spec: WorkflowSpec, trace_id: str, resolve: Resolve, limits: WorkflowLi
     :raises InvalidTaskError: a payload is not storable JSON (``nodes[i].payload``).
     """
     workflow_id = uuid7()
-    tasks = TaskColumns()
+    tasks = TaskRows()
     push: list[PushTarget] = []
     answer: dict[str, str | list[str]] = {}
     rows: list[dict[str, Any]] = []
@@ -141,19 +112,24 @@ def plan(spec: WorkflowSpec, trace_id: str, resolve: Resolve, limits: WorkflowLi
         else:
             payloads = [dump_json(options.payload if options.payload is not None else {}, f"{where}payload")]
             indexes = [None]
-        ids = [uuid7() for _ in payloads]
         status = TaskStatus.QUEUED if released else TaskStatus.BLOCKED
-        for task_id, payload, index in zip(ids, payloads, indexes, strict=True):
-            tasks.ids.append(task_id)
-            tasks.names.append(options.task)
-            tasks.queues.append(queue)
-            tasks.priorities.append(priority)
-            tasks.payloads.append(payload)
-            tasks.max_retries.append(max_retries)
-            tasks.statuses.append(status)
-            tasks.nodes.append(node_id)
-            tasks.map_indexes.append(index)
-            tasks.timeouts.append(options.timeout)
+        ids = []
+        for payload, index in zip(payloads, indexes, strict=True):
+            task_id = tasks.add(
+                name=options.task,
+                queue=queue,
+                priority=priority,
+                payload=payload,
+                max_retries=max_retries,
+                tenant_id=spec.tenant_id,
+                trace_id=trace_id,
+                status=status,
+                workflow_id=workflow_id,
+                workflow_node=node_id,
+                map_index=index,
+                timeout=options.timeout,
+            )
+            ids.append(task_id)
             if released:
                 push.append(PushTarget(task_id, queue, priority, None))
         answer[node_id] = [str(i) for i in ids] if kind == NodeKind.MAP else str(ids[0])

@@ -101,6 +101,8 @@ def parse_workflow(data: Any, limits: WorkflowLimits | None = None) -> WorkflowS
     if "context" in data:
         check_json(data["context"], "context")
     for i, node in enumerate(nodes if isinstance(nodes, list) else []):
+        if isinstance(node, dict) and "map" in node and not isinstance(node["map"], list | dict):
+            raise InvalidTaskError(f"nodes[{i}].map", 'must be a list of items or {"from": "<node id>"}')
         if isinstance(node, dict):
             for key in ("payload", "map"):
                 if key in node:

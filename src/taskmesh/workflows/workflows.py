@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from taskmesh.errors import InvalidTaskError, StoreError, WorkflowNotFoundError, WorkflowStateError
+from taskmesh.errors import InvalidTaskError, WorkflowNotFoundError, WorkflowStateError
 from taskmesh.observability.logs import get_logger
 from taskmesh.observability.tracing import new_trace_id
 from taskmesh.security import audit
@@ -94,10 +94,11 @@ class Workflows:
                 if found is None:  # deleted between the two statements: vanishingly rare, say so
                     raise WorkflowNotFoundError(f"of dedup_key {spec.dedup_key!r} (deleted meanwhile)")
                 _note(found["id"], spec.tenant_id, deduplicated=True)
-                return Submitted(found["id"], found["status"], False, found["trace_id"], {})
+                answer = await _task_map(tx, found["id"])
+                return Submitted(found["id"], found["status"], False, found["trace_id"], answer)
             await tx.workflows.insert_nodes(planned.workflow_id, planned.nodes_json)
             await tx.workflows.insert_edges(planned.workflow_id, planned.parents, planned.children)
-            await tx.workflows.insert_tasks(spec.tenant_id, trace_id, planned.workflow_id, planned.tasks.columns())
+            await tx.tasks.insert_many(planned.tasks.columns())  # the one enqueue plan's statement
             if planned.empty_root_maps:
                 await tx.workflows.advance([planned.workflow_id])
             _note(planned.workflow_id, spec.tenant_id)
@@ -112,7 +113,7 @@ class Workflows:
             tasks=len(planned.tasks.ids),
             trace_id=trace_id,
         )
-        return Submitted(planned.workflow_id, WorkflowStatus.RUNNING, True, trace_id, planned.answer)
+        return Submitted(planned.workflow_id, WorkflowStatus.RUNNING.value, True, trace_id, planned.answer)
 
     def _resolve(self, name: str, queue: str | None, max_retries: int | None) -> tuple[str, int]:
         fields: dict[str, Any] = {"name": name}
@@ -198,7 +199,7 @@ class Workflows:
                 "started_at": _iso(n["started_at"]),
                 "finished_at": _iso(n["finished_at"]) if n["state"] in ("succeeded", "failed") else None,
                 "waiting_for": waiting,
-                "error": n["error"],
+                "error": n["error"] or n["task_error"],
             }
             task_ids = [str(i) for i in ids.get(n["node_id"], [])]
             if kind == NodeKind.MAP:
@@ -258,15 +259,14 @@ class Workflows:
         if status is None:
             raise WorkflowNotFoundError(str(workflow_id))
         if status != WorkflowStatus.CANCELLED:
-            raise WorkflowStateError(str(workflow_id), status, "there is nothing to cancel (retry it to run it again)")
+            hint = "it is over: there is nothing to cancel"
+            raise WorkflowStateError(
+                str(workflow_id), status, hint + (" (retry it to run it again)" if status == "failed" else "")
+            )
         rows = await self.pg.workflows.cancel_tasks(workflow_id)
         await self.pg.workflows.advance([workflow_id])  # over now when nothing of it runs
-        ended = [r for r in rows if r["cancelled"]]
-        try:
-            await self.tasks.redis.forget_many([(r["queue"], str(r["id"])) for r in ended])
-            await self.tasks.redis.finished.announce([r["id"] for r in ended])
-        except StoreError as exc:  # a stray id only costs a failed claim
-            log.warning("redis_forget_failed", tasks=len(ended), error=str(exc))
+        await self.tasks.mirror(rows)
+        ended = [r for r in rows if r["status"] == TaskStatus.CANCELLED]
         _note(workflow_id, None, reason=reason)
         log.info("workflow_cancelled", workflow_id=str(workflow_id), cancelled=len(ended), reason=reason)
         return {
@@ -328,6 +328,17 @@ class Workflows:
         return repaired
 
 
+async def _task_map(pg: Any, workflow_id: uuid.UUID) -> dict[str, str | list[str]]:
+    """``{node id: task id, or a map's task ids}`` of a stored workflow, as its submission answered."""
+    ids = await pg.workflows.task_ids(workflow_id, TASK_IDS_PER_NODE)
+    kinds = {n["node_id"]: n["kind"] for n in await pg.workflows.nodes(workflow_id)}
+    return {
+        node: [str(i) for i in ids.get(node, [])] if kind == NodeKind.MAP else str(ids[node][0])
+        for node, kind in kinds.items()
+        if kind == NodeKind.MAP or ids.get(node)
+    }
+
+
 def _display_state(status: str, state: str, counts: dict[str, int]) -> str:
     """One word for a node: ``blocked``, ``running`` (a task of it runs or is queued), ``succeeded``,
     ``failed``, ``skipped`` or ``cancelled``."""
@@ -335,6 +346,8 @@ def _display_state(status: str, state: str, counts: dict[str, int]) -> str:
         return status
     if state in ("pending", "failing"):
         return "running"
+    if state == "failed" and not counts.get("failed") and not counts.get("skipped") and counts.get("cancelled"):
+        return "cancelled"  # stopped by a cancel, not failed by itself
     return state
 
 

@@ -20,6 +20,7 @@ from taskmesh.api.auth import reach_of, require
 from taskmesh.api.deps import (
     StateDep,
     body_schema,
+    is_name,
     json_response,
     parse_body,
     query_parameter,
@@ -37,7 +38,7 @@ from taskmesh.errors import BeyondReachError, InvalidTaskError, NotReadyError, W
 from taskmesh.security import audit
 from taskmesh.security.tenancy import Reach
 from taskmesh.tasks.states import WorkflowStatus
-from taskmesh.tasks.validation import NAME_REGEX, TaskSpec, check_json
+from taskmesh.tasks.validation import NAME_REGEX, TENANT_CHARACTERS, TaskSpec, check_json
 from taskmesh.workflows.spec import WorkflowSpec, parse_workflow
 from taskmesh.workflows.workflows import PAGE_MAX, Workflows
 
@@ -115,7 +116,7 @@ def bind_to_reach(spec: WorkflowSpec, reach: Reach, workflows: Workflows) -> Wor
             "description": "The dedup_key repeats: the existing workflow, `deduplicated: true`",
             "model": WorkflowCreated,
         },
-        **problem_responses(400, 403, 409, 413, 422),
+        **problem_responses(400, 403, 413, 422),
     },
     status_code=201,
     response_model=WorkflowCreated,
@@ -203,7 +204,17 @@ def _list_params(request: Request) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for key, value in request.query_params.items():
-        if key in ("name", "tenant_id", "cursor"):
+        if key == "name":
+            if not is_name(value):
+                raise InvalidTaskError("name", "must match [A-Za-z0-9_.:-]{1,128}")
+            out[key] = value
+        elif key == "tenant_id":
+            if not 1 <= len(value) <= 128 or not value.isprintable():
+                raise InvalidTaskError("tenant_id", TENANT_CHARACTERS)
+            out[key] = value
+        elif key == "cursor":
+            if len(value) > 200:
+                raise InvalidTaskError("cursor", "not a cursor this listing returned (next_cursor)")
             out[key] = value
         elif key == "status":
             if value not in {s.value for s in WorkflowStatus}:
@@ -243,7 +254,7 @@ class CancelWorkflow(BaseModel):
     tags=["workflows"],
     response_model=WorkflowCancelled,
     dependencies=[Depends(require("tasks:cancel"))],
-    responses=problem_responses(404, 409, 422),
+    responses=problem_responses(404, 409, 413, 422),
     openapi_extra=body_schema(CancelWorkflow, required=False),
     summary="Cancel a workflow: nothing of it starts again, running tasks are stopped (idempotent)",
 )

@@ -41,6 +41,9 @@ class Task(_TaskFields):
     """A task with its payload."""
 
     payload: Any = Field(description="The JSON value it was created with.")
+    workflow_id: uuid.UUID | None = Field(default=None, description="The workflow it is a node of (null: none).")
+    workflow_node: str | None = Field(default=None, description="Its node's id in that workflow.")
+    map_index: int | None = Field(default=None, description="A map node's task: the index of its item.")
 
 
 class RunSummary(BaseModel):

@@ -23,7 +23,7 @@ class WorkflowCreated(BaseModel):
     trace_id: str | None = Field(description="Carried by every task of the workflow.")
     nodes: dict[str, uuid.UUID | list[uuid.UUID]] = Field(
         description="Each node's task id; a map node's task ids in item order (none yet for a map over a "
-        "dep's result); the callbacks under on_failure and finally. Empty when deduplicated."
+        "dep's result); the callbacks under on_failure and finally. Deduplicated: the first workflow's."
     )
     deduplicated: bool | None = Field(default=None, description="True when dedup_key named an existing workflow.")
 
@@ -59,7 +59,9 @@ class WorkflowNode(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     waiting_for: list[str] = Field(description="The deps it waits for (a callback: the nodes not ended).")
-    error: str | None = Field(description="Why a map node failed to make its tasks.")
+    error: str | None = Field(
+        description="Why it failed: a map node's error making its tasks, else its failed task's latest error."
+    )
     task_id: uuid.UUID | None = Field(default=None, description="A task or callback node's task.")
     task_ids: list[uuid.UUID] | None = Field(default=None, description="A map node's tasks (the first 1,000).")
 

@@ -159,6 +159,8 @@ BEGIN
                 v_states := COALESCE(v_states, '{}');
                 IF c.on_dep_failure = 'fail' AND ('failed' = ANY(v_states) OR 'failing' = ANY(v_states)) THEN
                     v_verdict := 'skip';
+                ELSIF c.on_dep_failure = 'continue' AND ('failed' = ANY(v_states) OR 'failing' = ANY(v_states)) THEN
+                    v_verdict := 'release';  -- at the first failure, not waiting for the other deps
                 ELSIF 'pending' = ANY(v_states) OR (c.on_dep_failure = 'ignore' AND 'failing' = ANY(v_states)) THEN
                     v_verdict := 'wait';
                 ELSE
@@ -262,8 +264,9 @@ BEGIN
     UPDATE workflows w
     SET status = CASE
             WHEN w.status <> 'running' THEN w.status
+            -- a node that did not succeed, or a callback's task that failed
             WHEN EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = w.id AND d.kind IN ('task', 'map')
-                                                          AND d.status IN ('skipped', 'failed', 'cancelled'))
+                            AND taskmesh_node_state(d.workflow_id, d.node_id, d.status) <> 'succeeded')
               OR EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id AND t.status IN ('failed', 'cancelled'))
                 THEN 'failed'
             ELSE 'completed' END,
