@@ -32,7 +32,9 @@ Plain tasks are enqueued by ``Client.enqueue_many``, 1,000 a call. Every handler
 cost, where a workflow's share of it is largest.
 
 Then once, **at rest**: on a running instance that has run a warm-up chain, ``--rest-chains``
-chains submitted one by one at ``--rest-rate`` per second.
+chains submitted one by one at ``--rest-rate`` per second; beside their joins' delay, the pickup of
+their roots (creation to the run's start: the path of any enqueued task) at the same moments, for
+scale. ``--rounds 0`` runs only this phase.
 
 Figures, per drain:
 
