@@ -110,9 +110,12 @@ class WorkflowQueries(Queries):
         """``workflow_run_inputs``: ``workflow_id, node, parent, kind, map_index, status, result`` (JSON text)."""
         return await self._fetch("workflow_run_inputs", list(workflow_ids), list(nodes))
 
-    async def run_context(self, workflow_ids: Sequence[uuid.UUID]) -> list[asyncpg.Record]:
-        """``workflow_run_context``: ``id, name, context, summary`` (JSON texts)."""
-        return await self._fetch("workflow_run_context", list(workflow_ids))
+    async def run_context(
+        self, workflow_ids: Sequence[uuid.UUID], summarized: Sequence[uuid.UUID] = ()
+    ) -> list[asyncpg.Record]:
+        """``workflow_run_context``: ``id, name, context, summary`` (JSON texts; ``summary`` only for the
+        workflows in ``summarized``, else null)."""
+        return await self._fetch("workflow_run_context", list(workflow_ids), list(summarized))
 
     async def delete_finished(self, older_than_seconds: float, batch: int) -> int:
         """``workflow_delete_finished``: how many workflows left (with their tasks)."""

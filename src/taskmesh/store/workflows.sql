@@ -211,11 +211,13 @@ LEFT JOIN LATERAL (
 ORDER BY c.workflow_id, c.node, e.parent, t.map_index;
 
 -- name: workflow_run_context
--- The workflows of claimed tasks ($1), with each node's state for the callbacks' summary.
+-- The workflows of claimed tasks ($1); each node's state, the callbacks' summary, only of those in $2
+-- (the workflows of claimed callbacks: every other claim skips reading every node's state).
 SELECT w.id, w.name, w.context::text AS context,
+       CASE WHEN w.id = ANY($2::uuid[]) THEN
        (SELECT jsonb_object_agg(n.node_id, CASE WHEN n.status IN ('skipped', 'cancelled') THEN n.status
                                                 ELSE taskmesh_node_state(n.workflow_id, n.node_id, n.status) END)
-        FROM workflow_nodes n WHERE n.workflow_id = w.id AND n.kind IN ('task', 'map'))::text AS summary
+        FROM workflow_nodes n WHERE n.workflow_id = w.id AND n.kind IN ('task', 'map'))::text END AS summary
 FROM workflows w WHERE w.id = ANY($1::uuid[]);
 
 -- name: workflow_owner

@@ -206,8 +206,10 @@ class Tasks(TaskActions):
         :raises StoreError: a store failed.
         """
         rows = await self.pg.tasks.list_unclaimed_queued(task_ids)
+        # PostgreSQL's own word on whether each is due (its clock): an estimate of that clock a little
+        # behind would send a task due now through the delayed set, a mover's tick later.
         await self.redis.push_ready_or_delayed(
-            [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows]
+            [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"] if r["delayed"] else None) for r in rows]
         )
         return len(rows)
 

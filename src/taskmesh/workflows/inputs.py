@@ -51,7 +51,12 @@ async def attach(pg: PgStore, claimed: Sequence[ClaimedTask], max_bytes: int = P
                 items.append(value)
         else:
             deps[key][r["parent"]] = value
-    contexts = {r["id"]: r for r in await pg.workflows.run_context(sorted(set(wf_ids)))}
+    callbacks = {
+        t.workflow_id
+        for t in nodes
+        if t.workflow_id is not None and t.workflow_node in (NodeKind.ON_FAILURE, NodeKind.FINALLY)
+    }
+    contexts = {r["id"]: r for r in await pg.workflows.run_context(sorted(set(wf_ids)), sorted(callbacks))}
     out: list[ClaimedTask] = []
     for task in claimed:
         if task.workflow_id is None or task.workflow_node is None:
