@@ -38,13 +38,8 @@ async def poison(payload: Any) -> None:
 _ledger_pool: asyncpg.Pool | None = None
 
 
-@taskmesh.task("ledger")
-async def ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
-    """Records (task, attempt, pid, start, end) in the ``ledger`` table after a 0-200 ms sleep.
-
-    Used by the chaos suite: overlapping entries of one task would mean one
-    task ran twice at once.
-    """
+async def _ledger() -> asyncpg.Pool:
+    """The process's pool of the ledger handlers, made at their first run."""
     global _ledger_pool
     if _ledger_pool is None:
         _ledger_pool = await asyncpg.create_pool(
@@ -53,10 +48,21 @@ async def ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
             max_size=4,
             statement_cache_size=0,  # a pooler may be between
         )
+    return _ledger_pool
+
+
+@taskmesh.task("ledger")
+async def ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Records (task, attempt, pid, start, end) in the ``ledger`` table after a 0-200 ms sleep.
+
+    Used by the chaos suite: overlapping entries of one task would mean one
+    task ran twice at once.
+    """
+    pool = await _ledger()
     start = time.time()
     await anyio.sleep(random.uniform(0, float(payload.get("max_sleep", 0.2))))
     end = time.time()
-    await _ledger_pool.execute(
+    await pool.execute(
         "INSERT INTO ledger (task_id, attempt, pid, started, ended) VALUES ($1, $2, $3, $4, $5)",
         ctx.task_id,
         ctx.attempt,
@@ -165,21 +171,14 @@ async def wf_ledger(payload: dict[str, Any], ctx: TaskContext) -> Any:
 
     Returns its map item (or its node id), so a join can check what it was handed.
     """
-    global _ledger_pool
-    if _ledger_pool is None:
-        _ledger_pool = await asyncpg.create_pool(
-            os.environ["DATABASE_URL"],
-            min_size=1,
-            max_size=4,
-            statement_cache_size=0,  # a pooler may be between
-        )
+    pool = await _ledger()
     start = time.time()
     seconds = float(payload.get("seconds", 0)) if isinstance(payload, dict) else 0.0
     if seconds and (ctx.attempt == 1 or not payload.get("first_only")):
         await anyio.sleep(seconds)
     handed = sum(len(v) if isinstance(v, list) else 1 for v in ctx.parents.values())
     assert ctx.workflow is not None
-    await _ledger_pool.execute(
+    await pool.execute(
         "INSERT INTO wf_ledger (node, task_id, attempt, pid, started, ended, handed)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7)",
         ctx.workflow["node"],
