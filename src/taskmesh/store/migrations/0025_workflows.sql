@@ -341,24 +341,24 @@ $$;
 
 -- The one place a task's status change is followed up, whatever statement made it (a result,
 -- a reclaim, a hand-back, a cancel, a bulk operation, a retry): the tasks of workflows that
--- reached a terminal state advance their workflows. Other statements pay one scan of their
--- transition table for a workflow id. The updates advance makes itself are looked at by
--- advance's own loop, not by a nested call (taskmesh.advancing).
+-- are in a terminal state after the statement advance their workflows. Other statements pay one
+-- scan of their transition table for a workflow id. Only the new rows are kept (keeping the old
+-- ones too, to see which statuses changed, cost every update of tasks a second copy of its rows):
+-- a statement that rewrites a task already ended advances its workflow again, which decides
+-- nothing new. The updates advance makes itself are looked at by advance's own loop, not by a
+-- nested call (taskmesh.advancing).
 CREATE FUNCTION taskmesh_task_transitions() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v_w uuid[];
     v_n text[];
 BEGIN
-    IF current_setting('taskmesh.advancing', true) = 'on'
-       OR NOT EXISTS (SELECT 1 FROM changed_new WHERE workflow_id IS NOT NULL) THEN
+    IF current_setting('taskmesh.advancing', true) = 'on' THEN
         RETURN NULL;
     END IF;
     SELECT array_agg(e.workflow_id), array_agg(e.workflow_node) INTO v_w, v_n
-    FROM (SELECT DISTINCT n.workflow_id, n.workflow_node
-          FROM changed_new n JOIN changed_old o ON o.id = n.id
-          WHERE n.workflow_id IS NOT NULL AND n.status IS DISTINCT FROM o.status
-            AND n.status IN ('completed', 'failed', 'cancelled', 'skipped')) e;
+    FROM (SELECT DISTINCT n.workflow_id, n.workflow_node FROM changed_new n
+          WHERE n.workflow_id IS NOT NULL AND n.status IN ('completed', 'failed', 'cancelled', 'skipped')) e;
     IF v_w IS NOT NULL THEN
         PERFORM taskmesh_workflow_advance(v_w, v_n);
     END IF;
@@ -367,5 +367,5 @@ END
 $$;
 
 CREATE TRIGGER tasks_transitions AFTER UPDATE ON tasks
-    REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new
+    REFERENCING NEW TABLE AS changed_new
     FOR EACH STATEMENT EXECUTE FUNCTION taskmesh_task_transitions();
