@@ -207,3 +207,41 @@ async def test_results_over_the_bound_fail_the_child_naming_the_setting(
         "the results of this task's deps hold 3002 bytes, more than the workflow_parents_max_bytes setting (2048): "
         "return less from them (a key into storage)"
     )
+
+
+async def test_a_map_over_a_result_past_the_bound_runs_each_item_not_handed_the_whole_list(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    @registry.task("wf.rows")
+    async def rows(payload: Any) -> list[str]:
+        return [f"{i:03d}" + "r" * 197 for i in range(20)]  # 4,120 bytes as JSON: twice the bound below
+
+    handed: list[Any] = []
+
+    @registry.task("wf.row", max_retries=0)
+    async def row(payload: str, ctx: TaskContext) -> int:
+        handed.append(ctx.parents)
+        return int(payload[:3])
+
+    @registry.task("wf.count", max_retries=0)
+    async def count(payload: Any, ctx: TaskContext) -> int:
+        return len(ctx.parents["row"])
+
+    body = {
+        "name": "wide",
+        "nodes": [
+            {"id": "rows", "task": "wf.rows"},
+            {"id": "row", "task": "wf.row", "deps": ["rows"], "map": {"from": "rows"}},
+            {"id": "count", "task": "wf.count", "deps": ["row"]},
+        ],
+    }
+    async with start_instance(workflow_parents_max_bytes=2048) as inst, http(inst) as client:
+        created = (await client.post("/api/v1/workflows", json=body)).json()
+
+        async def over() -> dict[str, Any] | None:
+            got: dict[str, Any] = (await client.get(f"/api/v1/workflows/{created['workflow_id']}")).json()
+            return got if got["finished_at"] else None
+
+        done = await wait_for(over)
+    assert done["status"] == "completed", done
+    assert handed == [{}] * 20

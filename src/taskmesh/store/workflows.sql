@@ -199,10 +199,14 @@ GROUP BY id ORDER BY min(updated_at) LIMIT $1;
 
 -- name: workflow_run_inputs
 -- What the claimed tasks of workflows ($1 workflow, $2 node, one pair per task) are handed: each
--- dep's tasks with their status and latest successful result, a map's in item order.
+-- dep's tasks with their status and latest successful result, a map's in item order. A map over a
+-- result is not handed that result: each of its tasks holds its own item as its payload, and the
+-- whole list, handed to each of thousands of tasks, is what workflow_parents_max_bytes bounds.
 SELECT c.workflow_id, c.node, e.parent, p.kind, t.map_index, t.status, r.result::text AS result
 FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[]) AS c(workflow_id, node)) c
+JOIN workflow_nodes cn ON cn.workflow_id = c.workflow_id AND cn.node_id = c.node
 JOIN workflow_edges e ON e.workflow_id = c.workflow_id AND e.child = c.node
+                     AND e.parent IS DISTINCT FROM cn.map_from
 JOIN workflow_nodes p ON p.workflow_id = e.workflow_id AND p.node_id = e.parent
 LEFT JOIN tasks t ON t.workflow_id = e.workflow_id AND t.workflow_node = e.parent
 LEFT JOIN LATERAL (

@@ -123,6 +123,12 @@ $$;
 -- (the trigger, a retry, the reconciler), and each statement after it reads a fresh snapshot
 -- (READ COMMITTED), so the last of two concurrent ends sees the other's and releases the join,
 -- and the conditional update from `blocked` releases it once.
+--
+-- Set-based: one statement decides every candidate of the batch, one skips, one releases; only a
+-- map over a result is made node by node. A batch of results ends tasks of hundreds of
+-- workflows at once, and a statement per candidate cost more than the candidate's own work.
+-- Nodes decided in one round whose children (or callbacks) may now be decided are the next
+-- round's frontier: a skip, a map that failed, a node released with no task to run.
 CREATE FUNCTION taskmesh_workflow_advance(p_workflows uuid[], p_nodes text[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -131,87 +137,109 @@ DECLARE
     v_next_w uuid[];
     v_next_n text[];
     v_all uuid[];
+    v_running uuid[];
     v_released uuid[] := '{}';
     v_ids uuid[];
     v_decided integer := 0;
-    v_states text[];
-    v_verdict text;
+    v_skip_w uuid[];
+    v_skip_n text[];
+    v_rel_w uuid[];
+    v_rel_n text[];
+    v_made_w uuid[];
+    v_made_n text[];
     v_result jsonb;
     v_error text;
     c record;
-    i integer;
 BEGIN
-    SELECT array_agg(id ORDER BY id) INTO v_all FROM (
-        SELECT id FROM workflows WHERE id = ANY(p_workflows) ORDER BY id FOR NO KEY UPDATE
+    SELECT array_agg(id ORDER BY id), array_agg(id) FILTER (WHERE status = 'running') INTO v_all, v_running FROM (
+        SELECT id, status FROM workflows WHERE id = ANY(p_workflows) ORDER BY id FOR NO KEY UPDATE
     ) locked;
     IF v_all IS NULL THEN
         RETURN 0;
     END IF;
     PERFORM set_config('taskmesh.advancing', 'on', true);
     LOOP
-        v_next_w := '{}';
-        v_next_n := '{}';
-        FOR c IN
-            SELECT n.workflow_id, n.node_id, n.kind, n.task_name, n.deps, n.on_dep_failure, n.map_from, n.template
-            FROM workflow_nodes n JOIN workflows w ON w.id = n.workflow_id AND w.status = 'running'
-            WHERE n.status = 'blocked' AND n.workflow_id = ANY(v_all)
-              AND ((n.workflow_id, n.node_id) IN (
-                       SELECT e.workflow_id, e.child FROM unnest(v_w, v_n) ch(w, node)
-                       JOIN workflow_edges e ON e.workflow_id = ch.w AND e.parent = ch.node)
-                   OR n.kind IN ('on_failure', 'finally') AND n.workflow_id = ANY(v_w)
-                   OR n.workflow_id IN (SELECT ch.w FROM unnest(v_w, v_n) ch(w, node) WHERE ch.node IS NULL))
-            ORDER BY n.workflow_id, n.position
-        LOOP
-            IF c.kind IN ('task', 'map') THEN
-                SELECT array_agg(taskmesh_node_state(d.workflow_id, d.node_id, d.status)) INTO v_states
-                FROM workflow_nodes d WHERE d.workflow_id = c.workflow_id AND d.node_id = ANY(c.deps);
-                v_states := COALESCE(v_states, '{}');
-                IF c.on_dep_failure = 'fail' AND ('failed' = ANY(v_states) OR 'failing' = ANY(v_states)) THEN
-                    v_verdict := 'skip';
-                ELSIF c.on_dep_failure = 'continue' AND ('failed' = ANY(v_states) OR 'failing' = ANY(v_states)) THEN
-                    v_verdict := 'release';  -- at the first failure, not waiting for the other deps
-                ELSIF 'pending' = ANY(v_states) OR (c.on_dep_failure = 'ignore' AND 'failing' = ANY(v_states)) THEN
-                    v_verdict := 'wait';
-                ELSE
-                    v_verdict := 'release';
-                END IF;
-            ELSE
-                SELECT array_agg(taskmesh_node_state(d.workflow_id, d.node_id, d.status)) INTO v_states
-                FROM workflow_nodes d
-                WHERE d.workflow_id = c.workflow_id
-                  AND (d.kind IN ('task', 'map') OR c.kind = 'finally' AND d.kind = 'on_failure');
-                v_states := COALESCE(v_states, '{}');
-                IF 'pending' = ANY(v_states) OR 'failing' = ANY(v_states) THEN
-                    v_verdict := 'wait';
-                ELSIF c.kind = 'finally' THEN
-                    v_verdict := 'release';
-                ELSIF EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = c.workflow_id
-                                 AND d.kind IN ('task', 'map') AND d.status IN ('skipped', 'failed', 'cancelled'))
-                   OR EXISTS (SELECT 1 FROM tasks t JOIN workflow_nodes d
-                                ON d.workflow_id = t.workflow_id AND d.node_id = t.workflow_node
-                              WHERE t.workflow_id = c.workflow_id AND d.kind IN ('task', 'map')
-                                AND t.status IN ('failed', 'cancelled', 'skipped')) THEN
-                    v_verdict := 'release';
-                ELSE
-                    v_verdict := 'skip';
-                END IF;
-            END IF;
+        -- Every candidate's verdict from its deps' states (a callback's: every task and map node's).
+        SELECT array_agg(v.workflow_id) FILTER (WHERE v.verdict = 'skip'),
+               array_agg(v.node_id) FILTER (WHERE v.verdict = 'skip'),
+               array_agg(v.workflow_id) FILTER (WHERE v.verdict = 'release'),
+               array_agg(v.node_id) FILTER (WHERE v.verdict = 'release')
+        INTO v_skip_w, v_skip_n, v_rel_w, v_rel_n
+        FROM (
+            SELECT n.workflow_id, n.node_id,
+                   CASE WHEN n.kind IN ('task', 'map') THEN
+                       CASE WHEN n.on_dep_failure = 'fail' AND st.bad THEN 'skip'
+                            WHEN n.on_dep_failure = 'continue' AND st.bad THEN 'release'  -- at the first failure
+                            WHEN st.pending OR n.on_dep_failure = 'ignore' AND st.failing THEN 'wait'
+                            ELSE 'release' END
+                   WHEN st.pending OR st.failing THEN 'wait'
+                   WHEN n.kind = 'finally' THEN 'release'
+                   WHEN EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = n.workflow_id
+                                   AND d.kind IN ('task', 'map') AND d.status IN ('skipped', 'failed', 'cancelled'))
+                     OR EXISTS (SELECT 1 FROM tasks t JOIN workflow_nodes d
+                                  ON d.workflow_id = t.workflow_id AND d.node_id = t.workflow_node
+                                WHERE t.workflow_id = n.workflow_id AND d.kind IN ('task', 'map')
+                                  AND t.status IN ('failed', 'cancelled', 'skipped')) THEN 'release'
+                   ELSE 'skip' END AS verdict
+            -- The candidates, driven by the frontier: its nodes' children, its workflows' callbacks,
+            -- every blocked node of a workflow named without a node.
+            FROM (SELECT e.workflow_id AS w, e.child AS node
+                  FROM unnest(v_w, v_n) ch(w, node) JOIN workflow_edges e ON e.workflow_id = ch.w AND e.parent = ch.node
+                  UNION
+                  SELECT b.workflow_id, b.node_id FROM workflow_nodes b
+                  WHERE b.workflow_id = ANY(v_w) AND b.status = 'blocked' AND b.kind IN ('on_failure', 'finally')
+                  UNION
+                  SELECT b.workflow_id, b.node_id FROM workflow_nodes b
+                  WHERE b.status = 'blocked'
+                    AND b.workflow_id IN (SELECT ch.w FROM unnest(v_w, v_n) ch(w, node) WHERE ch.node IS NULL)) cand
+            JOIN workflow_nodes n ON n.workflow_id = cand.w AND n.node_id = cand.node
+            -- Each dep's state as taskmesh_node_state says it, inline (a function call per dep cost
+            -- more than its probes): open = blocked, or released with a task not ended; bad = decided
+            -- other than released, or released with a task that ended badly. failing = bad and open.
+            CROSS JOIN LATERAL (
+                SELECT COALESCE(bool_or(x.bad), false) AS bad,
+                       COALESCE(bool_or(x.bad AND x.open), false) AS failing,
+                       COALESCE(bool_or(x.open AND NOT x.bad), false) AS pending
+                FROM (SELECT d.status = 'blocked'
+                             OR d.status = 'released' AND EXISTS (
+                                 SELECT 1 FROM tasks t WHERE t.workflow_id = d.workflow_id AND t.workflow_node = d.node_id
+                                   AND t.status IN ('blocked', 'queued', 'running')) AS open,
+                             d.status NOT IN ('blocked', 'released')
+                             OR d.status = 'released' AND EXISTS (
+                                 SELECT 1 FROM tasks t WHERE t.workflow_id = d.workflow_id AND t.workflow_node = d.node_id
+                                   AND t.status IN ('failed', 'cancelled', 'skipped')) AS bad
+                      FROM workflow_nodes d
+                      WHERE d.workflow_id = n.workflow_id
+                        AND CASE WHEN n.kind IN ('task', 'map') THEN d.node_id = ANY(n.deps)
+                                 ELSE d.kind IN ('task', 'map') OR n.kind = 'finally' AND d.kind = 'on_failure' END) x
+            ) st
+            WHERE n.status = 'blocked' AND n.workflow_id = ANY(v_running)
+        ) v;
+        v_next_w := COALESCE(v_skip_w, '{}');
+        v_next_n := COALESCE(v_skip_n, '{}');
+        v_decided := v_decided + cardinality(v_next_w) + COALESCE(cardinality(v_rel_w), 0);
 
-            CONTINUE WHEN v_verdict = 'wait';
-            v_decided := v_decided + 1;
-            IF v_verdict = 'skip' THEN
-                UPDATE workflow_nodes SET status = 'skipped'
-                WHERE workflow_id = c.workflow_id AND node_id = c.node_id AND status = 'blocked';
-                UPDATE tasks SET status = 'skipped', updated_at = now()
-                WHERE workflow_id = c.workflow_id AND workflow_node = c.node_id AND status = 'blocked';
-                v_next_w := v_next_w || c.workflow_id;
-                v_next_n := v_next_n || c.node_id;
-                CONTINUE;
-            END IF;
+        IF v_skip_w IS NOT NULL THEN
+            UPDATE workflow_nodes n SET status = 'skipped'
+            FROM unnest(v_skip_w, v_skip_n) s(w, node)
+            WHERE n.workflow_id = s.w AND n.node_id = s.node AND n.status = 'blocked';
+            UPDATE tasks t SET status = 'skipped', updated_at = now()
+            FROM unnest(v_skip_w, v_skip_n) s(w, node)
+            WHERE t.workflow_id = s.w AND t.workflow_node = s.node AND t.status = 'blocked';
+        END IF;
 
+        IF v_rel_w IS NOT NULL THEN
             -- A map over a result is made when released; released again by a retry, it keeps its tasks.
-            IF c.map_from IS NOT NULL AND NOT EXISTS (SELECT 1 FROM tasks WHERE workflow_id = c.workflow_id
-                                                                             AND workflow_node = c.node_id) THEN
+            v_made_w := '{}';
+            v_made_n := '{}';
+            FOR c IN
+                SELECT n.workflow_id, n.node_id, n.task_name, n.map_from, n.template
+                FROM workflow_nodes n JOIN unnest(v_rel_w, v_rel_n) r(w, node)
+                  ON n.workflow_id = r.w AND n.node_id = r.node
+                WHERE n.map_from IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM tasks WHERE workflow_id = n.workflow_id AND workflow_node = n.node_id)
+                ORDER BY n.workflow_id, n.position
+            LOOP
                 v_error := NULL;
                 SELECT r.result INTO v_result FROM tasks t JOIN task_runs r ON r.task_id = t.id
                 WHERE t.workflow_id = c.workflow_id AND t.workflow_node = c.map_from AND t.status = 'completed'
@@ -246,43 +274,59 @@ BEGIN
                     RETURNING id
                 )
                 SELECT array_agg(id) INTO v_ids FROM made;
-            ELSE
-                WITH released AS (
-                    UPDATE tasks SET status = 'queued', run_at = now(), updated_at = now()
-                    WHERE workflow_id = c.workflow_id AND workflow_node = c.node_id AND status = 'blocked'
-                    RETURNING id
-                )
-                SELECT array_agg(id) INTO v_ids FROM released;
-            END IF;
-            UPDATE workflow_nodes SET status = 'released', released_at = now()
-            WHERE workflow_id = c.workflow_id AND node_id = c.node_id;
-            IF v_ids IS NULL THEN  -- a map over nothing has ended as it began
-                v_next_w := v_next_w || c.workflow_id;
-                v_next_n := v_next_n || c.node_id;
-            ELSE
-                v_released := v_released || v_ids;
-            END IF;
-        END LOOP;
+                IF v_ids IS NULL THEN  -- a map over an empty list has ended as it began
+                    v_next_w := v_next_w || c.workflow_id;
+                    v_next_n := v_next_n || c.node_id;
+                ELSE
+                    v_released := v_released || v_ids;
+                    v_made_w := v_made_w || c.workflow_id;
+                    v_made_n := v_made_n || c.node_id;
+                END IF;
+            END LOOP;
+
+            -- Every other released node's tasks, blocked until now, in one statement; a node with
+            -- none (a map over an empty list) has ended as it began.
+            WITH released AS (
+                UPDATE tasks t SET status = 'queued', run_at = now(), updated_at = now()
+                FROM unnest(v_rel_w, v_rel_n) r(w, node)
+                WHERE t.workflow_id = r.w AND t.workflow_node = r.node AND t.status = 'blocked'
+                RETURNING t.id, t.workflow_id, t.workflow_node
+            ), empty AS (
+                SELECT r.w, r.node FROM unnest(v_rel_w, v_rel_n) r(w, node)
+                WHERE NOT EXISTS (SELECT 1 FROM released x WHERE x.workflow_id = r.w AND x.workflow_node = r.node)
+                  AND NOT EXISTS (SELECT 1 FROM unnest(v_made_w, v_made_n) m(w, node) WHERE m.w = r.w AND m.node = r.node)
+                  AND NOT EXISTS (SELECT 1 FROM unnest(v_next_w, v_next_n) f(w, node) WHERE f.w = r.w AND f.node = r.node)
+            )
+            SELECT (SELECT array_agg(id) FROM released), v_next_w || (SELECT array_agg(w) FROM empty),
+                   v_next_n || (SELECT array_agg(node) FROM empty)
+            INTO v_ids, v_next_w, v_next_n;
+            v_released := v_released || COALESCE(v_ids, '{}');
+
+            UPDATE workflow_nodes n SET status = 'released', released_at = now()
+            FROM unnest(v_rel_w, v_rel_n) r(w, node)
+            WHERE n.workflow_id = r.w AND n.node_id = r.node AND n.status = 'blocked';
+        END IF;
         EXIT WHEN cardinality(v_next_w) = 0;
         v_w := v_next_w;
         v_n := v_next_n;
     END LOOP;
 
     -- A workflow whose every node is decided and every task ended is over (and counted: workflow_ended).
+    -- Then a task or map node succeeded exactly when it was released and no task of it ended badly,
+    -- so it failed when such a node was not released or a task of it (or a callback's) failed.
     WITH over AS (
     UPDATE workflows w
     SET status = CASE
             WHEN w.status <> 'running' THEN w.status
-            -- a node that did not succeed, or a callback's task that failed
             WHEN EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = w.id AND d.kind IN ('task', 'map')
-                            AND taskmesh_node_state(d.workflow_id, d.node_id, d.status) <> 'succeeded')
+                            AND d.status <> 'released')
               OR EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id AND t.status IN ('failed', 'cancelled'))
                 THEN 'failed'
             ELSE 'completed' END,
         finished_at = now(), updated_at = now()
     WHERE w.id = ANY(v_all) AND w.finished_at IS NULL
-      AND NOT EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = w.id AND d.status = 'blocked')
       AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id AND t.status IN ('blocked', 'queued', 'running'))
+      AND NOT EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = w.id AND d.status = 'blocked')
     RETURNING w.name, w.status, extract(epoch FROM w.finished_at - w.created_at)::float8 AS seconds
     )
     INSERT INTO workflow_ended (name, outcome, seconds) SELECT name, status, seconds FROM over;
@@ -297,24 +341,24 @@ $$;
 
 -- The one place a task's status change is followed up, whatever statement made it (a result,
 -- a reclaim, a hand-back, a cancel, a bulk operation, a retry): the tasks of workflows that
--- reached a terminal state advance their workflows. Other statements pay one scan of their
--- transition table for a workflow id. The updates advance makes itself are looked at by
--- advance's own loop, not by a nested call (taskmesh.advancing).
+-- are in a terminal state after the statement advance their workflows. Other statements pay one
+-- scan of their transition table for a workflow id. Only the new rows are kept (keeping the old
+-- ones too, to see which statuses changed, cost every update of tasks a second copy of its rows):
+-- a statement that rewrites a task already ended advances its workflow again, which decides
+-- nothing new. The updates advance makes itself are looked at by advance's own loop, not by a
+-- nested call (taskmesh.advancing).
 CREATE FUNCTION taskmesh_task_transitions() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v_w uuid[];
     v_n text[];
 BEGIN
-    IF current_setting('taskmesh.advancing', true) = 'on'
-       OR NOT EXISTS (SELECT 1 FROM changed_new WHERE workflow_id IS NOT NULL) THEN
+    IF current_setting('taskmesh.advancing', true) = 'on' THEN
         RETURN NULL;
     END IF;
     SELECT array_agg(e.workflow_id), array_agg(e.workflow_node) INTO v_w, v_n
-    FROM (SELECT DISTINCT n.workflow_id, n.workflow_node
-          FROM changed_new n JOIN changed_old o ON o.id = n.id
-          WHERE n.workflow_id IS NOT NULL AND n.status IS DISTINCT FROM o.status
-            AND n.status IN ('completed', 'failed', 'cancelled', 'skipped')) e;
+    FROM (SELECT DISTINCT n.workflow_id, n.workflow_node FROM changed_new n
+          WHERE n.workflow_id IS NOT NULL AND n.status IN ('completed', 'failed', 'cancelled', 'skipped')) e;
     IF v_w IS NOT NULL THEN
         PERFORM taskmesh_workflow_advance(v_w, v_n);
     END IF;
@@ -323,5 +367,5 @@ END
 $$;
 
 CREATE TRIGGER tasks_transitions AFTER UPDATE ON tasks
-    REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new
+    REFERENCING NEW TABLE AS changed_new
     FOR EACH STATEMENT EXECUTE FUNCTION taskmesh_task_transitions();
