@@ -101,10 +101,11 @@ async def test_a_batch_of_chains_is_stored_in_one_transaction_and_every_chain_ru
     assert event["resource_type"] == "workflow"
     assert '"created": 40' in event["details"] and '"deduplicated": 0' in event["details"]
 
-    async with start_instance() as inst, http(inst) as client:
+    async with start_instance():
 
         async def all_over() -> bool:
-            return await pool.fetchval("SELECT count(*) FROM workflows WHERE status = 'completed'") == 40
+            over: int = await pool.fetchval("SELECT count(*) FROM workflows WHERE status = 'completed'")
+            return over == 40
 
         await wait_for(all_over, timeout=20)
     assert await pool.fetchval("SELECT count(*) FROM tasks WHERE status = 'completed'") == 120

@@ -240,7 +240,7 @@ async def test_the_clients_submit_many_built_workflows_at_once_as_the_batch_rout
 ) -> None:
     register(registry)
 
-    def built(c: Any, doc: int) -> dict[str, Any]:
+    def built(c: taskmesh.Client | taskmesh.SyncClient, doc: int) -> dict[str, Any]:
         return (
             c.workflow("doc", dedup_key=f"doc-{doc}")
             .task("a", "wf.resize", {"width": doc})
