@@ -180,6 +180,10 @@ async def test_concurrent_batches_sharing_dedup_keys_make_one_workflow_per_key(
     stored = await pool.fetch("SELECT dedup_key, id FROM workflows")
     assert {r["dedup_key"]: {r["id"]} for r in stored} == by_key
     assert created == len(stored) == len(by_key)
+    for out in answers:  # each batch's workflows in one transaction
+        made = [a.workflow_id for a in out if a.created]
+        xids = await pool.fetchval("SELECT count(DISTINCT xmin::text) FROM workflows WHERE id = ANY($1)", made)
+        assert xids == (1 if made else 0)
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 3 * len(stored)
 
 
