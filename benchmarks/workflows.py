@@ -17,9 +17,10 @@ plain side first, round 2 the other):
 1. **fan-out**: one workflow of a root whose result is a list of ``--fanout`` items (``bench.fanout``),
    a map node over that result (one task per item, made when the root ends) and a join after the
    map; against ``--fanout + 2`` plain tasks;
-2. **chains**: ``--chains`` workflows ``a -> b -> c``, submitted 8 at a time through the workflow
-   facade (``Workflows.submit``: one transaction each, then the root's push, as the Python client
-   does); against ``3 x --chains`` plain tasks;
+2. **chains**: ``--chains`` workflows ``a -> b -> c``, submitted through the workflow facade in
+   batches of 1,000 (``Workflows.submit_many``: one transaction of a few multi-row statements per
+   batch, then its roots' push, as ``client.submit_workflows`` and ``POST /api/v1/workflows:batch``
+   do); against ``3 x --chains`` plain tasks, enqueued 1,000 a call likewise;
 3. **baseline**: ``--baseline-tasks`` plain tasks drained by the code of ``--baseline`` (default
    ``1c898d0``, the commit before workflows) against the same drained by this checkout. The
    baseline's ``src/`` is exported with ``git archive`` into a folder of the temporary directory
@@ -93,8 +94,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DATABASE = "taskmesh_wfbench"
 BASELINE = "1c898d0"
 """The commit before workflows (``refactor(entry)``), whose plain drain the pair compares with."""
-SUBMITTERS = 8
-"""Chains submitted at once (each a transaction of its own), on a client pool of as many connections."""
+CHAIN_BATCH = 1000
+"""Chains per ``Workflows.submit_many`` (one transaction each), as plain tasks are enqueued 1,000 a call."""
 POLL_SECONDS = 0.05
 JOIN_DELAY_SQL = """
 SELECT n.workflow_id, n.node_id, w.name,
@@ -347,20 +348,15 @@ class WorkflowBench:
         return await self.drain(self.current, Drain(f"fan-out 1 -> {n:,} -> 1", n + 2, store), workflows=1)
 
     async def chains(self) -> Drain:
-        """``--chains`` chains submitted ``SUBMITTERS`` at a time, then drained."""
+        """``--chains`` chains submitted ``CHAIN_BATCH`` at a time (one transaction per batch), then drained."""
         n = self.args.chains
         await self.fresh(self.current)
         spec = parse_workflow(chain_body())
-        async with self.client(pool_size=SUBMITTERS) as client:
+        async with self.client() as client:
             flows = Workflows(client.tasks)
-            left = iter(range(n))
-
-            async def submitter() -> None:
-                for _ in left:
-                    await flows.submit(spec)
-
             t0 = time.perf_counter()
-            await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
+            for start in range(0, n, CHAIN_BATCH):
+                await flows.submit_many([spec] * min(CHAIN_BATCH, n - start))
             store = time.perf_counter() - t0
         return await self.drain(self.current, Drain(f"chains {n:,} x a -> b -> c", 3 * n, store), workflows=n)
 

@@ -139,7 +139,7 @@ async def test_every_api_route_names_its_scope_and_refuses_no_key_with_401_and_a
                     "scope": scope,
                 }
                 checked.append((method.upper(), path, scope))
-    assert len(checked) == 33
+    assert len(checked) == 34
     assert ("POST", "/api/v1/queues/{queue}/pause", "queues:admin") in checked
     assert ("GET", "/api/v1/workers", "workers:read") in checked
 

@@ -231,6 +231,9 @@ async def exercise_workflows(r: Recorder) -> None:
     await r.call("POST", "/api/v1/workflows", 200, chain)  # deduplicated
     cycle = {"name": "contract.cycle", "nodes": [{"id": "a", "task": "contract.ok", "deps": ["a"]}]}
     await r.call("POST", "/api/v1/workflows", 422, cycle)
+    batch = {"workflows": [{**chain, "dedup_key": "contract-batch"}, chain, cycle]}
+    await r.call("POST", "/api/v1/workflows:batch", 200, batch)  # created, deduplicated, rejected
+    await r.call("POST", "/api/v1/workflows:batch", 422, {**batch, "atomic": True})
     failing = await r.call(
         "POST", "/api/v1/workflows", 201, {"name": "contract.fails", "nodes": [{"id": "x", "task": "contract.fail"}]}
     )

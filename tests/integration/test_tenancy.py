@@ -236,6 +236,27 @@ async def create_workflow(c: httpx.AsyncClient, w: World) -> None:
     ]
 
 
+async def create_workflow_batch(c: httpx.AsyncClient, w: World) -> None:
+    graph: dict[str, Any] = {"name": "own-batch", "nodes": [{"id": "a", "task": "report.build"}]}
+    own = await c.post("/api/v1/workflows:batch", json={"workflows": [graph]}, headers=bearer(w.key["acme"]))
+    assert own.status_code == 200 and own.json()["created"] == 1, own.text
+    made = own.json()["results"][0]["workflow_id"]
+    got = await c.get(f"/api/v1/workflows/{made}", headers=bearer(w.key["acme"]))
+    assert got.json()["tenant_id"] == "acme"  # filled in from the key
+    other = await c.post(
+        "/api/v1/workflows:batch",
+        json={"workflows": [graph, {**graph, "tenant_id": "globex"}]},
+        headers=bearer(w.key["acme"]),
+    )
+    assert other.status_code == 403
+    assert other.json()["errors"] == [
+        {
+            "field": "workflows[1].tenant_id",
+            "message": "this key is bound to tenant 'acme'; it cannot create workflows of tenant 'globex'",
+        }
+    ]
+
+
 async def get_workflow(c: httpx.AsyncClient, w: World) -> None:
     await same_as_missing(c, "GET", "/api/v1/workflows/{id}", w.workflow["globex"]["running"], w.key["acme"])
     own = await c.get(f"/api/v1/workflows/{w.workflow['acme']['running']}", headers=bearer(w.key["acme"]))
@@ -380,6 +401,7 @@ ROUTES: dict[tuple[str, str], list[Check]] = {
     ("POST", "/api/v1/tasks/{task_id}/retry"): [retry],
     ("DELETE", "/api/v1/tasks/{task_id}"): [delete],
     ("POST", "/api/v1/workflows"): [create_workflow],
+    ("POST", "/api/v1/workflows:batch"): [create_workflow_batch],
     ("GET", "/api/v1/workflows/{workflow_id}"): [get_workflow],
     ("GET", "/api/v1/workflows"): [list_workflows],
     ("POST", "/api/v1/workflows/{workflow_id}/cancel"): [cancel_workflow],

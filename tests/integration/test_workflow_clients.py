@@ -233,3 +233,50 @@ async def test_the_sync_client_builds_submits_and_follows_a_workflow_blocking(
     assert (wf["status"], wf["counts"], wf["context"]) == ("completed", {"completed": 2}, [1])
     assert len(answer["nodes"]["each"]) == 2 and wf["nodes"][0]["task_ids"] == answer["nodes"]["each"]
     assert [w["workflow_id"] for w in page["workflows"]] == [answer["workflow_id"]]
+
+
+async def test_the_clients_submit_many_built_workflows_at_once_as_the_batch_route_stores_them(
+    database_url: str, redis_url: str, prefix: str, start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    register(registry)
+
+    def built(c: taskmesh.Client | taskmesh.SyncClient, doc: int) -> dict[str, Any]:
+        return (
+            c.workflow("doc", dedup_key=f"doc-{doc}")
+            .task("a", "wf.resize", {"width": doc})
+            .task("b", "wf.items", deps=["a"])
+            .to_json()
+        )
+
+    async with start_instance(), client(database_url, redis_url, prefix, registry) as c:
+        before = await c.submit_workflow(built(c, 0))
+        answers = await c.submit_workflows([built(c, d) for d in (0, 1, 2, 1)])
+        assert answers[0] == {**before, "status": answers[0]["status"], "deduplicated": True}  # it may be over
+        assert [a.get("deduplicated", False) for a in answers] == [True, False, False, True]
+        assert answers[3] == {**answers[1], "deduplicated": True}
+        assert all(set(a["nodes"]) == {"a", "b"} for a in answers)
+        assert [a["status"] for a in answers[1:]] == ["running"] * 3
+        for answer in answers:
+            await until(c, answer, "completed")
+        _task, run = await c.get(answers[2]["nodes"]["a"])
+        assert run is not None and run["result"] == 2
+
+        bad = [built(c, 5), {"name": "w", "nodes": [{"id": "a", "task": "wf.resize", "payload": {"width": "x"}}]}]
+        with pytest.raises(InvalidTaskError) as info:
+            await c.submit_workflows(bad)
+        assert str(info.value) == (
+            "workflows[1].nodes[0].payload.width: Input should be a valid integer, unable to parse string as an integer"
+        )
+        with pytest.raises(InvalidTaskError) as info:
+            await c.submit_workflows([built(c, 6), {"name": "w", "nodes": []}])
+        assert str(info.value) == "workflows[1].nodes: List should have at least 1 item after validation, not 0"
+    assert await pool.fetchval("SELECT count(*) FROM workflows") == 3  # the refused batches stored nothing
+
+    def script() -> list[dict[str, Any]]:
+        with taskmesh.SyncClient(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE) as s:
+            return s.submit_workflows([built(s, 7), built(s, 1)])
+
+    synced = await anyio.to_thread.run_sync(script)
+    assert [a.get("deduplicated", False) for a in synced] == [False, True]
+    assert synced[1]["workflow_id"] == answers[1]["workflow_id"]
+    assert await pool.fetchval("SELECT count(*) FROM workflows") == 4

@@ -21,6 +21,7 @@ OPERATIONS = {
     "POST /api/v1/tasks": ("createTask", "tasks"),
     "GET /api/v1/tasks": ("searchTasks", "tasks"),
     "POST /api/v1/workflows": ("createWorkflow", "workflows"),
+    "POST /api/v1/workflows:batch": ("createWorkflowBatch", "workflows"),
     "GET /api/v1/workflows": ("listWorkflows", "workflows"),
     "GET /api/v1/workflows/{workflow_id}": ("getWorkflow", "workflows"),
     "POST /api/v1/workflows/{workflow_id}/cancel": ("cancelWorkflow", "workflows"),

@@ -47,6 +47,7 @@ ACTIONS = {
     "revoke_key": "key.revoke",
     "rotate_key": "key.rotate",
     "create_workflow": "workflow.create",
+    "create_workflow_batch": "workflow.create_batch",
     "cancel_workflow": "workflow.cancel",
     "retry_workflow": "workflow.retry",
 }

@@ -1,6 +1,6 @@
 """The async Python client: enqueue tasks, read them, wait for them, cancel and retry them, with the API's validation.
 
-It submits, reads, lists, cancels and retries workflows too (graphs of tasks), through
+It submits (one or many at once), reads, lists, cancels and retries workflows too (graphs of tasks), through
 the workflow facade; :mod:`taskmesh.clients.workflows` holds their builder.
 
 The client talks to the stores directly (PostgreSQL and Redis), as an instance
@@ -378,6 +378,26 @@ class Client:
         """
         spec = parse_workflow(dict(body), self.workflows.limits)
         return (await self.workflows.submit(spec)).to_dict()
+
+    async def submit_workflows(self, bodies: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Submit many workflows in one transaction of a few statements (as ``POST /api/v1/workflows:batch``
+        stores them), then push all their roots: 5,000 small workflows cost a few transactions, not
+        5,000. Each body is that of ``POST /api/v1/workflows`` (``builder.to_json()`` of a
+        :meth:`workflow` builder makes one).
+
+        :returns: one answer per body, in order, as :meth:`submit_workflow` answers; a body whose
+            ``dedup_key`` is taken, or repeats an earlier body's, answers that workflow with
+            ``"deduplicated": True`` and stores nothing.
+        :raises InvalidTaskError: the first refused body, its field under ``workflows[i].``
+            (``workflows[3].nodes[0].deps``); nothing is written then (all or nothing).
+        """
+        specs = []
+        for i, body in enumerate(bodies):
+            try:
+                specs.append(parse_workflow(dict(body), self.workflows.limits))
+            except InvalidTaskError as exc:
+                raise exc.under(f"workflows[{i}].") from None
+        return [s.to_dict() for s in await self.workflows.submit_many(specs)]
 
     async def get_workflow(self, workflow_id: WorkflowRef) -> dict[str, Any]:
         """The workflow, its tasks counted by status, and its nodes, in the API's shape.

@@ -127,6 +127,10 @@ class SyncClient:
         """As :meth:`taskmesh.Client.submit_workflow`."""
         return self._call(self._client.submit_workflow, body)
 
+    def submit_workflows(self, bodies: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """As :meth:`taskmesh.Client.submit_workflows`: many workflows in one transaction."""
+        return self._call(self._client.submit_workflows, bodies)
+
     def get_workflow(self, workflow_id: WorkflowRef) -> dict[str, Any]:
         """As :meth:`taskmesh.Client.get_workflow`."""
         return self._call(self._client.get_workflow, workflow_id)

@@ -188,7 +188,9 @@ class WorkflowBuilder(Generic[R]):
         return self._callback("finally", task, payload, options)
 
     def to_json(self) -> dict[str, Any]:
-        """The body of ``POST /api/v1/workflows``: options and fields left unset are left out.
+        """The body of ``POST /api/v1/workflows``: options and fields left unset are left out. Also an
+        item of ``client.submit_workflows([...])`` and of ``POST /api/v1/workflows:batch``, which store
+        many built workflows at once.
 
         :returns: a new dict each call (its node lists too); payloads, items and context are the values
             given, not copies.

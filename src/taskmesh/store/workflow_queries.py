@@ -33,6 +33,34 @@ class WorkflowQueries(Queries):
         """``workflow_find_by_dedup_key``: ``id, status, trace_id`` of the workflow holding the key."""
         return await self._fetchrow("workflow_find_by_dedup_key", dedup_key, tenant_id or "")
 
+    async def insert_many(
+        self,
+        workflow_ids: Sequence[uuid.UUID],
+        names: Sequence[str],
+        tenant_ids: Sequence[str | None],
+        dedup_keys: Sequence[str | None],
+        trace_ids: Sequence[str],
+        contexts_json: Sequence[str | None],
+    ) -> set[uuid.UUID]:
+        """``workflow_insert_many``: one row per position of the sequences, in their order; the ids made
+        (a row whose dedup key is taken is not)."""
+        rows = await self._fetch(
+            "workflow_insert_many",
+            list(workflow_ids),
+            list(names),
+            list(tenant_ids),
+            list(dedup_keys),
+            list(trace_ids),
+            list(contexts_json),
+        )
+        return {r["id"] for r in rows}
+
+    async def find_by_dedup_keys(self, keys: Sequence[tuple[str, str | None]]) -> dict[tuple[str, str], asyncpg.Record]:
+        """``workflow_find_by_dedup_keys``: ``{(dedup key, tenant or ''): id, status, trace_id}`` of the
+        workflows holding the keys (``(dedup key, tenant)`` pairs)."""
+        rows = await self._fetch("workflow_find_by_dedup_keys", [k for k, _ in keys], [t or "" for _, t in keys])
+        return {(r["dedup_key"], r["tenant"]): r for r in rows}
+
     async def insert_nodes(self, workflow_id: uuid.UUID, nodes_json: str) -> None:
         """``workflow_insert_nodes``: ``nodes_json`` a JSON array of rows in ``workflow_nodes``' column names."""
         await self._execute("workflow_insert_nodes", workflow_id, nodes_json)
@@ -40,6 +68,27 @@ class WorkflowQueries(Queries):
     async def insert_edges(self, workflow_id: uuid.UUID, parents: Sequence[str], children: Sequence[str]) -> None:
         """``workflow_insert_edges``: one edge per ``(parents[i], children[i])``."""
         await self._execute("workflow_insert_edges", workflow_id, list(parents), list(children))
+
+    async def insert_nodes_many(self, workflow_ids: Sequence[uuid.UUID], nodes_json: Sequence[str]) -> None:
+        """``workflow_insert_nodes_many``: ``nodes_json[i]`` the nodes of ``workflow_ids[i]``, as
+        :meth:`insert_nodes` takes them."""
+        await self._execute("workflow_insert_nodes_many", list(workflow_ids), list(nodes_json))
+
+    async def insert_edges_many(
+        self, workflow_ids: Sequence[uuid.UUID], parents: Sequence[str], children: Sequence[str]
+    ) -> None:
+        """``workflow_insert_edges_many``: one edge per ``(workflow_ids[i], parents[i], children[i])``."""
+        await self._execute("workflow_insert_edges_many", list(workflow_ids), list(parents), list(children))
+
+    async def task_map(
+        self, workflow_ids: Sequence[uuid.UUID], most: int
+    ) -> dict[uuid.UUID, list[tuple[str, str, list[uuid.UUID]]]]:
+        """``workflow_task_map``: ``{workflow id: [(node id, kind, task ids), ...]}`` in node order, at most
+        ``most`` ids per node."""
+        out: dict[uuid.UUID, list[tuple[str, str, list[uuid.UUID]]]] = {w: [] for w in workflow_ids}
+        for r in await self._fetch("workflow_task_map", list(workflow_ids), most):
+            out[r["workflow_id"]].append((r["node_id"], r["kind"], list(r["ids"])))
+        return out
 
     async def get(self, workflow_id: uuid.UUID) -> asyncpg.Record | None:
         """``workflow_get``."""

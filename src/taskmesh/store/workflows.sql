@@ -13,6 +13,26 @@ RETURNING id;
 -- name: workflow_find_by_dedup_key
 SELECT id, status, trace_id FROM workflows WHERE dedup_key = $1 AND COALESCE(tenant_id, '') = $2;
 
+-- name: workflow_insert_many
+-- Many workflows' rows, one per element of the arrays, in their order; a row whose dedup key (per
+-- tenant) is taken is not made (the unique index decides, also between concurrent batches: a
+-- later one waits for the first to commit). The caller orders keyed rows by (tenant, key), so
+-- that two batches sharing keys wait for each other in one order and never deadlock. Returns the
+-- ids made.
+INSERT INTO workflows (id, name, status, tenant_id, dedup_key, trace_id, context)
+SELECT w.id, w.name, 'running', w.tenant_id, w.dedup_key, w.trace_id, w.context::jsonb
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+     WITH ORDINALITY AS w(id, name, tenant_id, dedup_key, trace_id, context, ord)
+ORDER BY w.ord
+ON CONFLICT (dedup_key, (COALESCE(tenant_id, ''))) WHERE dedup_key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- name: workflow_find_by_dedup_keys
+-- The workflows holding these dedup keys ($1 keys, $2 tenants, '' for none; pairwise).
+SELECT w.id, w.status, w.trace_id, w.dedup_key, COALESCE(w.tenant_id, '') AS tenant
+FROM unnest($1::text[], $2::text[]) AS k(dedup_key, tenant)
+JOIN workflows w ON w.dedup_key = k.dedup_key AND COALESCE(w.tenant_id, '') = k.tenant;
+
 -- name: workflow_insert_nodes
 -- Every node of a workflow from one JSON array ($2) of rows in workflow_nodes' column names.
 INSERT INTO workflow_nodes (workflow_id, node_id, position, kind, task_name, deps, on_dep_failure, map_from,
@@ -25,6 +45,21 @@ FROM jsonb_to_recordset($2::text::jsonb) AS n(node_id text, position integer, ki
 -- name: workflow_insert_edges
 INSERT INTO workflow_edges (workflow_id, parent, child)
 SELECT $1, e.parent, e.child FROM unnest($2::text[], $3::text[]) AS e(parent, child);
+
+-- name: workflow_insert_nodes_many
+-- The nodes of many workflows: $1 their ids, $2 each one's nodes as workflow_insert_nodes' JSON array.
+INSERT INTO workflow_nodes (workflow_id, node_id, position, kind, task_name, deps, on_dep_failure, map_from,
+                            template, status)
+SELECT w.id, n.node_id, n.position, n.kind, n.task_name, n.deps, n.on_dep_failure, n.map_from, n.template, n.status
+FROM unnest($1::uuid[], $2::text[]) AS w(id, nodes),
+     jsonb_to_recordset(w.nodes::jsonb) AS n(node_id text, position integer, kind text, task_name text,
+                                             deps text[], on_dep_failure text, map_from text, template jsonb,
+                                             status text);
+
+-- name: workflow_insert_edges_many
+-- The edges of many workflows, one per ($1[i] workflow, $2[i] parent, $3[i] child).
+INSERT INTO workflow_edges (workflow_id, parent, child)
+SELECT e.workflow_id, e.parent, e.child FROM unnest($1::uuid[], $2::text[], $3::text[]) AS e(workflow_id, parent, child);
 
 -- name: workflow_get
 SELECT id, name, status, tenant_id, dedup_key, trace_id, context::text AS context, cancel_reason, created_at,
@@ -63,6 +98,16 @@ ORDER BY n.position;
 SELECT workflow_node, (array_agg(id ORDER BY map_index NULLS FIRST, id))[1:$2] AS ids
 FROM tasks WHERE workflow_id = $1
 GROUP BY workflow_node;
+
+-- name: workflow_task_map
+-- What a submission answered, for workflows already stored ($1): each node (in position order) with
+-- its kind and its task ids, a map's in item order, at most $2 per node.
+SELECT n.workflow_id, n.node_id, n.kind,
+       COALESCE((SELECT (array_agg(t.id ORDER BY t.map_index NULLS FIRST, t.id))[1:$2]
+                 FROM tasks t WHERE t.workflow_id = n.workflow_id AND t.workflow_node = n.node_id), '{}') AS ids
+FROM workflow_nodes n
+WHERE n.workflow_id = ANY($1::uuid[])
+ORDER BY n.workflow_id, n.position;
 
 -- name: workflow_page
 -- A page of workflows, newest first, after the keyset cursor ($6 created_at, $7 id; null: from the

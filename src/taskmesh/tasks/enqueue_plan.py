@@ -103,6 +103,18 @@ class TaskRows:
         self.timeouts.append(timeout)
         return task_id
 
+    @classmethod
+    def joined(cls, parts: Sequence[TaskRows]) -> TaskRows:
+        """The rows of ``parts`` one after the other, as one plan (one ``task_insert_many`` stores them all)."""
+        if len(parts) == 1:
+            return parts[0]
+        out = cls()
+        columns = out.columns()
+        for part in parts:
+            for column, values in zip(columns, part.columns(), strict=True):
+                column.extend(values)
+        return out
+
     def columns(self) -> list[list[Any]]:
         """The seventeen arrays in ``task_insert_many``'s order."""
         return [

@@ -1,15 +1,20 @@
-"""The workflow facade: submit a graph, read it, list them, cancel one, retry one from failure, repair.
+"""The workflow facade: submit a graph (or many at once), read it, list them, cancel one, retry one from
+failure, repair.
 
-Every write commits in PostgreSQL first; the roots of a submission are then pushed as any enqueue's
-tasks are (:meth:`~taskmesh.tasks.tasks.Tasks.push`), and everything after (releases, skips, maps,
-the workflow's end) happens in the transactions that end its tasks (migration 0025), whose
-released ids reach Redis through ``enqueued_listener`` or, failing that, the reconciler.
+Every write commits in PostgreSQL first; a submission of one workflow or of many is one transaction of
+the same few statements (multi-row inserts of workflows, nodes, edges and tasks), and the roots of
+the workflows it made are then pushed as any enqueue's tasks are
+(:meth:`~taskmesh.tasks.tasks.Tasks.push`). Everything after (releases, skips, maps, the workflow's
+end) happens in the transactions that end its tasks (migration 0025), whose released ids reach Redis
+through ``enqueued_listener`` or, failing that, the reconciler.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -19,10 +24,11 @@ from taskmesh.errors import InvalidTaskError, WorkflowNotFoundError, WorkflowSta
 from taskmesh.observability.logs import get_logger
 from taskmesh.observability.tracing import new_trace_id
 from taskmesh.security import audit
+from taskmesh.tasks.enqueue_plan import TaskRows
 from taskmesh.tasks.states import NodeKind, TaskStatus, WorkflowStatus
 from taskmesh.tasks.tasks import Tasks
 from taskmesh.tasks.validation import TaskSpec
-from taskmesh.workflows.plan import plan
+from taskmesh.workflows.plan import WorkflowPlan, plan
 from taskmesh.workflows.spec import MapFrom, WorkflowLimits, WorkflowSpec
 
 log = get_logger("taskmesh.workflows")
@@ -32,12 +38,29 @@ TASK_IDS_PER_NODE = 1000
 PAGE_MAX = 500
 
 
+@dataclass(slots=True)
+class PrepareMemo:
+    """What the preparations of one batch share (:meth:`Workflows.prepare`): each task's defaults as
+    resolved, and the task names whose handler takes an empty payload, each looked up once."""
+
+    defaults: dict[tuple[str, str | None, int | None], tuple[str, int]] = field(default_factory=dict)
+    empty_taken: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A workflow checked and planned (:meth:`Workflows.prepare`), ready for :meth:`Workflows.store`."""
+
+    spec: WorkflowSpec
+    plan: WorkflowPlan
+
+
 @dataclass(frozen=True, slots=True)
 class Submitted:
-    """Answer of :meth:`Workflows.submit`.
+    """Answer of :meth:`Workflows.submit` (and of each item of :meth:`Workflows.submit_many`).
 
-    ``created`` is ``False`` when the dedup key named an existing workflow, whose id and status are
-    returned (and ``nodes`` is empty).
+    ``created`` is ``False`` when the dedup key named an existing workflow, whose id, status, trace id
+    and tasks (``nodes``, as its own submission answered them) are returned.
     """
 
     workflow_id: uuid.UUID
@@ -74,46 +97,152 @@ class Workflows:
     # -- submit ------------------------------------------------------------------
 
     async def submit(self, spec: WorkflowSpec) -> Submitted:
-        """Store the workflow, its nodes, edges and tasks in one transaction, then push its roots.
+        """Store the workflow, its nodes, edges and tasks in one transaction, then push its roots
+        (:meth:`submit_many` of one).
 
         :raises InvalidTaskError: a payload does not fit its handler's model (``nodes[i].payload``,
             ``nodes[i].map[j]``); nothing is written.
         :raises StoreError: PostgreSQL failed; nothing was written.
         """
+        [submitted] = await self.submit_many([spec], field_prefix="")
+        return submitted
+
+    async def submit_many(
+        self, specs: Sequence[WorkflowSpec], *, field_prefix: str = "workflows[{i}]."
+    ) -> list[Submitted]:
+        """Store many workflows in one transaction of a few statements (whatever their number), then push
+        all their roots at once: :meth:`prepare` each, then :meth:`store` them.
+
+        :param specs: validated workflows (:func:`~taskmesh.workflows.spec.parse_workflow`).
+        :param field_prefix: how a refused workflow's fields are named (``workflows[{i}].``:
+            ``workflows[3].nodes[0].payload.id``).
+        :returns: one answer per spec, in their order; a spec whose dedup key is taken, or repeats one of
+            an earlier spec of ``specs``, answers that workflow (``created`` false) and stores nothing.
+        :raises InvalidTaskError: the first spec a payload of which its handler's model refuses; nothing
+            is written (all or nothing).
+        :raises StoreError: PostgreSQL failed; nothing was written.
+        """
         await self.tasks.learn()
-        self._check_payloads(spec)
-        trace_id = spec.trace_id or new_trace_id()
-        planned = plan(spec, trace_id, self._resolve, self.limits)
-        async with self.pg.transaction() as tx:
-            made = await tx.workflows.insert(
-                planned.workflow_id, spec.name, spec.tenant_id, spec.dedup_key, trace_id, planned.context_json
-            )
-            if not made:
-                assert spec.dedup_key is not None  # only a taken key inserts nothing
-                found = await tx.workflows.find_by_dedup_key(spec.dedup_key, spec.tenant_id)
-                if found is None:  # deleted between the two statements: vanishingly rare, say so
-                    raise WorkflowNotFoundError(f"of dedup_key {spec.dedup_key!r} (deleted meanwhile)")
-                _note(found["id"], spec.tenant_id, deduplicated=True)
-                answer = await _task_map(tx, found["id"])
-                return Submitted(found["id"], found["status"], False, found["trace_id"], answer)
-            await tx.workflows.insert_nodes(planned.workflow_id, planned.nodes_json)
-            await tx.workflows.insert_edges(planned.workflow_id, planned.parents, planned.children)
-            await tx.tasks.insert_many(planned.tasks.columns())  # the one enqueue plan's statement
-            if planned.empty_root_maps:
-                await tx.workflows.advance([planned.workflow_id])
-            _note(planned.workflow_id, spec.tenant_id)
-        await self.tasks.push(planned.push)
-        if self.tasks.metrics is not None:
-            self.tasks.metrics.workflows_submitted.labels(self.tasks.metrics.workflow_label(spec.name)).inc()
-        log.info(
-            "workflow_submitted",
-            workflow_id=str(planned.workflow_id),
-            workflow=spec.name,
-            nodes=len(spec.nodes),
-            tasks=len(planned.tasks.ids),
-            trace_id=trace_id,
+        memo = PrepareMemo()
+        prepared = [self.prepare(spec, field_prefix.format(i=i), memo) for i, spec in enumerate(specs)]
+        return await self.store(prepared)
+
+    def prepare(self, spec: WorkflowSpec, field_prefix: str = "", memo: PrepareMemo | None = None) -> Prepared:
+        """Check ``spec``'s payloads against their handlers' models and plan its rows (no I/O; call
+        ``await self.tasks.learn()`` first, so that handlers only other instances have are known).
+
+        :param field_prefix: put before each refused field's name (``workflows[3].``).
+        :param memo: shared by the preparations of one batch, so that what they have in common is
+            looked up once.
+        :raises InvalidTaskError: a payload its handler's model refuses, or one not storable as JSON
+            (``nodes[i].payload``, ``nodes[i].map[j]``, ``finally.payload``, under ``field_prefix``).
+        """
+        memo = memo or PrepareMemo()
+
+        def resolve(name: str, queue: str | None, max_retries: int | None) -> tuple[str, int]:
+            found = memo.defaults.get((name, queue, max_retries))
+            if found is None:
+                found = memo.defaults[name, queue, max_retries] = self._resolve(name, queue, max_retries)
+            return found
+
+        try:
+            self._check_payloads(spec, memo)
+            planned = plan(spec, spec.trace_id or new_trace_id(), resolve, self.limits)
+        except InvalidTaskError as exc:
+            raise exc.under(field_prefix) if field_prefix else exc from None
+        return Prepared(spec, planned)
+
+    async def store(self, prepared: Sequence[Prepared]) -> list[Submitted]:
+        """Store prepared workflows in one transaction, then push their roots.
+
+        The statements are the same few whatever the number of workflows: the workflows' rows (a taken
+        dedup key makes none), the holders of the taken keys and their tasks (only when a key was taken),
+        every node, every edge, every task, and the decision of workflows whose root is a map over no
+        items. A dedup key repeated within ``prepared`` is the first one's: the later ones answer it.
+
+        :returns: one answer per item, in their order.
+        :raises WorkflowNotFoundError: the workflow holding a taken key was deleted between two
+            statements (vanishingly rare); nothing was written.
+        :raises StoreError: PostgreSQL failed; nothing was written.
+        """
+        first: dict[tuple[str, str], int] = {}
+        repeats: dict[int, int] = {}  # index -> index of the first item with its key
+        for i, p in enumerate(prepared):
+            if p.spec.dedup_key is not None:
+                repeats_of = first.setdefault((p.spec.dedup_key, p.spec.tenant_id or ""), i)
+                if repeats_of != i:
+                    repeats[i] = repeats_of
+        # Keyed rows first, in (tenant, key) order: concurrent batches sharing keys wait for each other
+        # in one order (no deadlock); the others after, in their order.
+        order = sorted(
+            (i for i in range(len(prepared)) if i not in repeats),
+            key=lambda i: (
+                (0, prepared[i].spec.tenant_id or "", prepared[i].spec.dedup_key or "")
+                if prepared[i].spec.dedup_key is not None
+                else (1, "", "")
+            ),
         )
-        return Submitted(planned.workflow_id, WorkflowStatus.RUNNING.value, True, trace_id, planned.answer)
+        answers: dict[int, Submitted] = {}
+        async with self.pg.transaction() as tx:
+            made = await tx.workflows.insert_many(
+                [prepared[i].plan.workflow_id for i in order],
+                [prepared[i].spec.name for i in order],
+                [prepared[i].spec.tenant_id for i in order],
+                [prepared[i].spec.dedup_key for i in order],
+                [prepared[i].plan.trace_id for i in order],
+                [prepared[i].plan.context_json for i in order],
+            )
+            lost = [i for i in order if prepared[i].plan.workflow_id not in made]
+            if lost:
+                answers.update(await _holders(tx, [prepared[i].spec for i in lost], lost))
+            created = [prepared[i] for i in range(len(prepared)) if i not in repeats and i not in answers]
+            if created:
+                await tx.workflows.insert_nodes_many(
+                    [p.plan.workflow_id for p in created], [p.plan.nodes_json for p in created]
+                )
+                edges = [(p.plan.workflow_id, len(p.plan.parents)) for p in created if p.plan.parents]
+                if edges:
+                    await tx.workflows.insert_edges_many(
+                        [w for w, n in edges for _ in range(n)],
+                        [parent for p in created for parent in p.plan.parents],
+                        [child for p in created for child in p.plan.children],
+                    )
+                await tx.tasks.insert_many(TaskRows.joined([p.plan.tasks for p in created]).columns())
+                empty_root_maps = [p.plan.workflow_id for p in created if p.plan.empty_root_maps]
+                if empty_root_maps:
+                    await tx.workflows.advance(empty_root_maps)
+            for i, p in enumerate(prepared):
+                if i in repeats:
+                    continue
+                answers.setdefault(
+                    i,
+                    Submitted(p.plan.workflow_id, WorkflowStatus.RUNNING.value, True, p.plan.trace_id, p.plan.answer),
+                )
+            for i, at in repeats.items():
+                earlier = answers[at]
+                answers[i] = Submitted(earlier.workflow_id, earlier.status, False, earlier.trace_id, earlier.nodes)
+            out = [answers[i] for i in range(len(prepared))]
+            _note_submitted(out, {p.spec.tenant_id for p in prepared if p.spec.tenant_id is not None})
+        if created:
+            await self.tasks.push([target for p in created for target in p.plan.push])
+        self._count(created)
+        return out
+
+    def _count(self, created: Sequence[Prepared]) -> None:
+        """The created workflows' ``workflows_submitted`` counts and ``workflow_submitted`` log lines."""
+        metrics = self.tasks.metrics
+        if metrics is not None:
+            for name, n in Counter(p.spec.name for p in created).items():
+                metrics.workflows_submitted.labels(metrics.workflow_label(name)).inc(n)
+        for p in created:
+            log.info(
+                "workflow_submitted",
+                workflow_id=str(p.plan.workflow_id),
+                workflow=p.spec.name,
+                nodes=len(p.spec.nodes),
+                tasks=len(p.plan.tasks.ids),
+                trace_id=p.plan.trace_id,
+            )
 
     def _resolve(self, name: str, queue: str | None, max_retries: int | None) -> tuple[str, int]:
         fields: dict[str, Any] = {"name": name}
@@ -124,7 +253,7 @@ class Workflows:
         resolved_queue, resolved_retries, _ = self.tasks.resolve_defaults(TaskSpec(**fields))
         return resolved_queue, resolved_retries
 
-    def _check_payloads(self, spec: WorkflowSpec) -> None:
+    def _check_payloads(self, spec: WorkflowSpec, memo: PrepareMemo) -> None:
         """Refuse a payload (or a map's item) its handler's declared type does not take.
 
         :raises InvalidTaskError: naming ``nodes[i].payload``, ``nodes[i].map[j]`` or ``finally.payload``.
@@ -134,12 +263,23 @@ class Workflows:
                 for j, item in enumerate(node.map):
                     self._check(node.task, item, f"nodes[{i}].map[{j}]")
             elif not isinstance(node.map, MapFrom):
-                self._check(node.task, node.payload if node.payload is not None else {}, f"nodes[{i}].payload")
+                self._check(node.task, node.payload, f"nodes[{i}].payload", memo)
         for key, callback in (("on_failure", spec.on_failure), ("finally", spec.finally_)):
             if callback is not None:
-                self._check(callback.task, callback.payload if callback.payload is not None else {}, f"{key}.payload")
+                self._check(callback.task, callback.payload, f"{key}.payload", memo)
 
-    def _check(self, name: str, payload: Any, where: str) -> None:
+    def _check(self, name: str, payload: Any, where: str, memo: PrepareMemo | None = None) -> None:
+        """Refuse ``payload`` (``None``: none given, checked as ``{}``) if ``name``'s handler does not take it.
+
+        :raises InvalidTaskError: naming ``where``.
+        """
+        if payload is None:
+            if memo is not None and name in memo.empty_taken:
+                return
+            self._check(name, {}, where)
+            if memo is not None:
+                memo.empty_taken.add(name)
+            return
         try:
             self.tasks.check_payload(TaskSpec.model_construct(name=name, payload=payload))
         except InvalidTaskError as exc:
@@ -328,14 +468,32 @@ class Workflows:
         return repaired
 
 
-async def _task_map(pg: Any, workflow_id: uuid.UUID) -> dict[str, str | list[str]]:
-    """``{node id: task id, or a map's task ids}`` of a stored workflow, as its submission answered."""
-    ids = await pg.workflows.task_ids(workflow_id, TASK_IDS_PER_NODE)
-    kinds = {n["node_id"]: n["kind"] for n in await pg.workflows.nodes(workflow_id)}
+async def _holders(tx: Any, specs: Sequence[WorkflowSpec], indexes: Sequence[int]) -> dict[int, Submitted]:
+    """The answers of specs whose dedup key another workflow holds: that workflow's id, status, trace id
+    and tasks, as its submission answered them (two statements whatever their number).
+
+    :raises WorkflowNotFoundError: a holder was deleted between the insert and this read.
+    """
+    found = await tx.workflows.find_by_dedup_keys([(s.dedup_key, s.tenant_id) for s in specs])
+    rows = []
+    for spec in specs:
+        row = found.get((spec.dedup_key, spec.tenant_id or ""))
+        if row is None:  # deleted between the two statements: vanishingly rare, say so
+            raise WorkflowNotFoundError(f"of dedup_key {spec.dedup_key!r} (deleted meanwhile)")
+        rows.append(row)
+    maps = await tx.workflows.task_map(list({r["id"] for r in rows}), TASK_IDS_PER_NODE)
     return {
-        node: [str(i) for i in ids.get(node, [])] if kind == NodeKind.MAP else str(ids[node][0])
-        for node, kind in kinds.items()
-        if kind == NodeKind.MAP or ids.get(node)
+        i: Submitted(row["id"], row["status"], False, row["trace_id"], _answer(maps[row["id"]]))
+        for i, row in zip(indexes, rows, strict=True)
+    }
+
+
+def _answer(nodes: list[tuple[str, str, list[uuid.UUID]]]) -> dict[str, str | list[str]]:
+    """``{node id: task id, or a map's task ids}`` of a stored workflow, as its submission answered."""
+    return {
+        node: [str(i) for i in ids] if kind == NodeKind.MAP else str(ids[0])
+        for node, kind, ids in nodes
+        if kind == NodeKind.MAP or ids
     }
 
 
@@ -392,3 +550,22 @@ def _note(
         event.details["reason"] = reason
     if deduplicated:
         event.details["deduplicated"] = True
+
+
+def _note_submitted(out: Sequence[Submitted], tenants: Collection[str]) -> None:
+    """What a submission tells the request's audit event (nothing outside a request): one workflow is
+    the event's resource (as :func:`_note`); several are counted in its details, with the first ten
+    created ids, as a batch of tasks is.
+
+    :param tenants: the tenants the submitted workflows belong to.
+    """
+    if len(out) == 1:
+        _note(out[0].workflow_id, next(iter(tenants), None), deduplicated=not out[0].created)
+        return
+    event = audit.CURRENT.get()
+    if event is None:
+        return
+    created = [str(s.workflow_id) for s in out if s.created]
+    event.tenant_id = event.tenant_id or (next(iter(tenants)) if len(tenants) == 1 else None)
+    event.resource_type = event.resource_type or "workflow"
+    event.details.update({"created": len(created), "deduplicated": len(out) - len(created), "sample": created[:10]})

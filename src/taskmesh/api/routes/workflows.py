@@ -1,6 +1,6 @@
-"""Workflow routes: submit a graph, read one, list them, cancel one, retry one from failure.
+"""Workflow routes: submit a graph (or a batch of them), read one, list them, cancel one, retry one from failure.
 
-Scopes are the tasks': submit and retry ``tasks:write``, cancel ``tasks:cancel``, read ``tasks:read``.
+Scopes are the tasks': submit, submit a batch and retry ``tasks:write``, cancel ``tasks:cancel``, read ``tasks:read``.
 A tenant-bound key submits into its tenant (another tenant named in the body: 403) and sees only its
 tenant's workflows: another's answers 404, as a missing one does. A queue-bound key submits only
 nodes on its queues and sees only workflows whose every node is on them.
@@ -9,6 +9,7 @@ nodes on its queues and sees only workflows whose every node is on them.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -26,23 +27,28 @@ from taskmesh.api.deps import (
     query_parameter,
     read_json,
 )
-from taskmesh.api.problems import problem_responses
+from taskmesh.api.problems import problem, problem_responses
 from taskmesh.api.schemas.workflows import (
+    WorkflowBatchCreated,
     WorkflowCancelled,
     WorkflowCreated,
     WorkflowDetail,
     WorkflowPage,
     WorkflowRetried,
 )
+from taskmesh.api.state import AppState
 from taskmesh.errors import BeyondReachError, InvalidTaskError, NotReadyError, WorkflowNotFoundError
 from taskmesh.security import audit
 from taskmesh.security.tenancy import Reach
 from taskmesh.tasks.states import WorkflowStatus
 from taskmesh.tasks.validation import NAME_REGEX, TENANT_CHARACTERS, TaskSpec, check_json
-from taskmesh.workflows.spec import WorkflowSpec, parse_workflow
-from taskmesh.workflows.workflows import PAGE_MAX, Workflows
+from taskmesh.workflows.spec import WorkflowLimits, WorkflowSpec, parse_workflow
+from taskmesh.workflows.workflows import PAGE_MAX, Prepared, PrepareMemo, Workflows
 
 router = APIRouter()
+
+BATCH_MAX = 1000
+"""Most workflows of one ``POST /api/v1/workflows:batch`` (their nodes are bounded by ``workflow_max_nodes``)."""
 
 WorkflowIdPath = Annotated[str, Path(description="A workflow's id (UUID).", json_schema_extra={"format": "uuid"})]
 
@@ -78,9 +84,10 @@ async def reached(workflows: Workflows, workflow_id: uuid.UUID, reach: Reach) ->
         raise WorkflowNotFoundError(str(workflow_id))
 
 
-def bind_to_reach(spec: WorkflowSpec, reach: Reach, workflows: Workflows) -> WorkflowSpec:
+def bind_to_reach(spec: WorkflowSpec, reach: Reach, workflows: Workflows, field_prefix: str = "") -> WorkflowSpec:
     """The workflow in the caller's tenant (filled in when the body has none), every node on its queues.
 
+    :param field_prefix: put before a refused field's name (``workflows[3].`` in a batch).
     :raises BeyondReachError: another tenant, or a node's queue beyond the key's (403 naming the field).
     """
     if reach.tenant_id is not None:
@@ -88,7 +95,7 @@ def bind_to_reach(spec: WorkflowSpec, reach: Reach, workflows: Workflows) -> Wor
             spec = spec.model_copy(update={"tenant_id": reach.tenant_id})
         elif spec.tenant_id != reach.tenant_id:
             raise BeyondReachError(
-                "tenant_id",
+                f"{field_prefix}tenant_id",
                 f"this key is bound to tenant {reach.tenant_id!r}; it cannot create workflows of tenant "
                 f"{spec.tenant_id!r}",
             )
@@ -102,7 +109,7 @@ def bind_to_reach(spec: WorkflowSpec, reach: Reach, workflows: Workflows) -> Wor
         for where, task, queue in named:
             resolved = workflows.tasks.queue_for(task, queue or spec.queue_name)
             if not reach.sees_queue(resolved):
-                raise BeyondReachError(where, f"this key cannot create tasks on queue {resolved!r}")
+                raise BeyondReachError(field_prefix + where, f"this key cannot create tasks on queue {resolved!r}")
     return spec
 
 
@@ -133,17 +140,149 @@ async def create_workflow(request: Request, workflows: WorkflowsDep, state: Stat
     spec = parse_workflow(data, workflows.limits)
     await workflows.tasks.learn()
     spec = bind_to_reach(spec, reach_of(request), workflows)
-    if spec.tenant_id is not None:  # the tenant's quotas (payload bytes, enqueue rate) count its tasks
-        specs = [
-            TaskSpec.model_construct(name=n.task, payload=n.payload or {}, tenant_id=spec.tenant_id) for n in spec.nodes
-        ]
-        await state.quotas.check(
-            workflows.pg, workflows.tasks.redis, specs, [f"nodes[{i}]." for i in range(len(specs))]
-        )
+    await check_quotas(state, workflows, [spec])
     result = await workflows.submit(spec)
     if not result.created:
         return json_response(result.to_dict(), 200)
     return json_response(result.to_dict(), 201, headers={"Location": f"/api/v1/workflows/{result.workflow_id}"})
+
+
+async def check_quotas(
+    state: AppState, workflows: Workflows, specs: Sequence[WorkflowSpec], prefixes: Sequence[str] = ("",)
+) -> None:
+    """Hold the workflows' tenants' quotas (payload bytes, enqueue rate), counting their nodes' tasks
+    all together.
+
+    :param prefixes: each spec's field prefix (``workflows[3].`` in a batch).
+    :raises QuotaExceededError: naming the quota, the tenant and the node (``nodes[2].payload``).
+    """
+    tasks: list[TaskSpec] = []
+    fields: list[str] = []
+    for spec, prefix in zip(specs, prefixes, strict=True):
+        if spec.tenant_id is None:
+            continue
+        for i, n in enumerate(spec.nodes):
+            tasks.append(TaskSpec.model_construct(name=n.task, payload=n.payload or {}, tenant_id=spec.tenant_id))
+            fields.append(f"{prefix}nodes[{i}].")
+    if tasks:
+        await state.quotas.check(workflows.pg, workflows.tasks.redis, tasks, fields)
+
+
+class WorkflowBatchRequest(BaseModel):
+    """Body of ``POST /api/v1/workflows:batch``: up to 1,000 workflows, their nodes at most
+    ``workflow_max_nodes`` in all; ``atomic`` stores all or none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workflows: list[WorkflowSpec] = Field(
+        min_length=1, max_length=BATCH_MAX, description="Each the body of POST /api/v1/workflows."
+    )
+    atomic: bool = Field(default=False, description="Store every workflow or none (422 naming the first refused).")
+
+
+def _parse_batch(data: Any, limits: WorkflowLimits) -> tuple[list[WorkflowSpec], list[int], list[dict[str, Any]], bool]:
+    """The batch's valid workflows with their indexes, a refused item's result at its index, and ``atomic``.
+
+    :raises InvalidTaskError: the batch as a whole is refused: not an object, an unknown field, no list of
+        1 to 1,000 workflows, more nodes in all than ``workflow_max_nodes``.
+    """
+    if not isinstance(data, dict):
+        raise InvalidTaskError("body", "must be a JSON object")
+    unknown = sorted(set(data) - {"workflows", "atomic"})
+    if unknown:
+        raise InvalidTaskError(unknown[0], "unknown field")
+    items = data.get("workflows")
+    atomic = data.get("atomic", False)
+    if not isinstance(atomic, bool):
+        raise InvalidTaskError("atomic", "must be true or false")
+    if not isinstance(items, list) or not 1 <= len(items) <= BATCH_MAX:
+        raise InvalidTaskError("workflows", f"must be a list of 1 to {BATCH_MAX} workflows")
+    total = sum(len(w["nodes"]) for w in items if isinstance(w, dict) and isinstance(w.get("nodes"), list))
+    if total > limits.max_nodes:
+        raise InvalidTaskError(
+            "workflows",
+            f"{total} nodes in all, more than the workflow_max_nodes setting ({limits.max_nodes}): "
+            "send smaller batches",
+        )
+    specs: list[WorkflowSpec] = []
+    positions: list[int] = []
+    results: list[dict[str, Any]] = [{} for _ in items]
+    for i, item in enumerate(items):
+        try:
+            specs.append(parse_workflow(item, limits))
+            positions.append(i)
+        except InvalidTaskError as exc:
+            results[i] = _rejected(i, exc)
+    return specs, positions, results, atomic
+
+
+def _rejected(index: int, exc: InvalidTaskError) -> dict[str, Any]:
+    return {
+        "index": index,
+        "status": "rejected",
+        "errors": [{"field": f"workflows[{index}].{f}", "message": m} for f, m in exc.errors],
+    }
+
+
+@router.post(
+    "/api/v1/workflows:batch",
+    operation_id="createWorkflowBatch",
+    tags=["workflows"],
+    dependencies=[Depends(require("tasks:write"))],
+    response_model=WorkflowBatchCreated,
+    responses=problem_responses(400, 403, 413, 422),
+    openapi_extra=body_schema(WorkflowBatchRequest),
+    summary="Submit up to 1,000 workflows in one transaction; each item's outcome is reported",
+)
+async def create_workflow_batch(request: Request, workflows: WorkflowsDep, state: StateDep) -> Response:
+    """Store the valid workflows of a batch (all or none when ``atomic``) in one transaction of a few
+    statements, push their roots, and report each item: ``created``, ``deduplicated`` (its
+    ``dedup_key`` is taken, or repeats an earlier item's: that workflow's id and tasks) or
+    ``rejected`` (``errors`` naming ``workflows[i].nodes[j].<field>``).
+
+    Each item is checked as ``POST /api/v1/workflows`` checks its body; its tenant and queues as that
+    route's (a key's other tenant or queue refuses the whole batch, 403 naming the item's field); the
+    tenants' quotas count the tasks of every item. 422 naming ``workflows``: more than 1,000 workflows,
+    or more nodes in all than ``workflow_max_nodes`` (the bound of one transaction, as of one workflow).
+    """
+    data = await read_json(request, "workflows")
+    specs, positions, results, atomic = _parse_batch(data, workflows.limits)
+    await workflows.tasks.learn()
+    reach = reach_of(request)
+    specs = [bind_to_reach(s, reach, workflows, f"workflows[{i}].") for s, i in zip(specs, positions, strict=True)]
+    memo = PrepareMemo()
+    prepared: list[Prepared] = []
+    kept: list[int] = []
+    for spec, i in zip(specs, positions, strict=True):
+        try:
+            prepared.append(workflows.prepare(spec, memo=memo))
+            kept.append(i)
+        except InvalidTaskError as exc:
+            results[i] = _rejected(i, exc)
+    await check_quotas(state, workflows, [p.spec for p in prepared], [f"workflows[{i}]." for i in kept])
+    rejected = len(results) - len(prepared)
+    if atomic and rejected:
+        first = next(r for r in results if r)
+        return problem(
+            422,
+            "Invalid request",
+            f"{first['errors'][0]['field']}: {first['errors'][0]['message']} (atomic batch: nothing stored)",
+            errors=[(e["field"], e["message"]) for r in results if r for e in r["errors"]],
+            results=[r or {"index": i, "status": "not stored"} for i, r in enumerate(results)],
+        )
+    outcomes = await workflows.store(prepared) if prepared else []
+    for i, outcome in zip(kept, outcomes, strict=True):
+        results[i] = {
+            "index": i,
+            "status": "created" if outcome.created else "deduplicated",
+            "workflow_id": str(outcome.workflow_id),
+            "trace_id": outcome.trace_id,
+            "nodes": outcome.nodes,
+        }
+    created = sum(1 for o in outcomes if o.created)
+    return json_response(
+        {"created": created, "deduplicated": len(outcomes) - created, "rejected": rejected, "results": results}
+    )
 
 
 @router.get(

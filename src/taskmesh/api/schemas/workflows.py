@@ -1,4 +1,5 @@
-"""Answers of the workflow routes: a submission, a workflow with its nodes, a page, a cancel, a retry.
+"""Answers of the workflow routes: a submission (one or a batch), a workflow with its nodes, a page, a cancel,
+a retry.
 
 As for the task routes, these models document what the handlers write and are checked against real
 answers by the tests (``tests/integration/test_openapi_contract.py``), not applied on the way out.
@@ -12,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from taskmesh.api.schemas.problem import FieldError
 from taskmesh.tasks.states import DepFailure, NodeKind, NodeStatus, WorkflowStatus
 
 
@@ -26,6 +28,32 @@ class WorkflowCreated(BaseModel):
         "dep's result); the callbacks under on_failure and finally. Deduplicated: the first workflow's."
     )
     deduplicated: bool | None = Field(default=None, description="True when dedup_key named an existing workflow.")
+
+
+class WorkflowBatchItem(BaseModel):
+    """The outcome of one item of a batch of workflows, by its ``index`` in the request."""
+
+    index: int
+    status: Literal["created", "deduplicated", "rejected"] = Field(
+        description="deduplicated: its dedup_key is taken, or repeats an earlier item's (that workflow answers)."
+    )
+    workflow_id: uuid.UUID | None = None
+    trace_id: str | None = None
+    nodes: dict[str, uuid.UUID | list[uuid.UUID]] | None = Field(
+        default=None, description="As the answer of POST /api/v1/workflows names them."
+    )
+    errors: list[FieldError] | None = Field(
+        default=None, description="Why it was refused (``workflows[3].nodes[0].deps``)."
+    )
+
+
+class WorkflowBatchCreated(BaseModel):
+    """Answer of ``POST /api/v1/workflows:batch``: its counts and each item's outcome."""
+
+    created: int
+    deduplicated: int
+    rejected: int
+    results: list[WorkflowBatchItem]
 
 
 class WorkflowSummary(BaseModel):
