@@ -40,6 +40,13 @@ CASES: list[tuple[str, dict[str, Any], int, str, str]] = [
         "node 'b' depends on 'ghost', which is no node",
     ),
     (
+        "a map from no node, named among its deps",
+        {"name": "w", "nodes": [node("a"), node("m", deps=["a", "ghost"], map={"from": "ghost"})]},
+        422,
+        "nodes[1].map.from",
+        "node 'm' maps over 'ghost', which is no node",
+    ),
+    (
         "a duplicate id",
         {"name": "w", "nodes": [node("a"), node("a")]},
         422,

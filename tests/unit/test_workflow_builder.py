@@ -129,7 +129,7 @@ def test_a_dep_or_a_map_source_naming_no_node_is_refused_when_the_body_is_made()
     assert refusal(wf.to_json) == ("nodes[1].deps", "node 'b' depends on 'x', which is no node")
     assert refusal(wf.submit) == ("nodes[1].deps", "node 'b' depends on 'x', which is no node")
     mapped = builder().task("a", "t.a").map("m", "t.m", from_="nope")
-    assert refusal(mapped.to_json) == ("nodes[1].deps", "node 'm' depends on 'nope', which is no node")
+    assert refusal(mapped.to_json) == ("nodes[1].map.from", "node 'm' maps over 'nope', which is no node")
 
 
 def test_bad_map_arguments_and_on_dep_failure_values_are_refused() -> None:

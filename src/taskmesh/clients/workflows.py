@@ -194,10 +194,16 @@ class WorkflowBuilder(Generic[R]):
 
         :returns: a new dict each call (its node lists too); payloads, items and context are the values
             given, not copies.
-        :raises InvalidTaskError: a dep names no node of the workflow (``nodes[i].deps``).
+        :raises InvalidTaskError: a dep names no node of the workflow (``nodes[i].deps``; a map's
+            ``from_``: ``nodes[i].map.from``).
         """
         for i, node in enumerate(self._nodes):
+            source = node["map"].get("from") if isinstance(node.get("map"), dict) else None
             for dep in node.get("deps", ()):
+                if dep not in self._index and dep == source:  # named by from_, as the server says it
+                    raise InvalidTaskError(
+                        f"nodes[{i}].map.from", f"node {node['id']!r} maps over {dep!r}, which is no node"
+                    )
                 if dep not in self._index:
                     raise InvalidTaskError(
                         f"nodes[{i}].deps", f"node {node['id']!r} depends on {dep!r}, which is no node"

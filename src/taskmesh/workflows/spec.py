@@ -148,7 +148,10 @@ def check_graph(spec: WorkflowSpec, limits: WorkflowLimits) -> None:
             raise InvalidTaskError(f"nodes[{i}].id", f"duplicate node id {node.id!r} (also nodes[{index[node.id]}])")
         index[node.id] = i
     for i, node in enumerate(spec.nodes):
+        source = node.map.from_ if isinstance(node.map, MapFrom) else None
         for dep in node.deps:
+            if dep not in index and dep == source:  # the source named first: what the author wrote
+                raise InvalidTaskError(f"nodes[{i}].map.from", f"node {node.id!r} maps over {dep!r}, which is no node")
             if dep not in index:
                 raise InvalidTaskError(f"nodes[{i}].deps", f"node {node.id!r} depends on {dep!r}, which is no node")
             if dep == node.id:
