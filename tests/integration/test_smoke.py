@@ -43,6 +43,7 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
         "/api/v1/tasks:bulk",
         "/api/v1/operations/{operation_id}",
         "/api/v1/workflows",
+        "/api/v1/workflows:batch",
         "/api/v1/workflows/{workflow_id}",
         "/api/v1/workflows/{workflow_id}/cancel",
         "/api/v1/workflows/{workflow_id}/retry",
@@ -155,7 +156,7 @@ async def test_every_api_route_documents_its_errors_as_problems_and_the_search_i
                 content = operation["responses"][str(status)]["content"]
                 assert set(content) == {"application/problem+json"}, (where, status)
             checked += 1
-    assert checked == 33
+    assert checked == 34
     search = spec["paths"]["/api/v1/tasks"]["get"]
     assert {p["name"] for p in search["parameters"]} == {*FILTERS, "payload.{path}"}
 

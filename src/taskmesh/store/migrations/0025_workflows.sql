@@ -313,14 +313,17 @@ BEGIN
 
     -- A workflow whose every node is decided and every task ended is over (and counted: workflow_ended).
     -- Then a task or map node succeeded exactly when it was released and no task of it ended badly,
-    -- so it failed when such a node was not released or a task of it (or a callback's) failed.
+    -- so it failed when such a node was not released or a task of it ended badly (a callback's
+    -- skipped task is no failure: an on_failure is skipped when nothing failed).
     WITH over AS (
     UPDATE workflows w
     SET status = CASE
             WHEN w.status <> 'running' THEN w.status
             WHEN EXISTS (SELECT 1 FROM workflow_nodes d WHERE d.workflow_id = w.id AND d.kind IN ('task', 'map')
                             AND d.status <> 'released')
-              OR EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id AND t.status IN ('failed', 'cancelled'))
+              OR EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id
+                            AND (t.status IN ('failed', 'cancelled')
+                                 OR t.status = 'skipped' AND t.workflow_node NOT IN ('on_failure', 'finally')))
                 THEN 'failed'
             ELSE 'completed' END,
         finished_at = now(), updated_at = now()
