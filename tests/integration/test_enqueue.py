@@ -133,10 +133,10 @@ async def test_a_delayed_mover_lock_held_elsewhere_skips_the_tick(
     await tasks.enqueue(spec(run_at=(datetime.now(UTC) + timedelta(seconds=60)).isoformat()))
     store_clock.offset = 61  # both are due
     lock = keys.lock("delayed_mover", "default")
-    token = await tasks.redis.try_lock(lock, 5000)
+    token = await tasks.redis.limits.try_lock(lock, 5000)
     assert token is not None
     assert await delayed_mover.run_once(tasks.redis, ["default"]) == {"moved": 0}
-    await tasks.redis.release_lock(lock, token)
+    await tasks.redis.limits.release_lock(lock, token)
     assert await delayed_mover.run_once(tasks.redis, ["default"]) == {"moved": 2}
 
 

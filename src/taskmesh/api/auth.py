@@ -153,7 +153,9 @@ async def _spend(state: AppState, principal: Principal, name: str) -> None:
 async def _spend_bucket(state: AppState, bucket: str, who: str, name: str, policy: RatePolicy) -> None:
     assert state.stores is not None
     try:
-        allowed, _, retry_after, reset = await state.stores.redis.rate_limit(bucket, policy.per_second, policy.burst)
+        allowed, _, retry_after, reset = await state.stores.redis.limits.rate_limit(
+            bucket, policy.per_second, policy.burst
+        )
     except StoreError as exc:
         state.rate_unchecked.record(bucket=bucket, error=str(exc))
         return

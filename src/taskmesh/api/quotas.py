@@ -81,7 +81,7 @@ class Quotas:
                 f"enqueue_per_second quota of {per_second:g}): send smaller batches",
             )
         try:
-            allowed, _, retry_after, _ = await redis.rate_limit(f"enqueue:tenant:{tenant}", per_second, burst, n)
+            allowed, _, retry_after, _ = await redis.limits.rate_limit(f"enqueue:tenant:{tenant}", per_second, burst, n)
         except StoreError as exc:  # as the per-key limits: an outage must not refuse every create
             log.warning("quota_unchecked", tenant_id=tenant, quota="enqueue_per_second", error=str(exc))
             return

@@ -35,7 +35,7 @@ async def count(state: AppState, client_addr: str | None, refusal: Authenticatio
         return
     network = client_network(client_addr)
     try:
-        allowed, _, retry_after, reset = await state.stores.redis.rate_limit(
+        allowed, _, retry_after, reset = await state.stores.redis.limits.rate_limit(
             f"auth-refused:{network}", policy.per_second, policy.burst
         )
     except StoreError as exc:

@@ -28,13 +28,13 @@ async def run_once(redis: RedisStore, queues: Sequence[str], lock_ms: int = LOCK
     moved = 0
     for queue in queues:
         key = redis.keys.lock("delayed_mover", queue)
-        token = await redis.try_lock(key, lock_ms)
+        token = await redis.limits.try_lock(key, lock_ms)
         if token is None:
             continue
         try:
             moved += await redis.move_due(queue)
         finally:
-            await redis.release_lock(key, token)
+            await redis.limits.release_lock(key, token)
     return {"moved": moved}
 
 

@@ -197,7 +197,7 @@ async def sweep(
     pushed = repaired = 0
     for queue in queues:
         key = tasks.redis.keys.lock("reconciler", queue)
-        token = await tasks.redis.try_lock(key, LOCK_MS)
+        token = await tasks.redis.limits.try_lock(key, LOCK_MS)
         if token is None:
             continue
         try:
@@ -206,7 +206,7 @@ async def sweep(
                 pushed += await walk(tasks, queue, cursor, min_age=min_age, max_pages=MAX_PAGES, popped=popped)
             repaired += await repair_dlq(tasks, queue)
         finally:
-            await tasks.redis.release_lock(key, token)
+            await tasks.redis.limits.release_lock(key, token)
     if pushed:
         log.info("tasks_repushed", count=pushed)
     return {"repushed": pushed, "dlq_repaired": repaired, "workflows_repaired": await repair_workflows(tasks)}
@@ -218,13 +218,13 @@ async def repair_workflows(tasks: Tasks) -> int:
     :returns: nodes decided (each a repair, logged ``workflow_repaired`` and counted).
     """
     key = tasks.redis.keys.lock("workflow_repair")
-    token = await tasks.redis.try_lock(key, LOCK_MS)
+    token = await tasks.redis.limits.try_lock(key, LOCK_MS)
     if token is None:
         return 0
     try:
         repaired = await Workflows(tasks).repair()
     finally:
-        await tasks.redis.release_lock(key, token)
+        await tasks.redis.limits.release_lock(key, token)
     if repaired and tasks.metrics:
         tasks.metrics.workflow_repairs.inc(repaired)
     return repaired
@@ -290,7 +290,7 @@ async def _resync_queue(
 ) -> tuple[str, int] | None:
     """Resync one queue under its lock; ``(reason, pushed)``, or ``None`` when it was not needed here."""
     lock = tasks.redis.keys.lock("resync", queue)
-    token = await tasks.redis.try_lock(lock, 60_000)
+    token = await tasks.redis.limits.try_lock(lock, 60_000)
     if token is None:
         return None  # another instance resyncs it; the marker tells us when it is done
     try:
@@ -311,7 +311,7 @@ async def _resync_queue(
         # Only a queue seen before whose marker is gone is known to have lost its keys.
         return ("restart" if marker else "data lost" if known is not None else "no marker yet"), pushed
     finally:
-        await tasks.redis.release_lock(lock, token)
+        await tasks.redis.limits.release_lock(lock, token)
 
 
 async def run_once(

@@ -84,7 +84,7 @@ async def tick(
     audit_keep_days: float | None = None,
 ) -> Counts:
     """One pass when this instance takes the lock (else nothing)."""
-    token = await redis.try_lock(redis.keys.lock("retention"), int(interval * 1000))
+    token = await redis.limits.try_lock(redis.keys.lock("retention"), int(interval * 1000))
     if token is None:
         return {}
     return await run_once(pg, retention, stats_seconds=stats_seconds, audit_keep_days=audit_keep_days)

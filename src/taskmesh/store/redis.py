@@ -1,4 +1,4 @@
-"""The Redis store: pushes into the per-queue structures, pops, the Lua scripts, locks, markers.
+"""The Redis store: pushes into the per-queue structures, pops, the Lua scripts, markers.
 
 :class:`RedisStore` is the only holder of the redis-py client. Redis holds only
 task ids (docs/internals/design.md principle 1); every method can be repeated safely: pushes
@@ -16,7 +16,6 @@ instance.
 
 from __future__ import annotations
 
-import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,6 +41,7 @@ from taskmesh.store.keys import (
     ready_score,
 )
 from taskmesh.store.redis_clients import open_client
+from taskmesh.store.redis_limits import RedisLimits
 from taskmesh.store.redis_types import RedisClient, RedisMode
 from taskmesh.store.redis_urls import (
     PLAIN_ON_TLS,
@@ -118,9 +118,8 @@ class RedisStore:
         self.keys = keys
         self.now_ms = now_ms
         self._move = client.register_script(lua("delayed_move"))
-        self._release = client.register_script(lua("lock_release"))
-        self._rate = client.register_script(lua("rate_limit"))
         self.finished = FinishedChannel(client, keys)
+        self.limits = RedisLimits(client, keys)
         self._foreign_logged: dict[str, float] = {}
 
     @classmethod
@@ -432,40 +431,6 @@ class RedisStore:
                 args=[self.now_ms(), limit, EPOCH_MS, PRIORITY_STEP, DELAYED_PRIORITY_SLOTS, LEGACY_DELAYED_SCORE_MAX],
             )
         return int(moved)
-
-    # -- locks ---------------------------------------------------------------
-
-    async def try_lock(self, key: str, ttl_ms: int) -> str | None:
-        """Take a short singleton lock (``SET key token NX PX ttl``).
-
-        :returns: the holder token, or ``None`` when another holder has it. The lock
-            only saves work (docs/internals/design.md principle 5); it never guards correctness.
-        """
-        token = secrets.token_hex(8)
-        with redis_call("try_lock"):
-            ok = await self.client.set(key, token, nx=True, px=ttl_ms)
-        return token if ok else None
-
-    async def release_lock(self, key: str, token: str) -> bool:
-        """Release a lock taken by :meth:`try_lock` if it is still ours."""
-        with redis_call("release_lock"):
-            released = await self._release(keys=[key], args=[token])
-        return bool(released)
-
-    async def rate_limit(
-        self, bucket: str, per_second: float, burst: int, cost: int = 1
-    ) -> tuple[bool, int, float, float]:
-        """``cost`` requests (1..``burst``) against the GCRA bucket ``bucket`` (``lua/rate_limit.lua``), on
-        Redis's clock.
-
-        :returns: ``(allowed, remaining, retry_after_seconds, reset_seconds)``.
-        :raises StoreError: Redis failed.
-        """
-        with redis_call("rate_limit"):
-            allowed, remaining, retry_us, reset_us = await self._rate(
-                keys=[self.keys.rate_limit(bucket)], args=[round(1_000_000 / per_second), burst, cost]
-            )
-        return bool(allowed), int(remaining), int(retry_us) / 1e6, int(reset_us) / 1e6
 
     # -- the DLQ mirror, health ----------------------------------------------
 
