@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from tests.proc import ROOT
@@ -78,8 +79,9 @@ def test_the_base_install_has_at_most_20_distributions_and_none_of_the_extras(ve
 
 @pytest.mark.anyio  # for the session's database (an async fixture); the test itself blocks on processes
 async def test_a_worker_of_the_base_install_runs_a_task_a_client_of_it_enqueued(
-    venv: Venv, database_url: str, store_urls: tuple[str, str], prefix: str, tmp_path: Path
+    venv: Venv, database_url: str, pool: asyncpg.Pool, store_urls: tuple[str, str], prefix: str, tmp_path: Path
 ) -> None:
+    # ``pool`` empties the session's database first: a queue an earlier test left paused would hold the task.
     (tmp_path / "fresh_handlers.py").write_text(
         textwrap.dedent(
             """
