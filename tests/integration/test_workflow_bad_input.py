@@ -11,7 +11,8 @@ from pydantic import BaseModel
 
 from taskmesh.tasks.models import TaskContext
 from taskmesh.tasks.registry import Registry
-from tests.conftest import http, wait_for
+from tests.conftest import http
+from tests.workflow_reads import ended, nodes_of
 
 pytestmark = pytest.mark.anyio
 
@@ -169,12 +170,8 @@ async def test_a_map_over_a_result_that_is_not_a_list_fails_that_node_with_a_cle
     async with start_instance() as inst, http(inst) as client:
         wid = (await client.post("/api/v1/workflows", json=body)).json()["workflow_id"]
 
-        async def over() -> dict[str, Any] | None:
-            got: dict[str, Any] = (await client.get(f"/api/v1/workflows/{wid}")).json()
-            return got if got["finished_at"] else None
-
-        done = await wait_for(over)
-    nodes = {n["id"]: n for n in done["nodes"]}
+        done = await ended(client, wid)
+    nodes = nodes_of(done)
     assert done["status"] == "failed"
     assert (nodes["each"]["status"], nodes["each"]["error"]) == (
         "failed",
@@ -203,11 +200,7 @@ async def test_results_over_the_bound_fail_the_child_naming_the_setting(
     async with start_instance(workflow_parents_max_bytes=2048) as inst, http(inst) as client:
         created = (await client.post("/api/v1/workflows", json=body)).json()
 
-        async def over() -> dict[str, Any] | None:
-            got: dict[str, Any] = (await client.get(f"/api/v1/workflows/{created['workflow_id']}")).json()
-            return got if got["finished_at"] else None
-
-        done = await wait_for(over)
+        done = await ended(client, created["workflow_id"])
         runs = (await client.get(f"/api/v1/tasks/{created['nodes']['child']}/runs")).json()["runs"]
     assert done["status"] == "failed" and ran == []
     assert runs[-1]["error"] == (
@@ -245,10 +238,6 @@ async def test_a_map_over_a_result_past_the_bound_runs_each_item_not_handed_the_
     async with start_instance(workflow_parents_max_bytes=2048) as inst, http(inst) as client:
         created = (await client.post("/api/v1/workflows", json=body)).json()
 
-        async def over() -> dict[str, Any] | None:
-            got: dict[str, Any] = (await client.get(f"/api/v1/workflows/{created['workflow_id']}")).json()
-            return got if got["finished_at"] else None
-
-        done = await wait_for(over)
+        done = await ended(client, created["workflow_id"])
     assert done["status"] == "completed", done
     assert handed == [{}] * 20

@@ -16,35 +16,14 @@ from taskmesh.services import retention
 from taskmesh.tasks.models import TaskContext
 from taskmesh.tasks.registry import Registry
 from tests.conftest import http, wait_for
+from tests.workflow_reads import ended, nodes_of, workflow
 
 pytestmark = pytest.mark.anyio
-
-
-async def workflow(client: httpx.AsyncClient, workflow_id: str) -> dict[str, Any]:
-    r = await client.get(f"/api/v1/workflows/{workflow_id}")
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
-    return body
-
-
-async def ended(client: httpx.AsyncClient, workflow_id: str, timeout: float = 15) -> dict[str, Any]:
-    """The workflow once it is over (finished_at set)."""
-
-    async def check() -> dict[str, Any] | None:
-        body = await workflow(client, workflow_id)
-        return body if body["finished_at"] is not None else None
-
-    result: dict[str, Any] = await wait_for(check, timeout=timeout)
-    return result
 
 
 async def _metrics_with(client: httpx.AsyncClient, line: str) -> str | None:
     text = (await client.get("/metrics")).text
     return text if line in text else None
-
-
-def nodes_of(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {n["id"]: n for n in body["nodes"]}
 
 
 async def test_a_diamond_hands_each_child_its_parents_results_and_joins_once(

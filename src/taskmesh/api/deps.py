@@ -128,6 +128,31 @@ async def read_json(request: Request, nested_field: str) -> Any:
         raise InvalidTaskError(nested_field, "nested deeper than 64 levels") from None
 
 
+BATCH_MAX = 1000
+"""Most items of one batch (``tasks:batch``, ``workflows:batch``)."""
+
+
+def batch_items(data: Any, field: str) -> tuple[list[Any], bool]:
+    """The items of a batch body ``{field: [...], "atomic"?: bool}`` and its ``atomic`` flag.
+
+    :param field: the list's name (``tasks``, ``workflows``), also the noun of the refusal.
+    :raises InvalidTaskError: the body is not an object, names an unknown field, ``atomic`` is not a
+        boolean, or ``field`` is not a list of 1 to :data:`BATCH_MAX` items.
+    """
+    if not isinstance(data, dict):
+        raise InvalidTaskError("body", "must be a JSON object")
+    unknown = sorted(set(data) - {field, "atomic"})
+    if unknown:
+        raise InvalidTaskError(unknown[0], "unknown field")
+    items = data.get(field)
+    atomic = data.get("atomic", False)
+    if not isinstance(atomic, bool):
+        raise InvalidTaskError("atomic", "must be true or false")
+    if not isinstance(items, list) or not 1 <= len(items) <= BATCH_MAX:
+        raise InvalidTaskError(field, f"must be a list of 1 to {BATCH_MAX} {field}")
+    return items, atomic
+
+
 async def parse_body(request: Request, model: type[M], *, optional: bool = False) -> M:
     """The body as ``model``: a JSON object whose fields ``model`` validates.
 

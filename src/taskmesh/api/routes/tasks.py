@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from taskmesh.api.auth import demand, reach_of, require
 from taskmesh.api.deps import (
+    BATCH_MAX,
     REASON_PARAMETER,
     OperationIdPath,
     StateDep,
@@ -19,6 +20,7 @@ from taskmesh.api.deps import (
     TaskIdPath,
     TasksDep,
     UndocumentedQuery,
+    batch_items,
     body_schema,
     json_response,
     parse_body,
@@ -55,8 +57,6 @@ from taskmesh.tasks.validation import NAME_REGEX, StrictInt, TaskSpec, check_jso
 
 router = APIRouter()
 log = get_logger("taskmesh.api")
-
-BATCH_MAX = 1000
 
 
 class BatchRequest(BaseModel):
@@ -141,17 +141,7 @@ async def check_task_reach(tasks: Tasks, task_id: uuid.UUID, reach: Reach) -> No
 
 
 def _parse_batch(data: Any, tasks: Tasks) -> tuple[list[TaskSpec], list[int], list[dict[str, Any]], bool]:
-    if not isinstance(data, dict):
-        raise InvalidTaskError("body", "must be a JSON object")
-    unknown = sorted(set(data) - {"tasks", "atomic"})
-    if unknown:
-        raise InvalidTaskError(unknown[0], "unknown field")
-    items = data.get("tasks")
-    atomic = data.get("atomic", False)
-    if not isinstance(atomic, bool):
-        raise InvalidTaskError("atomic", "must be true or false")
-    if not isinstance(items, list) or not 1 <= len(items) <= BATCH_MAX:
-        raise InvalidTaskError("tasks", f"must be a list of 1 to {BATCH_MAX} tasks")
+    items, atomic = batch_items(data, "tasks")
     specs: list[TaskSpec] = []
     positions: list[int] = []
     results: list[dict[str, Any]] = [{} for _ in items]

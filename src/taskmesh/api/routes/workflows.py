@@ -19,7 +19,9 @@ from starlette.responses import Response
 
 from taskmesh.api.auth import reach_of, require
 from taskmesh.api.deps import (
+    BATCH_MAX,
     StateDep,
+    batch_items,
     body_schema,
     is_name,
     json_response,
@@ -47,7 +49,6 @@ from taskmesh.workflows.workflows import PAGE_MAX, Prepared, PrepareMemo, Workfl
 
 router = APIRouter()
 
-BATCH_MAX = 1000
 """Most workflows of one ``POST /api/v1/workflows:batch`` (their nodes are bounded by ``workflow_max_nodes``)."""
 
 WorkflowIdPath = Annotated[str, Path(description="A workflow's id (UUID).", json_schema_extra={"format": "uuid"})]
@@ -186,17 +187,7 @@ def _parse_batch(data: Any, limits: WorkflowLimits) -> tuple[list[WorkflowSpec],
     :raises InvalidTaskError: the batch as a whole is refused: not an object, an unknown field, no list of
         1 to 1,000 workflows, more nodes in all than ``workflow_max_nodes``.
     """
-    if not isinstance(data, dict):
-        raise InvalidTaskError("body", "must be a JSON object")
-    unknown = sorted(set(data) - {"workflows", "atomic"})
-    if unknown:
-        raise InvalidTaskError(unknown[0], "unknown field")
-    items = data.get("workflows")
-    atomic = data.get("atomic", False)
-    if not isinstance(atomic, bool):
-        raise InvalidTaskError("atomic", "must be true or false")
-    if not isinstance(items, list) or not 1 <= len(items) <= BATCH_MAX:
-        raise InvalidTaskError("workflows", f"must be a list of 1 to {BATCH_MAX} workflows")
+    items, atomic = batch_items(data, "workflows")
     total = sum(len(w["nodes"]) for w in items if isinstance(w, dict) and isinstance(w.get("nodes"), list))
     if total > limits.max_nodes:
         raise InvalidTaskError(
