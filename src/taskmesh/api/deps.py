@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from taskmesh.api.contract import BODY_MODELS, ref
+from taskmesh.api.problems import problem
 from taskmesh.api.state import AppState
 from taskmesh.errors import BadJsonError, InvalidTaskError, NotReadyError, StoreError
 from taskmesh.observability.logs import get_logger
@@ -151,6 +152,22 @@ def batch_items(data: Any, field: str) -> tuple[list[Any], bool]:
     if not isinstance(items, list) or not 1 <= len(items) <= BATCH_MAX:
         raise InvalidTaskError(field, f"must be a list of 1 to {BATCH_MAX} {field}")
     return items, atomic
+
+
+def atomic_refusal(results: list[dict[str, Any]]) -> Response:
+    """The 422 of an atomic batch with a refused item: the first refusal in the detail, every one in
+    ``errors``, and each item's ``results`` (``not stored`` for the items that were valid).
+
+    :param results: one per item: a refused item's result (with ``errors``), ``{}`` for a valid one.
+    """
+    first = next(r for r in results if r)
+    return problem(
+        422,
+        "Invalid request",
+        f"{first['errors'][0]['field']}: {first['errors'][0]['message']} (atomic batch: nothing stored)",
+        errors=[(e["field"], e["message"]) for r in results if r for e in r["errors"]],
+        results=[r or {"index": i, "status": "not stored"} for i, r in enumerate(results)],
+    )
 
 
 async def parse_body(request: Request, model: type[M], *, optional: bool = False) -> M:

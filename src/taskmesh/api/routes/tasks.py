@@ -20,6 +20,7 @@ from taskmesh.api.deps import (
     TaskIdPath,
     TasksDep,
     UndocumentedQuery,
+    atomic_refusal,
     batch_items,
     body_schema,
     json_response,
@@ -183,14 +184,7 @@ async def create_batch(request: Request, tasks: TasksDep, state: StateDep) -> Re
     rejected = len(results) - len(specs)
     await state.quotas.check(tasks.pg, tasks.redis, specs, [f"tasks[{i}]." for i in positions])
     if atomic and rejected:
-        first = next(r for r in results if r)
-        return problem(
-            422,
-            "Invalid request",
-            f"{first['errors'][0]['field']}: {first['errors'][0]['message']} (atomic batch: nothing stored)",
-            errors=[(e["field"], e["message"]) for r in results if r for e in r["errors"]],
-            results=[r or {"index": i, "status": "not stored"} for i, r in enumerate(results)],
-        )
+        return atomic_refusal(results)
     outcomes = await tasks.enqueue_many([with_trace(s, request) for s in specs])
     named = [(o.queue or "", spec.name) for o, spec in zip(outcomes, specs, strict=True)]
     warnings = await task_warnings(state, [(q, n) for q, n in named if q])

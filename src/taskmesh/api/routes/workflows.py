@@ -21,6 +21,7 @@ from taskmesh.api.auth import reach_of, require
 from taskmesh.api.deps import (
     BATCH_MAX,
     StateDep,
+    atomic_refusal,
     batch_items,
     body_schema,
     is_name,
@@ -29,7 +30,7 @@ from taskmesh.api.deps import (
     query_parameter,
     read_json,
 )
-from taskmesh.api.problems import problem, problem_responses
+from taskmesh.api.problems import problem_responses
 from taskmesh.api.schemas.workflows import (
     WorkflowBatchCreated,
     WorkflowCancelled,
@@ -253,14 +254,7 @@ async def create_workflow_batch(request: Request, workflows: WorkflowsDep, state
     await check_quotas(state, workflows, [p.spec for p in prepared], [f"workflows[{i}]." for i in kept])
     rejected = len(results) - len(prepared)
     if atomic and rejected:
-        first = next(r for r in results if r)
-        return problem(
-            422,
-            "Invalid request",
-            f"{first['errors'][0]['field']}: {first['errors'][0]['message']} (atomic batch: nothing stored)",
-            errors=[(e["field"], e["message"]) for r in results if r for e in r["errors"]],
-            results=[r or {"index": i, "status": "not stored"} for i, r in enumerate(results)],
-        )
+        return atomic_refusal(results)
     outcomes = await workflows.store(prepared) if prepared else []
     for i, outcome in zip(kept, outcomes, strict=True):
         results[i] = {
