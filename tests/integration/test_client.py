@@ -35,6 +35,21 @@ async def test_the_client_enqueues_reads_and_deduplicates(
     assert await pool.fetchval("SELECT count(*) FROM tasks") == 2
 
 
+async def test_a_client_given_no_prefix_takes_the_environments_as_an_instance_does(
+    database_url: str,
+    redis_url: str,
+    prefix: str,
+    pool: asyncpg.Pool,
+    redis_client: aioredis.Redis,
+    keys: Keys,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TASKMESH_REDIS_PREFIX", prefix)
+    async with taskmesh.Client(database_url, redis_url, redis_mode=REDIS_MODE, registry=Registry()) as client:
+        tid = await client.enqueue("reports.export", {"report": 8})
+    assert await redis_client.zscore(keys.ready("default"), str(tid)) is not None
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

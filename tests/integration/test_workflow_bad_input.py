@@ -48,6 +48,13 @@ CASES: list[tuple[str, dict[str, Any], int, str, str]] = [
         "node 'm' maps over 'ghost', which is no node",
     ),
     (
+        "a map from no node",
+        {"name": "w", "nodes": [node("a"), node("m", map={"from": "ghost"})]},
+        422,
+        "nodes[1].map.from",
+        "node 'm' maps over 'ghost', which is no node",
+    ),
+    (
         "a duplicate id",
         {"name": "w", "nodes": [node("a"), node("a")]},
         422,

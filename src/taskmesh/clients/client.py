@@ -10,6 +10,7 @@ offers the same methods to code that is not async (Django, Flask, scripts).
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from datetime import datetime
@@ -41,13 +42,19 @@ from taskmesh.tasks.validation import MAX_DELAY_SECONDS, parse_task_spec
 from taskmesh.workflows.spec import WorkflowLimits, parse_workflow
 from taskmesh.workflows.workflows import Workflows
 
+PREFIX_VARIABLE = "TASKMESH_REDIS_PREFIX"
+"""The environment variable an instance reads its ``redis_prefix`` from; a client's default too."""
+DEFAULT_PREFIX = "taskmesh"
+
 
 class Client:
     """Enqueue and read tasks from application code, and submit and follow workflows of them.
 
     :param database_url: PostgreSQL URL of the taskmesh database.
     :param redis_url: Redis URL taskmesh dispatches through.
-    :param redis_prefix: key prefix, as the instances' ``redis_prefix``.
+    :param redis_prefix: key prefix, as the instances' ``redis_prefix``; default the environment's
+        ``TASKMESH_REDIS_PREFIX`` (what an instance started in the same environment reads), else
+        ``taskmesh``. A client on another prefix than the instances' pushes where none looks.
     :param registry: handlers whose defaults (queue, max_retries) apply when
         known; default the process-wide registry.
     :param pg_pooler: ``transaction`` when ``database_url`` is PgBouncer in transaction mode,
@@ -75,7 +82,7 @@ class Client:
         database_url: str,
         redis_url: str,
         *,
-        redis_prefix: str = "taskmesh",
+        redis_prefix: str | None = None,
         registry: Registry | None = None,
         default_max_retries: int = 3,
         pool_size: int = 4,
@@ -88,7 +95,7 @@ class Client:
         _check_redis_options(redis_url, redis_mode)
         self._database_url = database_url
         self._redis_url = redis_url
-        self._redis_prefix = redis_prefix
+        self._redis_prefix = redis_prefix or os.environ.get(PREFIX_VARIABLE) or DEFAULT_PREFIX
         self._registry = registry or default_registry
         self._default_max_retries = default_max_retries
         self._pool_size = pool_size

@@ -171,6 +171,10 @@ def check_graph(spec: WorkflowSpec, limits: WorkflowLimits) -> None:
             )
         if isinstance(node.map, MapFrom):
             source = node.map.from_
+            if source not in index:
+                raise InvalidTaskError(
+                    f"nodes[{i}].map.from", f"node {node.id!r} maps over {source!r}, which is no node"
+                )
             if source not in node.deps:
                 raise InvalidTaskError(
                     f"nodes[{i}].map.from", f"node {node.id!r} maps over {source!r}, which must be one of its deps"
