@@ -44,6 +44,7 @@ from pydantic_settings import (
 )
 
 from taskmesh.errors import ConfigError, CronSpecError, InvalidTaskError
+from taskmesh.limits.settings import LimitSettings, check_names
 from taskmesh.schedules.cron import CronSpec, load_zone
 from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
 from taskmesh.tasks.validation import MAX_DELAY_LIMIT, MAX_DELAY_SECONDS
@@ -507,6 +508,14 @@ class Settings(BaseSettings):
     """Quotas by tenant (``[tenant_quotas.acme]`` tables; ``TASKMESH_TENANT_QUOTAS`` as a JSON object)."""
     tenant_quota_default: TenantQuota | None = Field(default=None, validation_alias=_aliases("tenant_quota_default"))
     """The quotas of every tenant not in ``tenant_quotas`` (default: none)."""
+    limits: dict[str, LimitSettings] = Field(default_factory=dict, validation_alias=_aliases("limits"))
+    """Task limits by name (``[limits.<name>]``): runs at once and starts per second across every instance
+    (``limits/settings.py``)."""
+
+    @field_validator("limits")
+    @classmethod
+    def _check_limit_names(cls, value: dict[str, LimitSettings]) -> dict[str, LimitSettings]:
+        return check_names(value)
 
     @field_validator("schedules", mode="before")
     @classmethod

@@ -157,6 +157,18 @@ class ScheduleNotFoundError(TaskmeshError, LookupError):
         self.name = name
 
 
+class LimitNotFoundError(TaskmeshError, LookupError):
+    """No limit of this name is in force (configured or set at run time), or none was set at run time.
+
+    :param name: the limit asked for.
+    :param detail: the message, when it is not ``no limit is named <name>``.
+    """
+
+    def __init__(self, name: str, detail: str | None = None) -> None:
+        super().__init__(detail or f"no limit is named {name!r}")
+        self.name = name
+
+
 class PayloadDecodeError(TaskmeshError):
     """The payload does not fit the handler's declared type; the run is not retried."""
 
@@ -348,6 +360,38 @@ class Retry(TaskmeshError):
     def __init__(self, reason: str = "retry requested", delay_seconds: float | None = None) -> None:
         super().__init__(reason)
         self.delay_seconds = delay_seconds
+
+
+RATE_LIMITED_MAX_SECONDS = 3600.0
+"""The longest a ``RateLimited`` holds its keys back; a longer (or unreadable) ``retry_after`` is read as this."""
+
+
+class RateLimited(TaskmeshError):
+    """Raised by a handler when a downstream service says "too many requests" (an HTTP 429).
+
+    The run is not a failure: the task goes back to wait ``retry_after`` seconds without spending a
+    retry, and every task of its limit keys with a rate (else of all its limit keys) waits as long, on
+    every instance, so that the whole key backs off, not one task.
+
+    :param retry_after: seconds to wait (a ``Retry-After``), at least 0.001, at most
+        :data:`RATE_LIMITED_MAX_SECONDS`; a value that is not a number is read as 1.
+    """
+
+    def __init__(self, retry_after: float = 1.0, reason: str = "rate limited") -> None:
+        super().__init__(reason)
+        self.retry_after = rate_limited_seconds(retry_after)
+
+
+def rate_limited_seconds(value: object) -> float:
+    """``RateLimited``'s ``retry_after`` as seconds it holds: a number kept within 0.001 and
+    :data:`RATE_LIMITED_MAX_SECONDS`, anything else 1."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]  # any object a handler passed
+    except (TypeError, ValueError):
+        return 1.0
+    if seconds != seconds:  # NaN
+        return 1.0
+    return min(max(seconds, 0.001), RATE_LIMITED_MAX_SECONDS)
 
 
 class EmbeddedServerError(TaskmeshError):

@@ -29,7 +29,7 @@ from taskmesh.api.auth import SCOPE_OF
 from taskmesh.api.hygiene import BrowserGuard
 from taskmesh.api.limits import BodyLimit
 from taskmesh.api.observe import ObserveRequests
-from taskmesh.api.routes import audit, health, keys, queues, schedules, tasks, workers, workflows
+from taskmesh.api.routes import audit, health, keys, limits, queues, schedules, tasks, workers, workflows
 from taskmesh.api.state import AppState
 from taskmesh.console.lazy import serve_console
 from taskmesh.observability.logs import get_logger
@@ -87,6 +87,7 @@ def create_app(
             tasks.router,
             workflows.router,
             queues.router,
+            limits.router,
             schedules.router,
             workers.router,
             keys.router,

@@ -50,6 +50,8 @@ ACTIONS = {
     "create_workflow_batch": "workflow.create_batch",
     "cancel_workflow": "workflow.cancel",
     "retry_workflow": "workflow.retry",
+    "set_limit": "limit.set",
+    "unset_limit": "limit.unset",
 }
 """Each changing route's action name; other routes are named ``<method> <path template>``."""
 RESOURCES = {
@@ -59,6 +61,7 @@ RESOURCES = {
     "key_id": "key",
     "operation_id": "operation",
     "workflow_id": "workflow",
+    "limit": "limit",
 }
 """The path parameter that names each route's resource, and its type."""
 _CHANGING = ("POST", "PUT", "PATCH", "DELETE")

@@ -7,6 +7,7 @@
 | ``TaskNotFoundError`` | 404 | Task not found |
 | ``ScheduleNotFoundError`` | 404 | Schedule not found |
 | ``WorkflowNotFoundError`` | 404 | Workflow not found |
+| ``LimitNotFoundError`` | 404 | Limit not found |
 | ``WorkflowStateError`` | 409 | Workflow state conflict |
 | ``TaskFinishedError`` | 409 | Task already finished |
 | ``TaskStateError`` | 409 | Task state conflict |
@@ -43,6 +44,7 @@ from taskmesh.errors import (
     BeyondReachError,
     ForgedRequestError,
     InvalidTaskError,
+    LimitNotFoundError,
     NotReadyError,
     PermissionDeniedError,
     QuotaExceededError,
@@ -87,6 +89,10 @@ def _schedule_not_found(exc: Any) -> Response:
 
 def _workflow_not_found(exc: Any) -> Response:
     return problem(404, "Workflow not found", str(exc))
+
+
+def _limit_not_found(exc: Any) -> Response:
+    return problem(404, "Limit not found", str(exc))
 
 
 def _workflow_state(exc: Any) -> Response:
@@ -166,6 +172,7 @@ ERROR_TABLE: list[tuple[type[Exception], Callable[[Any], Response]]] = [
     (TaskNotFoundError, _task_not_found),
     (ScheduleNotFoundError, _schedule_not_found),
     (WorkflowNotFoundError, _workflow_not_found),
+    (LimitNotFoundError, _limit_not_found),
     (WorkflowStateError, _workflow_state),
     (TaskFinishedError, _finished),
     (TaskStateError, _state_conflict),

@@ -301,6 +301,12 @@ class Metrics:
             "too_many_connections_from_address (closed at accept, over http_max_connections_per_address).",
             "reason",
         )
+        # Task limits (limits/): labelled by a configured limit's name, never by a key's value.
+        self.limit_refused = c(
+            "taskmesh_limit_refused",
+            "Popped task ids a limit did not let start (parked until its key has room), by limit.",
+            "limit",
+        )
         for reason in HTTP_REFUSAL_REASONS:  # at 0 from the start, so rate() and alerts see them
             self.http_refused.labels(reason)
         ProcessCollector(registry=self.registry)
@@ -406,6 +412,15 @@ class Metrics:
     def task_created(self, queue: str, count: int = 1) -> None:
         """Count ``count`` created tasks of ``queue``."""
         self.tasks_created.labels(self.queue_label(queue)).inc(count)
+
+    def limit_parked(self, parked: Iterable[tuple[str, str]]) -> None:
+        """Count admissions refused: ``(task id, limit key)`` pairs, labelled by the key's limit."""
+        counts: dict[str, int] = {}
+        for _, key in parked:
+            name = key.partition(":")[0]
+            counts[name] = counts.get(name, 0) + 1
+        for name, n in counts.items():
+            self.limit_refused.labels(name).inc(n)
 
     def task_deduplicated(self, queue: str) -> None:
         """Count an enqueue answered by an existing task."""

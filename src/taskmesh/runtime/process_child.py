@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 import orjson
 
-from taskmesh.errors import NonRetryableError, PayloadDecodeError, Retry
+from taskmesh.errors import NonRetryableError, PayloadDecodeError, RateLimited, Retry
 from taskmesh.observability.logs import configure, current_run, get_logger
 from taskmesh.tasks.models import ClaimedTask, TaskContext
 from taskmesh.tasks.registry import Handler, make_handler
@@ -77,6 +77,7 @@ class ChildOutcome:
     :param retryable: ``False`` for ``NonRetryableError``, a payload the
         handler's type cannot decode, a result that is not JSON-serialisable.
     :param retry_delay: seconds, from ``taskmesh.Retry(delay_seconds=...)``.
+    :param rate_limited: seconds, from ``taskmesh.RateLimited(retry_after=...)``: not a failure.
     :param duration_seconds: handler wall time in the child, or until it was stopped.
     """
 
@@ -87,6 +88,7 @@ class ChildOutcome:
     retryable: bool = True
     retry_delay: float | None = None
     duration_seconds: float = 0.0
+    rate_limited: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +225,8 @@ def execute(call: Call) -> ChildOutcome:
         value = _invoke(call)
     except PayloadDecodeError as exc:
         return _failed(f"payload does not fit the handler: {exc}", started, retryable=False)
+    except RateLimited as exc:
+        return replace(_raised(exc, started), traceback=None, rate_limited=exc.retry_after)
     except NonRetryableError as exc:
         return _raised(exc, started, retryable=False)
     except Retry as exc:

@@ -29,6 +29,7 @@ import anyio
 
 from taskmesh.api.state import AppState
 from taskmesh.config import Settings
+from taskmesh.limits.book import LimitBook
 from taskmesh.observability.metrics import Metrics
 from taskmesh.runtime import worker_processes
 from taskmesh.runtime.clock import StoreClock
@@ -42,6 +43,7 @@ from taskmesh.services import (
     enqueued_listener,
     finished_feed,
     heartbeat,
+    limits_watch,
     operations,
     reclaimer,
     reconciler,
@@ -84,6 +86,16 @@ class Serving:
         for pool in self.pools:
             held.update(pool.claimed)
         return held
+
+    async def hold_slots(self, lease_seconds: float) -> None:
+        """Keep the limit slots of the runs this instance's executors hold until ``lease_seconds`` from now.
+
+        :raises StoreError: Redis failed.
+        """
+        until = self.stores.redis.now_ms() + round(lease_seconds * 1000)
+        for pool in self.pools:
+            runs = [(t.task_id, t.limit_keys) for t in list(pool.claimed.values()) if t.limit_keys]
+            await self.stores.redis.limits.hold(pool.queue, runs, until)
 
     def cancel_run(self, task_id: uuid.UUID) -> bool:
         """Cancel the run of ``task_id`` if an executor here runs it."""
@@ -176,13 +188,15 @@ def _upkeep(p: Parts, up: Serving) -> list[ServiceSpec]:
             metrics=p.metrics,
             handlers=handled_names(p.registry),
             handler_options=handler_options(p.registry),
+            hold_slots=partial(up.hold_slots, s.lease_seconds) if tasks.limits else None,
         )
         table.append(ServiceSpec("heartbeat", beat, critical=True))
     table += [
         ServiceSpec("clock_sync", partial(clock_sync.run, up.stores.pg, up.clock, p.metrics), critical=False),
+        ServiceSpec("limits_watch", partial(limits_watch.run, up.stores.pg, tasks.limits), critical=False),
         ServiceSpec(
             "delayed_mover",
-            partial(delayed_mover.run, up.stores.redis, queues, interval=s.delayed_poll_seconds),
+            partial(delayed_mover.run, up.stores.redis, queues, interval=s.delayed_poll_seconds, limits=tasks.limits),
             critical=True,
         ),
         ServiceSpec(
@@ -278,6 +292,7 @@ def build_serving(p: Parts, stores: Stores, clock: StoreClock, threads: HandlerT
         queued_limits=QueuedLimits.of_settings(settings),
         advertised=AdvertisedHandlers(fresh_seconds=3 * settings.lease_seconds),
         workflow_parents_max_bytes=settings.workflow_parents_max_bytes,
+        limits=LimitBook(settings.limits),
     )
     p.state.stores, p.state.tasks = stores, tasks
     p.state.schedules = Schedules(tasks, settings.schedules)

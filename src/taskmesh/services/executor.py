@@ -47,7 +47,7 @@ from typing import Any
 
 import anyio
 
-from taskmesh.errors import NonRetryableError, PayloadDecodeError, Retry
+from taskmesh.errors import NonRetryableError, PayloadDecodeError, RateLimited, Retry
 from taskmesh.observability.logs import current_run, get_logger, run_keys
 from taskmesh.observability.metrics import Metrics
 from taskmesh.runtime.process_pool import HandlerRef, PoolClosedError
@@ -88,6 +88,20 @@ def failure(
         wait = delay if delay is not None else backoff_seconds(task.retries, jitter=True)
         return RunResult(task, Outcome.RETRY, error=text, delay_seconds=wait, duration_seconds=duration, traceback=tb)
     return RunResult(task, Outcome.FAILED, error=text, duration_seconds=duration, traceback=tb)
+
+
+def rate_limited(task: ClaimedTask, error: str, seconds: float, duration: float) -> RunResult:
+    """The result of a run whose handler raised ``RateLimited``: back to wait ``seconds`` (no retry spent),
+    its limit keys held back as long (``RunResult.back_off_seconds``)."""
+    text = storable_text(f"{error} (waits {seconds:g} s, no retry spent)", MAX_ERROR_CHARS)
+    return RunResult(
+        task,
+        Outcome.INTERRUPTED,
+        error=text,
+        delay_seconds=seconds,
+        duration_seconds=duration,
+        back_off_seconds=seconds,
+    )
 
 
 async def execute(
@@ -163,6 +177,8 @@ async def execute(
             return failure(task, f"timed out after {handler.timeout:g} s", retryable=True, duration=duration)
         # the handler's own TimeoutError (a socket, a wait_for): an ordinary failure
         return failure(task, describe(exc), retryable=True, duration=duration, trace=_trace(exc))
+    except RateLimited as exc:
+        return rate_limited(task, describe(exc), exc.retry_after, time.perf_counter() - started)
     except NonRetryableError as exc:
         duration = time.perf_counter() - started
         return failure(task, describe(exc), retryable=False, duration=duration, trace=_trace(exc))
@@ -237,6 +253,8 @@ async def _in_process(
             )
         return RunResult(task, Outcome.SUCCEEDED, result=result, duration_seconds=duration)
     error = outcome.error or outcome.kind
+    if outcome.kind == "raised" and outcome.rate_limited is not None:
+        return rate_limited(task, error, outcome.rate_limited, duration)
     delay = outcome.retry_delay if outcome.kind == "raised" else None
     return failure(task, error, retryable=outcome.retryable, delay=delay, duration=duration, trace=outcome.traceback)
 

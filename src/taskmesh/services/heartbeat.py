@@ -23,15 +23,19 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 
 import orjson
 
 from taskmesh import __version__
+from taskmesh.errors import StoreError
+from taskmesh.observability.logs import get_logger
 from taskmesh.observability.metrics import Metrics
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.store import PgStore
 from taskmesh.tasks.states import WorkerState
+
+log = get_logger("taskmesh.heartbeat")
 
 
 async def run_once(
@@ -88,9 +92,14 @@ async def run(
     metrics: Metrics | None = None,
     handlers: Collection[str] | None = None,
     handler_options: str | None = None,
+    hold_slots: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Beat for ever (cancelled by the supervisor after deregistering); ``handlers`` and
-    ``handler_options`` as :func:`run_once`."""
+    ``handler_options`` as :func:`run_once`.
+
+    :param hold_slots: after each beat, keeps the limit slots of the held runs as long as their leases
+        (``RedisLimits.hold``); a Redis failure there is logged, and the beat stands.
+    """
 
     async def beat() -> Counts:
         await run_once(
@@ -105,6 +114,11 @@ async def run(
             handlers=handlers,
             handler_options=handler_options,
         )
+        if hold_slots is not None:
+            try:
+                await hold_slots()
+            except StoreError as exc:  # the slots lapse with the leases unless a later beat holds them
+                log.warning("limit_slots_not_held", error=str(exc))
         return {}
 
     await run_periodic("heartbeat", beat, interval=interval, first_delay=interval, max_backoff=interval)

@@ -128,7 +128,7 @@ async def _apply(
 async def _follow_in_redis(tasks: Tasks, action: BulkAction, changed: list[Any]) -> None:
     if action in FROM_STATUSES:
         await tasks.redis.forget_many([(r["queue"], str(r["id"])) for r in changed])  # out of the DLQ
-        await tasks.push([PushTarget(r["id"], r["queue"], r["priority"], None) for r in changed])
+        await tasks.push([PushTarget(r["id"], r["queue"], r["priority"], None, r["limit_keys"]) for r in changed])
     elif action is BulkAction.CANCEL:
         await tasks.mirror(changed)  # transition rows: cancelled ones leave Redis, running ones are asked to stop
     else:

@@ -152,7 +152,7 @@ async def walk(
         rows = await tasks.pg.tasks.list_queued_after(queue, cursor.run_at, cursor.task_id, min_age, PAGE)
         pages += 1
         if rows:
-            targets = [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"]) for r in rows]
+            targets = [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"], r["limit_keys"]) for r in rows]
             pushed += await _push(tasks, targets, popped)
             cursor.run_at, cursor.task_id = rows[-1]["run_at"], rows[-1]["id"]
         if len(rows) < PAGE:
@@ -168,7 +168,8 @@ async def repair_dlq(tasks: Tasks, queue: str) -> bool:
 
 
 async def drifted(tasks: Tasks, queue: str, popped: Popped) -> bool:
-    """Whether Redis holds fewer ids of ``queue`` than PostgreSQL has queued tasks.
+    """Whether Redis holds fewer ids of ``queue`` (ready, delayed, or parked by a limit) than PostgreSQL has
+    queued tasks.
 
     Redis is counted first, and this instance's popped ids with it: an id popped and
     claimed between the two counts then counts on neither side or on Redis's, and an
@@ -179,9 +180,10 @@ async def drifted(tasks: Tasks, queue: str, popped: Popped) -> bool:
     the full walk once a minute, finds them.
     """
     ready, delayed, _ = await tasks.redis.depths(queue)
+    parked = await tasks.redis.limits.parked_count(queue)
     held = len(popped(queue))
     queued = (await tasks.pg.tasks.count_queued([queue])).get(queue, 0)
-    return ready + delayed + held < queued
+    return ready + delayed + parked + held < queued
 
 
 async def sweep(
@@ -231,9 +233,16 @@ async def repair_workflows(tasks: Tasks) -> int:
 
 
 async def resync(tasks: Tasks, queues: Sequence[str], popped: Popped = none_popped) -> int:
-    """Push every queued task Redis lacks and rewrite the DLQ mirrors; returns ids pushed."""
+    """Give running tasks their limit slots again, push every queued task Redis lacks and rewrite the DLQ
+    mirrors; returns ids pushed.
+
+    The slots come first: a limited id pushed before them could start beside runs Redis had forgotten.
+    Until the marker is written again, the admission starts no limited id (``lua/limits_admit.lua``).
+    """
     pushed = 0
     for queue in queues:
+        running = await tasks.pg.tasks.list_running_limited(queue)
+        await tasks.redis.limits.restore(queue, [(r["id"], r["limit_keys"], r["until_ms"]) for r in running])
         pushed += await walk(tasks, queue, Cursor(), min_age=0, max_pages=None, popped=popped)
         await repair_dlq(tasks, queue)
     return pushed

@@ -1,7 +1,9 @@
 """One queue's workers: a fetcher, ``concurrency`` executors, and the slots between them.
 
 The **fetcher** pops ready ids from ``{prefix}:{q}:ready`` (``BZMPOP``, as many
-as slots are free), claims them in PostgreSQL with one conditional UPDATE, and
+as slots are free), admits them under the task limits in force when any may hold a task of
+the queue (``RedisLimits.admit``, one script call: ids that may not start yet are parked out of
+the ready set, and come back when their limit key has room), claims them in PostgreSQL with one conditional UPDATE, and
 puts each :class:`~taskmesh.tasks.models.ClaimedTask` on the queue's channel; ids
 whose claim fails (already claimed, not queued) are dropped quietly, ids not
 due yet go back to the delayed set. It stops at the top of its loop once
@@ -162,23 +164,60 @@ class QueueWorkers:
                     await self._send.send(item)
 
     async def fetch_once(self, count: int) -> list[ClaimedTask]:
-        """Pop up to ``count`` ids and claim them; returns the claimed tasks.
+        """Pop up to ``count`` ids, admit them under the task limits in force, and claim those admitted;
+        returns the claimed tasks.
 
         :raises StoreError: a store failed.
         """
-        ids = await self.tasks.redis.pop_ready(self.queue, count, POP_TIMEOUT_SECONDS)
-        if not ids:
+        limits = self.tasks.limits
+        if not limits.applies_in(self.queue):  # the common case: no admission, no extra call
+            ids = await self.tasks.redis.pop_ready(self.queue, count, POP_TIMEOUT_SECONDS)
+            return await self._claim(ids) if ids else []
+        popped = await self.tasks.redis.pop_scored(self.queue, count, POP_TIMEOUT_SECONDS)
+        if not popped:
             return []
+        ids = [task_id for task_id, _ in popped]
+        self.popped.update(ids)
+        try:
+            admission = await self.tasks.redis.limits.admit(
+                self.queue, popped, limits.script_args(), round(self.lease_seconds * 1000)
+            )
+        finally:
+            self.popped.difference_update(ids)
+        if admission.parked and self.metrics is not None:
+            self.metrics.limit_parked(admission.parked)
+        if not admission.started:
+            return []
+        claimed = await self._claim([i for i, _ in admission.started], dict(admission.started))
+        await self._count_unseen_slots(claimed, dict(admission.started))
+        return claimed
+
+    async def _claim(self, ids: list[str], slots: dict[str, list[str]] | None = None) -> list[ClaimedTask]:
+        """Claim popped (and admitted) ids; ``slots``: the limit keys each holds a slot of."""
         # Between the pop and the claim's answer these ids are in neither Redis nor (as
         # claimed) PostgreSQL; the reconciler adds them to Redis's count (reconciler.Popped).
         self.popped.update(ids)
         try:
-            claimed = await self.tasks.claim(self.queue, ids, self.worker_id, self.lease_seconds)
+            claimed = await self.tasks.claim(self.queue, ids, self.worker_id, self.lease_seconds, slots)
         finally:
             self.popped.difference_update(ids)
         if not claimed:  # every id refused: claimed elsewhere, or the queue was paused
             await self._read_pause()
         return claimed
+
+    async def _count_unseen_slots(self, claimed: list[ClaimedTask], slots: dict[str, list[str]]) -> None:
+        """Give slots to claimed runs whose limit keys Redis did not know when it admitted them.
+
+        Every push writes an id's limit keys beside it, so this is a repair: keys lost with Redis's data
+        before the reconciler rebuilt them. The run was started without its limits' say; from here on
+        it counts against them (logged ``limit_keys_unseen``).
+        """
+        unseen = [(t.task_id, t.limit_keys) for t in claimed if t.limit_keys and not slots.get(str(t.task_id))]
+        if not unseen:
+            return
+        log.warning("limit_keys_unseen", queue=self.queue, tasks=len(unseen))
+        until = self.tasks.redis.now_ms() + round(self.lease_seconds * 1000)
+        await self.tasks.redis.limits.restore(self.queue, [(i, k, until) for i, k in unseen if k])
 
     async def _read_pause(self) -> None:
         """Ask PostgreSQL whether the queue is paused; log when that changed.

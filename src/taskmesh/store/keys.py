@@ -91,6 +91,18 @@ class Keys:
         """Written after a queue's resync, in its slot; its absence means the queue's keys were lost."""
         return f"{self.prefix}:{{{queue}}}:marker"
 
+    def limit_base(self, queue: str) -> str:
+        """The start of every key of ``queue``'s limits (``lua/limits_lib.lua`` names them), in its slot."""
+        return f"{self.prefix}:{{{queue}}}:lim:"
+
+    def limit_tasks(self, queue: str) -> str:
+        """Hash task id -> its limit keys (one per line), for the queue's queued tasks that hold any."""
+        return f"{self.prefix}:{{{queue}}}:lim:tasks"
+
+    def limit_wake(self, queue: str) -> str:
+        """Sorted set of the queue's limit keys with parked ids, scored by when to look at them again (ms)."""
+        return f"{self.prefix}:{{{queue}}}:lim:wake"
+
     def rate_limit(self, bucket: str) -> str:
         """A rate-limit bucket (``{class}:{key id}``): a GCRA arrival time, its TTL its own end."""
         return f"{self.prefix}:ratelimit:{bucket}"

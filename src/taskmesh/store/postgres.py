@@ -26,6 +26,7 @@ from taskmesh.observability.logs import get_logger
 from taskmesh.store.audit_queries import AuditQueries
 from taskmesh.store.classify import POSTGRES_ERRORS, postgres_error
 from taskmesh.store.key_queries import KeyQueries
+from taskmesh.store.limit_queries import LimitQueries
 from taskmesh.store.migrator import MigrationRun, migrate, migrate_url, migrations
 from taskmesh.store.operation_queries import OperationQueries
 from taskmesh.store.queue_queries import QueueQueries
@@ -79,6 +80,7 @@ class PgStore:
         self.audit = AuditQueries(ex, w)
         self.sessions = SessionQueries(ex, w)
         self.workflows = WorkflowQueries(ex, w)
+        self.limits = LimitQueries(ex, w)
 
     def on(self, connection: Executor) -> PgStore:
         """This store's queries on ``connection`` (a caller's own, inside its transaction), sharing its watch."""

@@ -7,7 +7,7 @@
 -- tasks and runs
 -- ======================================================================
 -- Every statement that changes a task's status returns the same transition row per task it
--- changed: `id, queue, priority, status, run_at` (the status it has now), which
+-- changed: `id, queue, priority, status, run_at, limit_keys` (the status it has now), which
 -- Tasks.mirror turns into the Redis follow-up, one path for all of them. What PostgreSQL must
 -- do after a change (a workflow's children) is migration 0025's trigger, in the same transaction.
 
@@ -23,17 +23,18 @@
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
                          $8::int[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[], $13::text[],
-                         $14::uuid[], $15::text[], $16::int[], $17::float8[])
+                         $14::uuid[], $15::text[], $16::int[], $17::float8[], $18::text[])
         AS i(id, name, type, queue, priority, payload, idempotency_key, max_retries, run_at, delay_s,
-             tenant_id, trace_id, status, workflow_id, workflow_node, map_index, timeout_s)
+             tenant_id, trace_id, status, workflow_id, workflow_node, map_index, timeout_s, limit_keys)
 ), t AS (
     INSERT INTO tasks (id, name, type, queue, priority, payload, idempotency_key,
                        max_retries, status, run_at, tenant_id, trace_id, workflow_id, workflow_node, map_index,
-                       timeout_s)
+                       timeout_s, limit_keys)
     SELECT id, name, type, queue, priority, payload::jsonb, idempotency_key, max_retries, status,
            CASE WHEN run_at IS NULL THEN now() + make_interval(secs => COALESCE(delay_s, 0))
                 ELSE GREATEST(run_at, now()) END,  -- GREATEST skips nulls: hence the CASE
-           tenant_id, trace_id, workflow_id, workflow_node, map_index, timeout_s
+           tenant_id, trace_id, workflow_id, workflow_node, map_index, timeout_s,
+           string_to_array(limit_keys, E'\n')  -- one text per task: unnest cannot take an array of arrays
     FROM input
     ON CONFLICT (idempotency_key, (COALESCE(tenant_id, ''))) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, run_at
@@ -53,6 +54,8 @@ WHERE t.idempotency_key IS NOT NULL;  -- the dedup index holds keyed tasks only 
 SELECT t.id, t.name, t.type, t.queue, t.priority, t.payload::text AS payload, t.idempotency_key,
        t.max_retries, t.retries, t.attempts, t.status, t.run_at, t.tenant_id, t.trace_id,
        t.created_at, t.updated_at, t.workflow_id, t.workflow_node, t.map_index,
+       t.limit_keys, t.run_at > now() AS delayed,
+       EXISTS (SELECT 1 FROM queues q WHERE q.name = t.queue AND q.paused_at IS NOT NULL) AS queue_paused,
        r.id AS run_id, r.attempt AS run_attempt, r.status AS run_status, r.worker_id AS run_worker_id,
        r.claimed_at AS run_claimed_at, r.started_at AS run_started_at, r.finished_at AS run_finished_at,
        r.lease_expires_at AS run_lease_expires_at, r.next_retry_at AS run_next_retry_at,
@@ -127,7 +130,7 @@ WITH claimed AS (
       AND NOT EXISTS (SELECT 1 FROM queues p WHERE p.name = $2 AND p.paused_at IS NOT NULL)
     RETURNING id, name, queue, priority, payload::text AS payload, attempts, retries,
               max_retries, idempotency_key, trace_id, tenant_id, run_at, workflow_id, workflow_node, map_index,
-              timeout_s
+              timeout_s, limit_keys
 ), runs AS (
     INSERT INTO task_runs (id, task_id, attempt, status, worker_id, claimed_at, started_at, lease_expires_at)
     SELECT taskmesh_run_id(id, attempts), id, attempts, 'running', $3, now(), now(), now() + make_interval(secs => $4)
@@ -144,7 +147,7 @@ SELECT c.*, taskmesh_run_id(c.id, c.attempts) AS run_id FROM claimed c;
 -- Of ids whose claim failed, the ones still queued: not due yet (a stray or early id; `delayed`)
 -- or due in a paused queue. Claimed elsewhere, cancelled or finished ones are not returned.
 -- The reconciler asks it too, of ids missing from Redis, before it pushes them back.
-SELECT id, queue, priority, run_at, run_at > now() AS delayed FROM tasks
+SELECT id, queue, priority, run_at, run_at > now() AS delayed, limit_keys FROM tasks
 WHERE id = ANY($1::uuid[]) AND status || '' = 'queued';  -- by primary key, not the queued backlog's index
 
 -- name: run_finish_many
@@ -191,7 +194,7 @@ FROM runs
 -- running task (autovacuum analyzed while only history was there), the generic plan otherwise
 -- read every running task through the status index and compared each with every written run.
 WHERE t.id = runs.task_id AND t.status || '' = 'running'
-RETURNING t.id, t.queue, t.priority, t.status, t.run_at;
+RETURNING t.id, t.queue, t.priority, t.status, t.run_at, t.limit_keys;
 
 -- name: run_reclaim_expired
 -- End runs whose lease expired: their instance died, froze, or no longer holds them
@@ -236,7 +239,7 @@ SET status = CASE d.outcome WHEN 'retry' THEN 'queued' WHEN 'cancelled' THEN 'ca
     updated_at = now()
 FROM decided d JOIN runs ON runs.id = d.run_id
 WHERE t.id = d.task_id
-RETURNING t.id, t.name, t.queue, t.priority, t.status, t.run_at;
+RETURNING t.id, t.name, t.queue, t.priority, t.status, t.run_at, t.limit_keys;
 
 -- name: run_hand_back_by_worker
 -- The emergency hand-back of an instance that cannot stop by itself (its event loop is
@@ -260,7 +263,7 @@ SET status = CASE WHEN runs.next_retry_at IS NULL THEN 'cancelled' ELSE 'queued'
     updated_at = now()
 FROM runs
 WHERE t.id = runs.task_id AND t.status || '' = 'running'  -- by primary key, as in run_finish_many
-RETURNING t.id, t.queue, t.priority, t.status, t.run_at;
+RETURNING t.id, t.queue, t.priority, t.status, t.run_at, t.limit_keys;
 
 -- name: task_lock_for_cancel
 SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
@@ -272,7 +275,7 @@ SELECT id, queue, status FROM tasks WHERE id = $1 FOR UPDATE;
 WITH t AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE id = $1 AND status IN ('queued', 'blocked')
-    RETURNING id, queue, priority, status, run_at, attempts, created_at
+    RETURNING id, queue, priority, status, run_at, limit_keys, attempts, created_at
 ), queued AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM t)) AND status = 'queued'  -- by (task_id, attempt), not a scan
@@ -282,12 +285,12 @@ WITH t AS (
     SELECT taskmesh_run_id(id, 1), id, 1, 'failed', 'cancelled', now(), created_at FROM t WHERE attempts = 0
     ON CONFLICT (task_id, attempt) DO NOTHING
 )
-SELECT id, queue, priority, status, run_at FROM t;
+SELECT id, queue, priority, status, run_at, limit_keys FROM t;
 
 -- name: task_request_cancel
 UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
 WHERE id = $1 AND status = 'running'
-RETURNING id, queue, priority, status, run_at;
+RETURNING id, queue, priority, status, run_at, limit_keys;
 
 -- name: task_list_failed_with_latest_run
 -- The dead-letter queue of one queue, oldest first (Postgres is the truth; the
@@ -339,24 +342,31 @@ WITH upd AS (
         attempts = GREATEST(t.attempts, (SELECT COALESCE(max(r.attempt), 0) FROM task_runs r WHERE r.task_id = t.id))
     WHERE t.id = ANY($1::uuid[]) AND t.status = ANY($2::text[]) AND ($5::text IS NULL OR t.queue = $5)
       AND ($6::text IS NULL OR t.tenant_id = $6)
-    RETURNING t.id, t.queue, t.priority, t.attempts
+    RETURNING t.id, t.queue, t.priority, t.attempts, t.limit_keys
 ), runs AS (
     INSERT INTO task_runs (id, task_id, attempt, status)
     SELECT taskmesh_run_id(id, attempts + 1), id, attempts + 1, 'queued' FROM upd
     ON CONFLICT (task_id, attempt) DO NOTHING
 )
-SELECT id, queue, priority FROM upd;
+SELECT id, queue, priority, limit_keys FROM upd;
 
 -- name: task_list_queued_after
 -- Queued tasks of queue $1 after the keyset cursor ($2 run_at, $3 id; null: from the start),
 -- unchanged for $4 seconds (0: all), in (run_at, id) order through tasks_queued_key_idx: the
 -- reconciler walks a whole backlog page by page, each page an index range scan.
-SELECT id, queue, priority, run_at FROM tasks
+SELECT id, queue, priority, run_at, limit_keys FROM tasks
 WHERE status = 'queued' AND queue = $1
   AND (run_at, id) > (COALESCE($2, '-infinity'::timestamptz), COALESCE($3, '00000000-0000-0000-0000-000000000000'::uuid))
   AND updated_at < now() - make_interval(secs => $4)
 ORDER BY run_at, id
 LIMIT $5;
+
+-- name: task_list_running_limited
+-- The running tasks of queue $1 that hold limit keys, with their run's lease end (ms since the epoch):
+-- the slots Redis must hold again after it lost them (the reconciler's resync).
+SELECT t.id, t.limit_keys, (extract(epoch FROM r.lease_expires_at) * 1000)::bigint AS until_ms
+FROM tasks t JOIN task_runs r ON r.id = taskmesh_run_id(t.id, t.attempts)
+WHERE t.status = 'running' AND t.queue = $1 AND t.limit_keys IS NOT NULL AND r.status = 'running';
 
 -- name: task_list_failed_ids
 -- The ids the DLQ mirror of queue $1 should hold, oldest first, with when each failed (ms since the epoch).
@@ -792,7 +802,7 @@ FROM unnest($1::text[]) AS q(queue);
 WITH queued AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status || '' IN ('queued', 'blocked')  -- by primary key, not the backlog's index
-    RETURNING id, queue, priority, status, run_at, attempts, created_at
+    RETURNING id, queue, priority, status, run_at, limit_keys, attempts, created_at
 ), runs AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM queued)) AND status = 'queued'  -- by (task_id, attempt)
@@ -803,11 +813,11 @@ WITH queued AS (
 ), running AS (
     UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
     WHERE id = ANY($1::uuid[]) AND status || '' = 'running'
-    RETURNING id, queue, priority, status, run_at
+    RETURNING id, queue, priority, status, run_at, limit_keys
 )
-SELECT id, queue, priority, status, run_at FROM queued
+SELECT id, queue, priority, status, run_at, limit_keys FROM queued
 UNION ALL
-SELECT id, queue, priority, status, run_at FROM running;
+SELECT id, queue, priority, status, run_at, limit_keys FROM running;
 
 -- name: bulk_delete
 -- Finished tasks (completed, failed, cancelled) are deleted with their runs.

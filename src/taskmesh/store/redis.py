@@ -41,7 +41,8 @@ from taskmesh.store.keys import (
     ready_score,
 )
 from taskmesh.store.redis_clients import open_client
-from taskmesh.store.redis_limits import RedisLimits
+from taskmesh.store.redis_limits import SEPARATOR as LIMIT_KEY_SEPARATOR
+from taskmesh.store.redis_limits import LimitArgs, RedisLimits
 from taskmesh.store.redis_types import RedisClient, RedisMode
 from taskmesh.store.redis_urls import (
     PLAIN_ON_TLS,
@@ -117,9 +118,9 @@ class RedisStore:
         self.client = client
         self.keys = keys
         self.now_ms = now_ms
-        self._move = client.register_script(lua("delayed_move"))
+        self._move = client.register_script(lua("limits_lib") + lua("delayed_move"))
         self.finished = FinishedChannel(client, keys)
-        self.limits = RedisLimits(client, keys)
+        self.limits = RedisLimits(client, keys, now_ms=now_ms)
         self._foreign_logged: dict[str, float] = {}
 
     @classmethod
@@ -245,13 +246,16 @@ class RedisStore:
         """
         ready: dict[str, dict[str, int]] = {}
         delayed: dict[str, dict[str, int]] = {}
+        limited: dict[str, dict[str, str]] = {}
         for t in targets:
             due = None if t.due_at is None else due_ms(t.due_at)
             if due is None:
                 ready.setdefault(t.queue, {})[str(t.task_id)] = t.priority
             else:
                 delayed.setdefault(t.queue, {})[str(t.task_id)] = delayed_score(due, t.priority)
-        return await self._add(ready, delayed)
+            if t.limit_keys:
+                limited.setdefault(t.queue, {})[str(t.task_id)] = LIMIT_KEY_SEPARATOR.join(t.limit_keys)
+        return await self._add(ready, delayed, limited)
 
     async def push_ready(self, ready: Mapping[str, Mapping[str, int]]) -> int:
         """Push tasks runnable now, given as ``{queue: {task id: priority}}``, as :meth:`push` does.
@@ -264,8 +268,16 @@ class RedisStore:
         """
         return await self._add(ready, {})
 
-    async def _add(self, ready: Mapping[str, Mapping[str, int]], delayed: Mapping[str, Mapping[str, int]]) -> int:
+    async def _add(
+        self,
+        ready: Mapping[str, Mapping[str, int]],
+        delayed: Mapping[str, Mapping[str, int]],
+        limited: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> int:
         """``ZADD NX`` ready members (``{queue: {id: priority}}``) and delayed ones (``{queue: {id: score}}``).
+
+        The limit keys of limited tasks (``{queue: {id: keys, one per line}}``) are written first, in
+        the same pipeline, so that no fetcher pops such an id before the admission can see its keys.
 
         :returns: how many members were given.
         :raises StoreError: Redis did not answer.
@@ -283,6 +295,14 @@ class RedisStore:
         if not n:
             return 0
         with redis_call("push"):
+            if limited:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    for queue, entries in limited.items():
+                        pipe.hset(self.keys.limit_tasks(queue), mapping={k: v for k, v in entries.items()})
+                    for key, members in sets:
+                        pipe.zadd(key, members, nx=True)
+                    await pipe.execute()
+                return n
             if len(sets) == 1:  # one command: no pipeline (a single enqueue starts sooner)
                 await self.client.zadd(sets[0][0], sets[0][1], nx=True)
                 return n
@@ -298,11 +318,16 @@ class RedisStore:
         fixed = []
         for t in targets:
             due = None if t.due_at is None else due_ms(t.due_at)
-            fixed.append(t if due is not None and due > cutoff else PushTarget(t.task_id, t.queue, t.priority, None))
+            fixed.append(
+                t
+                if due is not None and due > cutoff
+                else PushTarget(t.task_id, t.queue, t.priority, None, t.limit_keys)
+            )
         return await self.push(fixed)
 
     async def absent(self, targets: Sequence[PushTarget]) -> list[PushTarget]:
-        """The targets whose id is in neither the ready nor the delayed set of its queue.
+        """The targets whose id is in neither the ready nor the delayed set of its queue, nor parked under
+        one of its limit keys.
 
         One pipelined round trip: one ``ZMSCORE`` per queue and set, not one command
         per id (a resync checks whole backlogs). The caller pushes what it still wants
@@ -327,7 +352,22 @@ class RedisStore:
         for i, group in enumerate(by_queue.values()):
             in_ready, in_delayed = scores[2 * i], scores[2 * i + 1]
             missing.extend(t for t, r, d in zip(group, in_ready, in_delayed, strict=True) if r is None and d is None)
-        return missing
+        limited = [t for t in missing if t.limit_keys]
+        if not limited:
+            return missing
+        with redis_call("absent"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for t in limited:
+                    base = self.keys.limit_base(t.queue)
+                    for lk in t.limit_keys or ():
+                        pipe.zscore(f"{base}parked:{lk}", str(t.task_id))
+                found = iter(await pipe.execute())
+        parked: set[uuid.UUID] = set()
+        for t in limited:
+            scores = [next(found) for _ in t.limit_keys or ()]  # one per key, in the order asked
+            if any(score is not None for score in scores):
+                parked.add(t.task_id)
+        return [t for t in missing if t.task_id not in parked]
 
     async def dead_letter(self, queue: str, task_ids: Sequence[str]) -> None:
         """Mirror dead-lettered tasks into the queue's DLQ set, scored now; it keeps the oldest
@@ -377,27 +417,31 @@ class RedisStore:
     # -- pops and moves ------------------------------------------------------
 
     async def pop_ready(self, queue: str, count: int, block_seconds: float) -> list[str]:
-        """Pop up to ``count`` ids from a queue's ready set, best score first.
+        """Pop up to ``count`` ids from a queue's ready set, best score first (:meth:`pop_scored` without scores)."""
+        return [task_id for task_id, _ in await self.pop_scored(queue, count, block_seconds)]
+
+    async def pop_scored(self, queue: str, count: int, block_seconds: float) -> list[tuple[str, float]]:
+        """Pop up to ``count`` ids from a queue's ready set, best score first, each with its score.
 
         Blocks up to ``block_seconds`` when the set is empty (``BZMPOP``; the wait is
         server-side, so it is an argument rather than a client timeout). Members that
         are not task ids are set aside (see module docs).
 
-        :returns: the popped task ids (empty after a timeout).
+        :returns: the popped ``(task id, score)`` pairs (empty after a timeout).
         """
         with redis_call("pop_ready"):
             reply: Any = await self.client.bzmpop(block_seconds, 1, [self.keys.ready(queue)], min=True, count=count)
         if not reply:
             return []
-        ids: list[str] = []
+        ids: list[tuple[str, float]] = []
         foreign: list[bytes] = []
         for member in reply[1]:
-            raw = member[0] if isinstance(member, list | tuple) else member
+            raw, score = (member[0], member[1]) if isinstance(member, list | tuple) else (member, 0.0)
             text = _text(raw)
             if text is None:
                 foreign.append(raw if isinstance(raw, bytes) else str(raw).encode())
             else:
-                ids.append(text)
+                ids.append((text, float(score)))
         if foreign:
             await self._set_aside(queue, self.keys.ready(queue), foreign)
         return ids
@@ -420,15 +464,31 @@ class RedisStore:
                 pipe.ltrim(self.keys.foreign(queue), 0, FOREIGN_KEPT - 1)
                 await pipe.execute()
 
-    async def move_due(self, queue: str, limit: int = 1000) -> int:
-        """Run ``delayed_move.lua`` once for ``queue``: due ids go to ready with their priority.
+    async def move_due(self, queue: str, limit: int = 1000, limits: LimitArgs = (0,)) -> int:
+        """Run ``delayed_move.lua`` once for ``queue``: due ids go to ready with their priority, and the limit
+        keys whose time came move back what may start of their parked ids.
 
+        :param limits: the limits in force (``LimitBook.script_args``; a limit not among them holds nothing).
         :returns: ids moved.
         """
         with redis_call("move_due"):
             moved = await self._move(
-                keys=[self.keys.delayed(queue), self.keys.ready(queue), self.keys.priorities(queue)],
-                args=[self.now_ms(), limit, EPOCH_MS, PRIORITY_STEP, DELAYED_PRIORITY_SLOTS, LEGACY_DELAYED_SCORE_MAX],
+                keys=[
+                    self.keys.delayed(queue),
+                    self.keys.ready(queue),
+                    self.keys.priorities(queue),
+                    self.keys.limit_wake(queue),
+                ],
+                args=[
+                    self.now_ms(),
+                    limit,
+                    EPOCH_MS,
+                    PRIORITY_STEP,
+                    DELAYED_PRIORITY_SLOTS,
+                    LEGACY_DELAYED_SCORE_MAX,
+                    self.keys.limit_base(queue),
+                    *limits,
+                ],
             )
         return int(moved)
 

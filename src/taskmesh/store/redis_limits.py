@@ -1,4 +1,5 @@
-"""Coordination in Redis that is not dispatch: singleton locks and GCRA rate limits, shared by every instance.
+"""Coordination in Redis that is not dispatch: singleton locks, GCRA rate limits and the task limits'
+admission, shared by every instance.
 
 The services that one instance at a time should run (the delayed mover per queue, the
 reconciler's sweeps, retention) take a short lock (``SET NX PX``, released by a script only by
@@ -6,16 +7,71 @@ its holder); a lock only saves work, it never guards correctness (docs/internals
 principle 5). A rate limit is a GCRA bucket (``lua/rate_limit.lua``) on Redis's clock: one
 script call decides ``cost`` requests, so every instance draws from one bucket. The API's
 rate limits and the tenants' enqueue quotas use it.
+
+The **admission** of a queue's popped ids under the task limits (``limits/``) is one script call
+per fetch batch (``lua/limits_admit.lua``): an id whose limit keys all have room takes a slot of
+each (a sorted set of task ids scored by the run's lease end: a lost run's slot lapses with its
+lease) and a rate's interval (GCRA, as above, in milliseconds); any other is **parked** under the
+key it waits for, out of the ready set, so no fetcher meets it again until that key has room. A
+run's end gives its slots back and moves back to ready what may start of the freed keys' parked
+ids, in the same call (``lua/limits_release.lua``); the delayed mover looks at keys whose time
+came (a rate's next start, a back-off's end, the earliest lease end). Every key of a queue's
+limits carries the queue's hash tag: one cluster slot, so a limit over tasks of several queues is
+counted in each queue apart.
 """
 
 from __future__ import annotations
 
 import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from taskmesh.store.classify import redis_call
 from taskmesh.store.keys import Keys
 from taskmesh.store.redis_types import RedisClient
 from taskmesh.store.scripts import lua
+
+LimitArgs = Sequence[str | int | float]
+"""The limits in force as the scripts read them (``LimitBook.script_args``)."""
+SEPARATOR = "\n"
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class Admission:
+    """What the admission of one fetch batch decided.
+
+    :param started: ids that may be claimed, in pop order, each with the limit keys whose slots it took
+        (empty: it holds none).
+    :param parked: ids parked, each with the limit key it waits for.
+    """
+
+    started: list[tuple[str, list[str]]] = field(default_factory=list)
+    parked: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One run's (or one refused claim's) slots to give back.
+
+    :param task_id: the task whose slots they are.
+    :param limit_keys: every limit key it holds.
+    :param back_off: the keys to hold back until ``until_ms`` (a handler's ``RateLimited``).
+    :param until_ms: when they may start again, ms since the epoch (0: no back-off).
+    :param ended: the task is over: its limit keys are forgotten.
+    """
+
+    task_id: str
+    limit_keys: Sequence[str]
+    back_off: Sequence[str] = ()
+    until_ms: int = 0
+    ended: bool = False
 
 
 class RedisLimits:
@@ -25,11 +81,14 @@ class RedisLimits:
     :param keys: the deployment's key builder.
     """
 
-    def __init__(self, client: RedisClient, keys: Keys) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, *, now_ms: Callable[[], int] = _wall_ms) -> None:
         self.client = client
         self.keys = keys
+        self.now_ms = now_ms
         self._release = client.register_script(lua("lock_release"))
         self._rate = client.register_script(lua("rate_limit"))
+        self._admit = client.register_script(lua("limits_lib") + lua("limits_admit"))
+        self._give_back = client.register_script(lua("limits_lib") + lua("limits_release"))
 
     async def try_lock(self, key: str, ttl_ms: int) -> str | None:
         """Take a short singleton lock (``SET key token NX PX ttl``).
@@ -70,3 +129,157 @@ class RedisLimits:
                 keys=[self.keys.rate_limit(bucket)], args=[round(1_000_000 / per_second), burst, cost]
             )
         return bool(allowed), int(remaining), int(retry_us) / 1e6, int(reset_us) / 1e6
+
+    # -- the admission of task limits -------------------------------------------
+
+    async def admit(
+        self, queue: str, popped: Sequence[tuple[str, float]], limits: LimitArgs, lease_ms: int
+    ) -> Admission:
+        """Decide which popped ids may start (``lua/limits_admit.lua``; see module docs).
+
+        :param popped: ``(task id, ready score)`` as popped, best first.
+        :param limits: the limits in force (``LimitBook.script_args``).
+        :param lease_ms: how long a slot holds unless its run's heartbeat extends it.
+        :raises StoreError: Redis failed; nothing was decided (the popped ids are still queued in
+            PostgreSQL, and the reconciler pushes them again).
+        """
+        args: list[Any] = [self.now_ms(), lease_ms, self.keys.limit_base(queue), *limits]
+        for task_id, score in popped:
+            args += [task_id, f"{score:.0f}"]
+        keys = [self.keys.ready(queue), self.keys.limit_tasks(queue), self.keys.limit_wake(queue)]
+        with redis_call("limits_admit"):
+            reply = await self._admit(keys=[*keys, self.keys.marker(queue)], args=args)
+        out = Admission()
+        for i in range(0, len(reply), 2):
+            task_id, verdict = _text(reply[i]), _text(reply[i + 1])
+            if verdict.startswith("!"):
+                out.parked.append((task_id, verdict[1:]))
+            else:
+                out.started.append((task_id, verdict.split(SEPARATOR) if verdict else []))
+        return out
+
+    async def release(self, queue: str, runs: Iterable[Release], limits: LimitArgs) -> int:
+        """Give slots back and move back to ready what may start of the freed keys' parked ids
+        (``lua/limits_release.lua``).
+
+        :returns: parked ids moved back.
+        :raises StoreError: Redis failed; the slots lapse with their runs' leases.
+        """
+        args: list[Any] = [self.now_ms(), self.keys.limit_base(queue), *limits]
+        n = 0
+        for run in runs:
+            args += [
+                run.task_id,
+                SEPARATOR.join(run.limit_keys),
+                SEPARATOR.join(run.back_off),
+                run.until_ms,
+                1 if run.ended else 0,
+            ]
+            n += 1
+        if not n:
+            return 0
+        keys = [self.keys.ready(queue), self.keys.limit_tasks(queue), self.keys.limit_wake(queue)]
+        with redis_call("limits_release"):
+            return int(await self._give_back(keys=keys, args=args))
+
+    async def hold(self, queue: str, runs: Sequence[tuple[uuid.UUID | str, Sequence[str]]], until_ms: int) -> None:
+        """Keep the slots of runs that still run until ``until_ms`` (the heartbeat; ``ZADD XX``: a slot that
+        lapsed stays lapsed, as its run's lease did). Each run is ``(task id, its limit keys)``.
+
+        :raises StoreError: Redis failed.
+        """
+        if not runs:
+            return
+        base = self.keys.limit_base(queue)
+        with redis_call("limits_hold"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for task_id, limit_keys in runs:
+                    for lk in limit_keys:
+                        pipe.zadd(f"{base}slots:{lk}", {str(task_id): until_ms}, xx=True)
+                await pipe.execute()
+
+    async def restore(self, queue: str, runs: Sequence[tuple[uuid.UUID | str, Sequence[str], int]]) -> None:
+        """Give running tasks their slots again after Redis lost them (a flush, a failover), each
+        ``(task id, its limit keys, its lease end in ms)``, from PostgreSQL's running rows.
+
+        :raises StoreError: Redis failed.
+        """
+        if not runs:
+            return
+        base = self.keys.limit_base(queue)
+        with redis_call("limits_restore"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for task_id, limit_keys, until_ms in runs:
+                    for lk in limit_keys:
+                        pipe.zadd(f"{base}slots:{lk}", {str(task_id): until_ms})
+                await pipe.execute()
+
+    async def parked_count(self, queue: str) -> int:
+        """How many ids of ``queue`` are parked (every key with parked ids is in its wake set).
+
+        :raises StoreError: Redis failed.
+        """
+        base = self.keys.limit_base(queue)
+        with redis_call("limits_parked"):
+            waiting = await self.client.zrange(self.keys.limit_wake(queue), 0, -1)
+            if not waiting:
+                return 0
+            async with self.client.pipeline(transaction=False) as pipe:
+                for lk in waiting:
+                    pipe.zcard(f"{base}parked:{_text(lk)}")  # type: ignore[arg-type]  # bytes without WITHSCORES
+                counts = await pipe.execute()
+        return sum(int(c) for c in counts)
+
+    async def in_use(self, queue: str, limit_keys: Sequence[str]) -> dict[str, tuple[int, int, int | None]]:
+        """``{limit key: (slots held, ids parked, backing off until ms or None)}`` of ``queue``; slots of
+        lost runs whose lease ended are not counted.
+
+        :raises StoreError: Redis failed.
+        """
+        if not limit_keys:
+            return {}
+        base = self.keys.limit_base(queue)
+        now = self.now_ms()
+        with redis_call("limits_in_use"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for lk in limit_keys:
+                    pipe.zcount(f"{base}slots:{lk}", now, "+inf")
+                    pipe.zcard(f"{base}parked:{lk}")
+                    pipe.get(f"{base}backoff:{lk}")
+                found = await pipe.execute()
+        out: dict[str, tuple[int, int, int | None]] = {}
+        for i, lk in enumerate(limit_keys):
+            until = found[3 * i + 2]
+            until_ms = int(float(until)) if until is not None else None
+            out[lk] = (int(found[3 * i]), int(found[3 * i + 1]), until_ms if until_ms and until_ms > now else None)
+        return out
+
+    async def waiting_keys(self, queue: str, prefix: str, most: int) -> list[str]:
+        """The limit keys of ``queue`` starting with ``prefix`` that have ids parked, at most ``most``
+        (in the order their next look comes).
+
+        :raises StoreError: Redis failed.
+        """
+        with redis_call("limits_waiting_keys"):
+            found = await self.client.zrange(self.keys.limit_wake(queue), 0, -1)
+        keys = [_text(k) for k in found]  # type: ignore[arg-type]  # bytes without WITHSCORES
+        return [k for k in keys if k.startswith(prefix)][:most]
+
+    async def parked_under(self, queue: str, task_id: str, limit_keys: Sequence[str]) -> str | None:
+        """The limit key ``task_id`` is parked under, if any (``blocked_by`` of a task).
+
+        :raises StoreError: Redis failed.
+        """
+        if not limit_keys:
+            return None
+        base = self.keys.limit_base(queue)
+        with redis_call("limits_parked_under"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for lk in limit_keys:
+                    pipe.zscore(f"{base}parked:{lk}", task_id)
+                scores = await pipe.execute()
+        return next((lk for lk, score in zip(limit_keys, scores, strict=True) if score is not None), None)
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -40,7 +40,7 @@ def connect_options(pooler: str) -> dict[str, Any]:
     return {"statement_cache_size": 0} if pooler == "transaction" else {}
 
 
-SQL_FILES = ("queries.sql", "workflows.sql")
+SQL_FILES = ("queries.sql", "workflows.sql", "limits.sql")
 """The files of named blocks, one namespace (a block's name is unique across them)."""
 
 

@@ -186,6 +186,10 @@ class TaskQueries(Queries):
         given), locked (in a transaction)."""
         return [r["id"] for r in await self._fetch("task_lock_oldest_failed", queue, count, tenant_id)]
 
+    async def list_running_limited(self, queue: str) -> list[asyncpg.Record]:
+        """``task_list_running_limited``: ``id, limit_keys, until_ms`` of the running tasks holding limit keys."""
+        return await self._fetch("task_list_running_limited", queue)
+
     async def list_queued_after(
         self,
         queue: str,
@@ -194,7 +198,8 @@ class TaskQueries(Queries):
         min_age_seconds: float,
         limit: int,
     ) -> list[asyncpg.Record]:
-        """``task_list_queued_after``: ``id, queue, priority, run_at`` after the cursor, in (run_at, id) order."""
+        """``task_list_queued_after``: ``id, queue, priority, run_at, limit_keys`` after the cursor, in (run_at, id)
+        order."""
         return await self._fetch("task_list_queued_after", queue, after_run_at, after_id, min_age_seconds, limit)
 
     async def list_failed_ids(self, queue: str, limit: int) -> list[tuple[uuid.UUID, int]]:

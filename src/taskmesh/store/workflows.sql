@@ -149,7 +149,7 @@ WITH w AS (
 ), ended AS (
     UPDATE tasks SET status = 'cancelled', updated_at = now()
     WHERE workflow_id = (SELECT id FROM w) AND status IN ('blocked', 'queued')
-    RETURNING id, queue, priority, status, run_at, attempts, created_at
+    RETURNING id, queue, priority, status, run_at, limit_keys, attempts, created_at
 ), runs AS (
     UPDATE task_runs SET status = 'failed', error = 'cancelled', finished_at = now(), updated_at = now()
     WHERE task_id = ANY(ARRAY(SELECT id FROM ended)) AND status = 'queued'
@@ -160,11 +160,11 @@ WITH w AS (
 ), running AS (
     UPDATE tasks SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
     WHERE workflow_id = (SELECT id FROM w) AND status = 'running' AND cancel_requested_at IS NULL
-    RETURNING id, queue, priority, status, run_at
+    RETURNING id, queue, priority, status, run_at, limit_keys
 )
-SELECT id, queue, priority, status, run_at FROM ended
+SELECT id, queue, priority, status, run_at, limit_keys FROM ended
 UNION ALL
-SELECT id, queue, priority, status, run_at FROM running;
+SELECT id, queue, priority, status, run_at, limit_keys FROM running;
 
 -- name: workflow_advance
 -- Decide what can be decided in these workflows now (every blocked node looked at), and end the

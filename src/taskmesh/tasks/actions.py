@@ -113,7 +113,7 @@ class TaskActions:
             [moved] = await tx.tasks.requeue([task_id], RETRYABLE, priority=priority, to_queue=queue)  # row locked
         try:
             await self.redis.forget(row["queue"], str(task_id))
-            await self.push([PushTarget(task_id, moved["queue"], moved["priority"], None)])
+            await self.push([PushTarget(task_id, moved["queue"], moved["priority"], None, moved["limit_keys"])])
         except StoreError as exc:  # the reconciler pushes it; a stray DLQ entry is dropped by its sweep
             log.warning("redis_push_failed", tasks=1, error=str(exc))
         log.info("task_retried", task_id=str(task_id), queue=moved["queue"], priority=moved["priority"])

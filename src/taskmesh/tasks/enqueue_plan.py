@@ -34,6 +34,12 @@ class PlanRules(Protocol):
     def resolve_defaults(self, spec: TaskSpec) -> tuple[str, int, str]:
         """A spec's defaults resolved: ``(queue, max_retries, type)``."""
 
+    def limit_keys(self, spec: TaskSpec, queue: str, field: str) -> list[str] | None:
+        """The limit keys ``spec`` holds in ``queue`` (``LimitBook.keys_for``); ``None``: none.
+
+        :raises InvalidTaskError: its ``concurrency_key`` names no limit in force (on ``field``).
+        """
+
 
 @dataclass(slots=True)
 class TaskRows:
@@ -56,6 +62,8 @@ class TaskRows:
     workflow_nodes: list[str | None] = field(default_factory=list)
     map_indexes: list[int | None] = field(default_factory=list)
     timeouts: list[float | None] = field(default_factory=list)
+    limit_keys: list[str | None] = field(default_factory=list)
+    """Each task's limit keys, one per line (``None``: none): one text per task, as ``unnest`` takes them."""
 
     def add(
         self,
@@ -77,6 +85,7 @@ class TaskRows:
         map_index: int | None = None,
         timeout: float | None = None,
         task_id: uuid.UUID | None = None,
+        limit_keys: Sequence[str] | None = None,
     ) -> uuid.UUID:
         """Add one task; returns its id (a new time-ordered one unless given).
 
@@ -101,6 +110,7 @@ class TaskRows:
         self.workflow_nodes.append(workflow_node)
         self.map_indexes.append(map_index)
         self.timeouts.append(timeout)
+        self.limit_keys.append("\n".join(limit_keys) if limit_keys else None)
         return task_id
 
     @classmethod
@@ -116,7 +126,7 @@ class TaskRows:
         return out
 
     def columns(self) -> list[list[Any]]:
-        """The seventeen arrays in ``task_insert_many``'s order."""
+        """The eighteen arrays in ``task_insert_many``'s order."""
         return [
             self.ids,
             self.names,
@@ -135,6 +145,7 @@ class TaskRows:
             self.workflow_nodes,
             self.map_indexes,
             self.timeouts,
+            self.limit_keys,
         ]
 
     def __len__(self) -> int:
@@ -149,7 +160,8 @@ def plan(
 
     :param field_prefix: how a refused task is named (``tasks[{i}].``: ``tasks[3].payload.id``).
     :param task_type: overrides the ``type`` column (``cron`` for a schedule's fires).
-    :raises InvalidTaskError: a payload does not fit its handler, or is not storable JSON; nothing is planned.
+    :raises InvalidTaskError: a payload does not fit its handler, or is not storable JSON, or a
+        ``concurrency_key`` names no limit; nothing is planned.
     """
     for i, spec in enumerate(specs):
         rules.check_payload(spec, field_prefix.format(i=i))
@@ -157,6 +169,7 @@ def plan(
     rows = TaskRows()
     for i, spec in enumerate(specs):
         queue, max_retries, resolved_type = rules.resolve_defaults(spec)
+        keys = rules.limit_keys(spec, queue, field_prefix.format(i=i) + "concurrency_key")
         rows.add(
             name=spec.name,
             queue=queue,
@@ -169,5 +182,6 @@ def plan(
             delay=spec.delay_seconds,
             tenant_id=spec.tenant_id,
             trace_id=spec.trace_id or fresh[i],  # every task can be followed in the logs
+            limit_keys=keys,
         )
     return rows

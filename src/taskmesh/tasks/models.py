@@ -43,6 +43,8 @@ class ClaimedTask:
     """The workflow the task is a node of (``None``: a task of its own)."""
     workflow_node: str | None = None
     map_index: int | None = None
+    limit_keys: list[str] | None = None
+    """The limit keys whose slots this run holds (``limits/book.py``); ``None``: none."""
     workflow: dict[str, Any] | None = None
     """What ``ctx.workflow`` says (see :class:`TaskContext`); filled in after the claim."""
     parents: dict[str, Any] = field(default_factory=dict)
@@ -76,6 +78,7 @@ class RunResult:
         storable in PostgreSQL (see ``taskmesh.tasks.storable``).
     :param duration_seconds: wall time of the handler, seconds.
     :param traceback: the handler's traceback when it raised (bounded), else ``None``.
+    :param back_off_seconds: see the field.
     """
 
     task: ClaimedTask
@@ -85,6 +88,8 @@ class RunResult:
     delay_seconds: float = 0.0
     duration_seconds: float = 0.0
     traceback: str | None = None
+    back_off_seconds: float | None = None
+    """How long the task's limit keys wait (the handler raised ``RateLimited``); ``None``: they do not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +127,15 @@ class PushTarget:
     """Where a queued task's id goes in Redis after a commit.
 
     ``due_at`` is ``None`` for a task that is runnable now (ready set), else the
-    time it becomes due (delayed set).
+    time it becomes due (delayed set). ``limit_keys``: the limit keys it holds (``limits/book.py``),
+    written beside its id so that the admission stage can hold it to them.
     """
 
     task_id: UUID
     queue: str
     priority: int
     due_at: datetime | None
+    limit_keys: tuple[str, ...] | list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

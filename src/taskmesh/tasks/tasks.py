@@ -18,10 +18,13 @@ import asyncpg
 import orjson
 
 from taskmesh.errors import InvalidTaskError, StoreError, TaskNotFoundError
+from taskmesh.limits import live, waiting
+from taskmesh.limits.book import LimitBook, limit_name
 from taskmesh.observability.logs import get_logger
 from taskmesh.observability.metrics import Metrics
 from taskmesh.security import audit
 from taskmesh.store import PgStore, RedisStore
+from taskmesh.store.redis_limits import Release
 from taskmesh.tasks import enqueue_plan
 from taskmesh.tasks.actions import TaskActions
 from taskmesh.tasks.advertised import AdvertisedHandlers, Advertisement
@@ -69,6 +72,8 @@ class Tasks(TaskActions):
         has no handler of (``advertised.py``); default a new reader.
     :param workflow_parents_max_bytes: most bytes of deps' results one task of a workflow is handed
         (the ``workflow_parents_max_bytes`` setting).
+    :param limits: the task limits in force (``limits/book.py``): the limit keys each created task holds,
+        and the numbers a run's end gives its slots back under; default none.
     """
 
     def __init__(
@@ -83,6 +88,7 @@ class Tasks(TaskActions):
         queued_limits: QueuedLimits | None = None,
         advertised: AdvertisedHandlers | None = None,
         workflow_parents_max_bytes: int = inputs.PARENTS_MAX_BYTES,
+        limits: LimitBook | None = None,
     ) -> None:
         self.pg = pg
         self.redis = redis
@@ -93,6 +99,7 @@ class Tasks(TaskActions):
         self.queued_limits = queued_limits
         self.advertised = advertised if advertised is not None else AdvertisedHandlers()
         self.workflow_parents_max_bytes = workflow_parents_max_bytes
+        self.limits = limits if limits is not None else LimitBook()
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -150,7 +157,7 @@ class Tasks(TaskActions):
         :raises StoreError: PostgreSQL failed; nothing was written.
         """
         await self.learn()
-        if len(items) < COPY_MIN_TASKS or not all(copyable_mapping(item) for item in items):
+        if len(items) < COPY_MIN_TASKS or self.limits or not all(copyable_mapping(item) for item in items):
             return await self.enqueue_many(self.parse(items))
         async with self.pg.changing() as pg:
             out, targets, tenants = await copy_many(
@@ -209,14 +216,16 @@ class Tasks(TaskActions):
         # PostgreSQL's own word on whether each is due (its clock): an estimate of that clock a little
         # behind would send a task due now through the delayed set, a mover's tick later.
         await self.redis.push_ready_or_delayed(
-            [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"] if r["delayed"] else None) for r in rows]
+            [PushTarget(r["id"], r["queue"], r["priority"], _due(r), r["limit_keys"]) for r in rows]
         )
         return len(rows)
 
     async def learn(self) -> None:
-        """Read what live instances advertise about their handlers, when the last read is stale
-        (``advertised.py``; never raises). Every create does it first; then the checks below use it."""
+        """Read what live instances advertise about their handlers, and the limits set at run time, when the
+        last read is stale (``advertised.py``, ``limits/live.py``; never raises). Every create does it first;
+        then the checks below use it."""
         await self.advertised.refresh(self.pg)
+        await live.refresh(self.limits, self.pg)
 
     def _handler(self, name: str) -> tuple[Handler | None, Advertisement | None]:
         """This process's own handler of ``name`` (a fallback is none), else what a live instance advertises."""
@@ -247,6 +256,22 @@ class Tasks(TaskActions):
                 self.advertised.note_unknown(spec.name)
         except InvalidTaskError as exc:
             raise exc.under(field_prefix) from None
+
+    def limit_keys(self, spec: TaskSpec, queue: str, field: str) -> list[str] | None:
+        """The limit keys ``spec`` holds in ``queue`` (:meth:`LimitBook.keys_for`); ``None``: none.
+
+        :raises InvalidTaskError: its ``concurrency_key`` names no limit in force (on ``field``).
+        """
+        if not self.limits and spec.concurrency_key is None:
+            return None
+        return self.limits.keys_for(
+            queue=queue,
+            name=spec.name,
+            tenant_id=spec.tenant_id,
+            payload=spec.payload,
+            concurrency_key=spec.concurrency_key,
+            field=field,
+        )
 
     def queue_for(self, name: str, queue: str | None = None) -> str:
         """The queue a task named ``name`` goes to: ``queue`` when given, else its handler's (this
@@ -308,7 +333,8 @@ class Tasks(TaskActions):
         """
         if not specs:
             return [], []
-        if copy and len(specs) >= COPY_MIN_TASKS and all(copyable(s) for s in specs):
+        # With limits in force each task's keys are planned (the COPY streams rows without them).
+        if copy and len(specs) >= COPY_MIN_TASKS and not self.limits and all(copyable(s) for s in specs):
             copied, pushes, tenants = await copy_many(
                 self, pg, len(specs), lambda a, b: specs[a:b], field_prefix, task_type, quota=quota
             )
@@ -329,11 +355,14 @@ class Tasks(TaskActions):
                 existing[r["idempotency_key"], r["tenant"]] = (r["id"], r["status"], r["trace_id"])
         out: list[Enqueued] = []
         targets: list[PushTarget] = []
-        for spec, task_id, trace, queue in zip(specs, ids, planned.traces, planned.queues, strict=True):
+        for spec, task_id, trace, queue, keys in zip(
+            specs, ids, planned.traces, planned.queues, planned.limit_keys, strict=True
+        ):
             row = created.get(task_id)
             if row is not None:
                 out.append(Enqueued(task_id, TaskStatus.QUEUED, created=True, trace_id=trace, queue=queue))
-                targets.append(PushTarget(task_id, queue, spec.priority, row["run_at"] if row["delayed"] else None))
+                due = row["run_at"] if row["delayed"] else None
+                targets.append(PushTarget(task_id, queue, spec.priority, due, keys.split("\n") if keys else None))
                 if self.metrics:
                     self.metrics.task_created(queue)
             else:
@@ -378,14 +407,17 @@ class Tasks(TaskActions):
     # -- read ------------------------------------------------------------------
 
     async def get(self, task_id: uuid.UUID) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """The task and its latest run, read in one statement.
+        """The task and its latest run, read in one statement; the task says why it is not running yet
+        (``blocked_by``: ``limits/waiting.py``).
 
         :raises TaskNotFoundError: no task has this id.
         """
         row = await self.pg.tasks.get_with_latest_run(task_id)
         if row is None:
             raise TaskNotFoundError(str(task_id))
-        return task_and_latest_run(row)
+        task, run = task_and_latest_run(row)
+        task["blocked_by"] = await waiting.blocked_by(self.redis, self.limits, row)
+        return task, run
 
     async def runs(self, task_id: uuid.UUID) -> list[dict[str, Any]]:
         """Every run of a task, by attempt, with its error and traceback.
@@ -409,8 +441,18 @@ class Tasks(TaskActions):
 
     # -- claim and finish ----------------------------------------------------------
 
-    async def claim(self, queue: str, ids: Sequence[str], worker_id: str, lease_seconds: float) -> list[ClaimedTask]:
+    async def claim(
+        self,
+        queue: str,
+        ids: Sequence[str],
+        worker_id: str,
+        lease_seconds: float,
+        slots: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[ClaimedTask]:
         """Claim popped ids in one conditional UPDATE (docs/internals/design.md principle 3).
+
+        ``slots`` are the limit keys whose slots the admission gave each id (``{task id: keys}``):
+        an id not claimed gives them back before anything is pushed again.
 
         Ids that are no longer queued (claimed elsewhere, duplicates) are dropped
         quietly; ids not due yet go back to the delayed set, and those of a paused
@@ -424,6 +466,9 @@ class Tasks(TaskActions):
             return []
         rows = await self.pg.tasks.claim_many(uuids, queue, worker_id, lease_seconds)
         if len(rows) < len(uuids):
+            claimed_ids = {str(r["id"]) for r in rows}
+            refused = [Release(i, keys) for i, keys in (slots or {}).items() if keys and i not in claimed_ids]
+            await self._give_back(queue, refused)
             await self._return_unclaimed(uuids, {r["id"] for r in rows})
         claimed = [_claimed(r) for r in rows]
         if any(t.workflow_id is not None for t in claimed):
@@ -442,7 +487,12 @@ class Tasks(TaskActions):
         rows = await self.pg.tasks.list_unclaimed_queued(unclaimed)
         if rows:
             await self.push(
-                [PushTarget(r["id"], r["queue"], r["priority"], r["run_at"] if r["delayed"] else None) for r in rows]
+                [
+                    PushTarget(
+                        r["id"], r["queue"], r["priority"], r["run_at"] if r["delayed"] else None, r["limit_keys"]
+                    )
+                    for r in rows
+                ]
             )
 
     async def finish(self, results: Sequence[RunResult], worker_id: str) -> int:
@@ -466,7 +516,7 @@ class Tasks(TaskActions):
             [r.traceback for r in results],
             worker_id,
         )
-        await self.mirror(rows)
+        await self.mirror(rows, {r.task.task_id: r.back_off_seconds for r in results if r.back_off_seconds})
         if len(rows) < len(results):
             self._late(results, {row["id"] for row in rows}, worker_id)
         return len(rows)
@@ -488,29 +538,46 @@ class Tasks(TaskActions):
                     worker_id=worker_id,
                 )
 
-    async def mirror(self, rows: Sequence[Any]) -> None:
+    async def _give_back(self, queue: str, releases: Sequence[Release]) -> None:
+        """Give limit slots back (``RedisLimits.release``); a failure is logged: the slots lapse with their leases."""
+        if not releases:
+            return
+        try:
+            await self.redis.limits.release(queue, releases, self.limits.script_args())
+        except StoreError as exc:
+            log.warning("limit_release_failed", queue=queue, runs=len(releases), error=str(exc))
+
+    async def mirror(self, rows: Sequence[Any], back_off: Mapping[uuid.UUID, float] | None = None) -> None:
         """The Redis follow-up of status changes, one path for every statement that makes them (a result, a
-        reclaim, a cancel of one task or of many, a workflow's cancel): queued tasks to ready or delayed,
-        failed ones to the DLQ mirror, cancelled ones out of ready and delayed, and every end announced to
+        reclaim, a cancel of one task or of many, a workflow's cancel): a task that held limit slots gives them
+        back first (its limit keys forgotten when it is over), then queued tasks go to ready or delayed,
+        failed ones to the DLQ mirror, cancelled ones out of ready and delayed, and every end is announced to
         requests waiting for it (``store/finished.py``). A running task (a cancel requested) and a blocked
         one are not in Redis: nothing. A failure is logged and left to the reconciler.
 
-        :param rows: transition rows: ``id, queue, priority, status, run_at`` of each changed task.
+        :param rows: transition rows: ``id, queue, priority, status, run_at, limit_keys`` of each changed task.
+        :param back_off: seconds each task's limit keys wait (a handler's ``RateLimited``), by task id.
         """
         pushes: list[PushTarget] = []
         dead: dict[str, list[str]] = defaultdict(list)
         forget: list[tuple[str, str]] = []
         finished: list[uuid.UUID] = []
+        releases: dict[str, list[Release]] = defaultdict(list)
         for row in rows:
             status = row["status"]
+            keys = row["limit_keys"]
+            if keys and status not in (TaskStatus.RUNNING, TaskStatus.BLOCKED):
+                releases[row["queue"]].append(self._release_of(row["id"], keys, status, back_off))
             if status == TaskStatus.QUEUED:
-                pushes.append(PushTarget(row["id"], row["queue"], row["priority"], row["run_at"]))
+                pushes.append(PushTarget(row["id"], row["queue"], row["priority"], row["run_at"], keys))
             elif status in FINISHED_TASK_STATUSES:
                 finished.append(row["id"])
                 if status == TaskStatus.FAILED:
                     dead[row["queue"]].append(str(row["id"]))
                 elif status == TaskStatus.CANCELLED:
                     forget.append((row["queue"], str(row["id"])))
+        for queue, given in releases.items():  # before the pushes: a pushed id must not meet its own slot
+            await self._give_back(queue, given)
         try:
             if pushes:
                 await self.redis.push_ready_or_delayed(pushes)
@@ -521,6 +588,28 @@ class Tasks(TaskActions):
             await self.redis.finished.announce(finished)
         except StoreError as exc:  # Postgres has it; the reconciler repairs Redis
             log.warning("redis_push_failed", tasks=len(pushes), error=str(exc))
+
+    def _release_of(
+        self, task_id: uuid.UUID, keys: Sequence[str], status: str, back_off: Mapping[uuid.UUID, float] | None
+    ) -> Release:
+        """What a task that left ``running`` (or a queued one cancelled) gives back; a ``RateLimited`` run's
+        keys with a rate (else all its keys) wait ``back_off`` seconds."""
+        seconds = (back_off or {}).get(task_id)
+        slow: list[str] = []
+        if seconds:
+            slow = [k for k in keys if (s := self.limits.limits.get(limit_name(k))) is not None and s.rate is not None]
+        return Release(
+            str(task_id),
+            keys,
+            back_off=slow or (list(keys) if seconds else []),
+            until_ms=self.redis.now_ms() + round(seconds * 1000) if seconds else 0,
+            ended=status in FINISHED_TASK_STATUSES,
+        )
+
+
+def _due(row: Any) -> datetime | None:
+    """A listed queued task's due time when PostgreSQL says it is not due yet, else ``None`` (ready)."""
+    return row["run_at"] if row["delayed"] else None
 
 
 def _note_created(out: Sequence[Enqueued], tenants: Collection[str]) -> None:
@@ -573,4 +662,5 @@ def _claimed(r: Any) -> ClaimedTask:
         workflow_id=r["workflow_id"],
         workflow_node=r["workflow_node"],
         map_index=r["map_index"],
+        limit_keys=r["limit_keys"],
     )

@@ -171,6 +171,12 @@ class TaskSpec(BaseModel):
     )
     tenant_id: str | None = Field(default=None, min_length=1, max_length=128)
     trace_id: str | None = Field(default=None, min_length=1, max_length=128)
+    concurrency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="<limit> or <limit>:<value>: a counter of a configured limit this task also holds.",
+    )
 
     @field_validator("tenant_id")
     @classmethod

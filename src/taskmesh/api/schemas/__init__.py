@@ -14,6 +14,7 @@ from taskmesh.api.schemas.admin import (
     ScheduleList,
     WorkerList,
 )
+from taskmesh.api.schemas.limits import Limit, LimitList, LimitUsage
 from taskmesh.api.schemas.problem import FieldError, Problem
 from taskmesh.api.schemas.queues import DeadLetters, History, Queue, QueueList, QueuePause, Replayed
 from taskmesh.api.schemas.tasks import (
@@ -42,6 +43,9 @@ __all__ = [
     "History",
     "Key",
     "KeyList",
+    "Limit",
+    "LimitList",
+    "LimitUsage",
     "Liveness",
     "NewKey",
     "Operation",

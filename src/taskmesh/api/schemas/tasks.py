@@ -44,6 +44,11 @@ class Task(_TaskFields):
     workflow_id: uuid.UUID | None = Field(default=None, description="The workflow it is a node of (null: none).")
     workflow_node: str | None = Field(default=None, description="Its node's id in that workflow.")
     map_index: int | None = Field(default=None, description="A map node's task: the index of its item.")
+    blocked_by: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="Why it is not running yet: each reason an object with `reason` (workflow, delay, "
+        "queue_paused, limit); empty: ready, waiting for a free executor; null: not waiting (running or over).",
+    )
 
 
 class RunSummary(BaseModel):

@@ -8,6 +8,9 @@
 -- ARGV[4] priority step (keys.py PRIORITY_STEP)
 -- ARGV[5] priority slots of a delayed score (keys.py DELAYED_PRIORITY_SLOTS)
 -- ARGV[6] legacy score bound (keys.py LEGACY_DELAYED_SCORE_MAX): a smaller score is a bare due ms
+-- KEYS[4] the queue's limit wake zset, ARGV[7] its limit key base, ARGV[8..] the limits in force:
+-- the limit keys whose time came move back what may start now of their parked ids (after
+-- limits_lib, which this script is prepended with)
 -- Returns the number of ids moved to ready. ZADD NX: a task already in ready keeps its place.
 local now = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
@@ -40,6 +43,13 @@ for i = 1, #due, 2 do
     redis.call('ZADD', KEYS[2], 'NX', string.format('%.0f', (1000 - priority) * step + fifo), id)
     redis.call('ZREM', KEYS[1], id)
     moved = moved + 1
+  end
+end
+local woken = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', string.format('%.0f', now), 'LIMIT', 0, limit)
+if #woken > 0 then
+  local limits = read_limits(ARGV, 8)
+  for _, lk in ipairs(woken) do
+    moved = moved + unpark(ARGV[7], KEYS[2], KEYS[4], lk, limits, now)
   end
 end
 return moved

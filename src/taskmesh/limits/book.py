@@ -1,0 +1,143 @@
+"""The limits in force, and the limit keys a task holds (pure: no I/O).
+
+A **limit key** names one counter: ``<limit>`` for a limit without a ``key``, ``<limit>:<value>``
+for one with (``per_customer:42``). A task's limit keys are decided once, at enqueue, from the
+limits then in force, and stored with it (``tasks.limit_keys``); the admission stage
+(``store/lua/limits_admit.lua``) holds each key to its limit's numbers as they are at that moment,
+so a changed number applies at once to queued tasks, and a limit declared later applies to tasks
+enqueued after it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from taskmesh.errors import InvalidTaskError
+from taskmesh.limits.settings import LIMIT_NAME, LimitSettings
+
+VALUE_MAX = 100
+"""Longest key value kept as it is; a longer one (or one holding a control character) is kept as its digest."""
+SEPARATOR = "\n"
+"""Between the limit keys of one task in Redis (no key holds it)."""
+
+
+def key_value(value: Any) -> str:
+    """A key's value as the text of its limit key: strings as they are, anything else as JSON.
+
+    A value longer than :data:`VALUE_MAX` or holding a control character becomes ``#`` and its
+    SHA-256's first 32 hex digits, so that a limit key stays short and one line.
+    """
+    text = value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    if len(text) > VALUE_MAX or not text.isprintable():
+        return "#" + hashlib.sha256(text.encode()).hexdigest()[:32]
+    return text
+
+
+def _lookup(payload: Any, path: str) -> Any:
+    """The value at ``payload.<a>.<b>`` (``path`` is ``a.b``); ``None`` when any step is missing."""
+    for part in path.split("."):
+        if not isinstance(payload, dict) or part not in payload:
+            return None
+        payload = payload[part]
+    return payload
+
+
+def limit_name(limit_key: str) -> str:
+    """The limit a limit key counts for (``per_customer:42`` → ``per_customer``)."""
+    return limit_key.partition(":")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """A limit set at run time (a row of ``limits``): who set it and when."""
+
+    settings: LimitSettings
+    updated_at: datetime
+    updated_by: str | None
+
+
+class LimitBook:
+    """The limits in force, by name (see module docs): the configured ones, each overridden (or joined) by
+    a limit set at run time (``limits/live.py`` reads those every second).
+
+    :param limits: ``{name: settings}`` as configured.
+    """
+
+    def __init__(self, limits: Mapping[str, LimitSettings] | None = None) -> None:
+        self.config: dict[str, LimitSettings] = dict(limits or {})
+        self.overrides: dict[str, Override] = {}
+        self.limits: dict[str, LimitSettings] = dict(self.config)
+        self.read_at: float | None = None
+        """When the overrides were last read (``time.monotonic``); ``None``: never."""
+
+    def apply(self, overrides: Mapping[str, Override]) -> list[str]:
+        """Make ``overrides`` the limits set at run time; returns the names whose limit changed."""
+        merged = {**self.config, **{name: o.settings for name, o in overrides.items()}}
+        changed = sorted(n for n in merged.keys() | self.limits.keys() if merged.get(n) != self.limits.get(n))
+        self.overrides = dict(overrides)
+        self.limits = merged
+        return changed
+
+    def source(self, name: str) -> str:
+        """``api`` for a limit set at run time, else ``config``."""
+        return "api" if name in self.overrides else "config"
+
+    def __bool__(self) -> bool:
+        return bool(self.limits)
+
+    def applies_in(self, queue: str) -> bool:
+        """Whether any limit may hold a task of ``queue`` (then its fetcher admits what it pops)."""
+        return any(s.queue is None or s.queue == queue for s in self.limits.values())
+
+    def keys_for(
+        self,
+        *,
+        queue: str,
+        name: str,
+        tenant_id: str | None,
+        payload: Any,
+        concurrency_key: str | None = None,
+        field: str = "concurrency_key",
+    ) -> list[str] | None:
+        """The limit keys of a task to enqueue, in the limits' name order; ``None`` when no limit holds it.
+
+        A limit holds a task when its ``queue`` and ``task`` select it; with a ``key``, the task's value
+        of it (a missing one is the empty value, one counter for all such tasks) names the counter.
+        ``concurrency_key`` (``<limit>`` or ``<limit>:<value>``) adds a counter of the limit it names.
+
+        :raises InvalidTaskError: ``concurrency_key`` names no limit in force (on ``field``).
+        """
+        keys: list[str] = []
+        for limit, s in sorted(self.limits.items()):
+            if not s.selects or (s.queue is not None and s.queue != queue) or (s.task is not None and s.task != name):
+                continue
+            if s.key is None:
+                keys.append(limit)
+                continue
+            value = tenant_id if s.key == "tenant_id" else _lookup(payload, s.key.removeprefix("payload."))
+            keys.append(f"{limit}:{'' if value is None else key_value(value)}")
+        if concurrency_key is not None:
+            named = limit_name(concurrency_key)
+            if not LIMIT_NAME.fullmatch(named) or named not in self.limits:
+                known = ", ".join(sorted(self.limits)) or "none is configured"
+                raise InvalidTaskError(field, f"names no limit in force ({named!r}; limits: {known})")
+            _, colon, value = concurrency_key.partition(":")
+            key = f"{named}:{key_value(value)}" if colon else named
+            if key not in keys:
+                keys.append(key)
+        return keys or None
+
+    def script_args(self) -> list[str | int | float]:
+        """The limits' numbers as the admission scripts read them: a count, then per limit
+        ``name, concurrency (0: none), interval_ms (0: no rate), burst``."""
+        args: list[str | int | float] = [len(self.limits)]
+        for limit, s in sorted(self.limits.items()):
+            per_second = s.per_second
+            args += [limit, s.concurrency or 0, 0 if per_second is None else 1000.0 / per_second, s.burst]
+        return args

@@ -1,0 +1,101 @@
+"""A limit as the operator declares it (``[limits.<name>]`` in TOML, ``TASKMESH_LIMITS`` as JSON).
+
+A limit applies to the tasks its ``queue`` and ``task`` select (each unset one selects any), and,
+with a ``key``, separately to each value of that key (``tenant_id``, or ``payload.<path>``): one
+counter per customer, per tenant, per model. A limit that selects nothing (no ``queue``, ``task``
+or ``key``) applies only to tasks that name it at enqueue (``concurrency_key = "<name>:<value>"``).
+It holds ``concurrency`` (runs at once) and/or ``rate`` (starts per second, minute or hour, with
+``burst`` starts at once after a quiet spell).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+
+LIMIT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+"""A limit's name: it is the prefix of every limit key, so it holds no ``:``."""
+RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
+PER = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
+KEY_SOURCE = re.compile(r"^(tenant_id|payload(\.[A-Za-z0-9_-]{1,64}){1,8})$")
+CONCURRENCY_MAX = 100_000
+RATE_MAX = 100_000.0
+"""Most starts per second a rate may allow."""
+
+StrictInt = Annotated[int, Strict()]
+
+
+def parse_rate(text: str) -> float:
+    """A rate such as ``"20/s"``, ``"600/m"`` or ``"5/h"`` in starts per second.
+
+    :raises ValueError: not of that shape, zero, or above :data:`RATE_MAX` a second.
+    """
+    found = RATE.fullmatch(text)
+    if found is None:
+        raise ValueError(f"rate {text!r} must look like 20/s, 600/m or 5/h")
+    per_second = float(found.group(1)) / PER[found.group(2)]
+    if not 0 < per_second <= RATE_MAX:
+        raise ValueError(f"rate {text!r} must be above 0 and at most {RATE_MAX:g}/s")
+    return per_second
+
+
+class LimitSettings(BaseModel):
+    """One limit (see module docs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queue: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    """The queue whose tasks it applies to (unset: any queue)."""
+    task: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    """The task name it applies to (unset: any task)."""
+    key: str | None = None
+    """``tenant_id`` or ``payload.<path>``: one counter per value (unset: one counter for all)."""
+    concurrency: StrictInt | None = Field(default=None, ge=1, le=CONCURRENCY_MAX)
+    """Most runs at once."""
+    rate: str | None = None
+    """Most starts per second, minute or hour: ``20/s``, ``600/m``, ``5/h``."""
+    burst: StrictInt = Field(default=1, ge=1, le=100_000)
+    """Starts allowed at once after a quiet spell (with ``rate``)."""
+
+    @field_validator("key")
+    @classmethod
+    def _check_key(cls, value: str | None) -> str | None:
+        if value is not None and not KEY_SOURCE.fullmatch(value):
+            raise ValueError("must be tenant_id or payload.<path> (names of [A-Za-z0-9_-], at most 8 deep)")
+        return value
+
+    @field_validator("rate")
+    @classmethod
+    def _check_rate(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_rate(value)
+        return value
+
+    @model_validator(mode="after")
+    def _holds_something(self) -> LimitSettings:
+        if self.concurrency is None and self.rate is None:
+            raise ValueError("a limit needs concurrency, rate, or both")
+        return self
+
+    @property
+    def per_second(self) -> float | None:
+        """The rate in starts per second (``None``: no rate)."""
+        return None if self.rate is None else parse_rate(self.rate)
+
+    @property
+    def selects(self) -> bool:
+        """Whether it selects tasks by itself (queue, task or key); else only a ``concurrency_key`` names it."""
+        return self.queue is not None or self.task is not None or self.key is not None
+
+
+def check_names(limits: dict[str, LimitSettings]) -> dict[str, LimitSettings]:
+    """``limits`` when every name is a limit name (:data:`LIMIT_NAME`).
+
+    :raises ValueError: naming the first bad name.
+    """
+    for name in limits:
+        if not LIMIT_NAME.fullmatch(name):
+            raise ValueError(f"limit name {name!r} must match [a-z0-9][a-z0-9_-]{{0,63}}")
+    return limits

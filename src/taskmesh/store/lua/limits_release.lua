@@ -1,0 +1,40 @@
+-- limits_release: runs that ended (or claims that failed) give their slots back, and each key they
+-- freed moves back what may start now of its parked ids (after limits_lib).
+-- KEYS[1] ready zset, KEYS[2] tasks hash, KEYS[3] wake zset
+-- ARGV[1] now (ms), ARGV[2] the queue's limit key base, then the limits (see limits_lib), then
+-- quintuples: task id, its limit keys (one per line), the keys to back off (one per line; a
+-- handler's RateLimited), until when (ms; 0: no back-off), ended (1: forget its keys: the task is over)
+-- Returns how many parked ids went back to ready.
+local now = tonumber(ARGV[1])
+local base = ARGV[2]
+local limits, at = read_limits(ARGV, 3)
+local freed, order = {}, {}
+for i = at, #ARGV, 5 do
+  local id, raw, slow, until_ms, ended = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4]
+  if until_ms > now then
+    for _, lk in ipairs(split(slow)) do
+      local key = base .. 'backoff:' .. lk
+      if tonumber(redis.call('GET', key) or '0') < until_ms then
+        redis.call('SET', key, ms(until_ms), 'PX', math.ceil(until_ms - now) + 1000)
+      end
+    end
+  end
+  for _, lk in ipairs(split(raw)) do
+    redis.call('ZREM', base .. 'slots:' .. lk, id)
+    if ended == '1' then  -- a task cancelled while parked
+      redis.call('ZREM', base .. 'parked:' .. lk, id)
+    end
+    if not freed[lk] then
+      freed[lk] = true
+      order[#order + 1] = lk
+    end
+  end
+  if ended == '1' then
+    redis.call('HDEL', KEYS[2], id)
+  end
+end
+local moved = 0
+for _, lk in ipairs(order) do
+  moved = moved + unpark(base, KEYS[1], KEYS[3], lk, limits, now)
+end
+return moved

@@ -1,0 +1,198 @@
+"""Task limits on one instance, real stores: runs at once and starts per second held, waiting ids parked
+(no attempt, no retry spent), a handler's ``RateLimited`` holding its whole key, a Redis flush mid-run
+keeping the limit, and a ``concurrency_key`` naming no limit refused.
+
+The limits across several instances, real processes and ``kill -9`` are in ``tests/chaos/test_limits_processes.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+import taskmesh
+from taskmesh.store.keys import Keys
+from taskmesh.tasks.registry import Registry
+from tests.conftest import http, wait_for
+
+pytestmark = pytest.mark.anyio
+
+TASKS = "/api/v1/tasks"
+
+
+class Ledger:
+    """What the handlers saw: runs at once, overall and per key, and each start's time."""
+
+    def __init__(self) -> None:
+        self.now: Counter[str] = Counter()
+        self.most: Counter[str] = Counter()
+        self.starts: list[tuple[float, str]] = []
+
+    def start(self, key: str) -> None:
+        self.starts.append((time.monotonic(), key))
+        for k in (key, "*"):
+            self.now[k] += 1
+            self.most[k] = max(self.most[k], self.now[k])
+
+    def end(self, key: str) -> None:
+        for k in (key, "*"):
+            self.now[k] -= 1
+
+
+def register(registry: Registry, ledger: Ledger, seconds: float = 0.1) -> None:
+    @registry.task("lim.job")
+    async def job(payload: Any) -> None:
+        key = str(payload.get("customer", ""))
+        ledger.start(key)
+        try:
+            await anyio.sleep(seconds)
+        finally:
+            ledger.end(key)
+
+
+async def create(client: Any, bodies: list[dict[str, Any]]) -> list[str]:
+    r = await client.post(f"{TASKS}:batch", json={"tasks": bodies})
+    assert r.status_code in (200, 201), r.text
+    return [t["task_id"] for t in r.json()["results"]]
+
+
+async def all_completed(pool: asyncpg.Pool, ids: list[str]) -> bool:
+    n = await pool.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) AND status = 'completed'", ids)
+    return bool(n == len(ids))
+
+
+async def spent(pool: asyncpg.Pool, ids: list[str]) -> tuple[int, int]:
+    """``(most attempts, most retries)`` over the tasks: a parked id spends neither."""
+    row = await pool.fetchrow("SELECT max(attempts) AS a, max(retries) AS r FROM tasks WHERE id = ANY($1::uuid[])", ids)
+    return int(row["a"]), int(row["r"])
+
+
+async def test_a_concurrency_limit_holds_runs_at_once_and_parks_the_rest_without_spending_attempts(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    ledger = Ledger()
+    register(registry, ledger)
+    limits = {"api": {"task": "lim.job", "concurrency": 2}}
+    async with start_instance(worker_concurrency=8, limits=limits) as inst, http(inst) as client:
+        ids = await create(client, [{"name": "lim.job"} for _ in range(20)])
+        await wait_for(lambda: redis_client.exists(keys.limit_base("default") + "parked:api"), timeout=5)
+        await wait_for(lambda: all_completed(pool, ids), timeout=20)
+    assert ledger.most["*"] == 2
+    assert len(ledger.starts) == 20
+    assert await spent(pool, ids) == (1, 0)
+    assert await redis_client.hlen(keys.limit_tasks("default")) == 0  # every task's keys forgotten at its end
+    assert await redis_client.zcard(keys.limit_base("default") + "slots:api") == 0
+
+
+async def test_one_at_a_time_per_key_lets_different_keys_run_side_by_side(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    ledger = Ledger()
+    register(registry, ledger, seconds=0.2)
+    limits = {"per_customer": {"task": "lim.job", "key": "payload.customer", "concurrency": 1}}
+    async with start_instance(worker_concurrency=8, limits=limits) as inst, http(inst) as client:
+        bodies = [{"name": "lim.job", "payload": {"customer": c}} for c in ("a", "b", "c") for _ in range(4)]
+        ids = await create(client, bodies)
+        await wait_for(lambda: all_completed(pool, ids), timeout=20)
+    assert {ledger.most[c] for c in ("a", "b", "c")} == {1}
+    assert ledger.most["*"] == 3  # the keys ran side by side
+    keys_of = {
+        r["limit_keys"][0] for r in await pool.fetch("SELECT limit_keys FROM tasks WHERE id = ANY($1::uuid[])", ids)
+    }
+    assert keys_of == {"per_customer:a", "per_customer:b", "per_customer:c"}
+
+
+async def test_a_rate_limit_spaces_the_starts_and_no_second_holds_more_than_rate_plus_burst(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    ledger = Ledger()
+    register(registry, ledger, seconds=0.0)
+    limits = {"provider": {"task": "lim.job", "rate": "10/s", "burst": 2}}
+    async with start_instance(worker_concurrency=8, limits=limits) as inst, http(inst) as client:
+        ids = await create(client, [{"name": "lim.job"} for _ in range(25)])
+        await wait_for(lambda: all_completed(pool, ids), timeout=20)
+    times = sorted(t for t, _ in ledger.starts)
+    # 2 at once, then one each 0.1 s: the 25th no sooner than 2.3 s after the first
+    assert times[-1] - times[0] >= 2.2
+    most_in_a_second = max(sum(1 for u in times if t <= u < t + 1.0) for t in times)
+    assert most_in_a_second <= 10 + 2
+    assert await spent(pool, ids) == (1, 0)
+
+
+async def test_rate_limited_from_a_handler_holds_the_whole_key_and_spends_no_retry(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    starts: dict[str, list[float]] = defaultdict(list)
+    raised: list[float] = []
+
+    @registry.task("lim.call")
+    async def call(payload: Any) -> None:
+        starts[payload["n"]].append(time.monotonic())
+        if payload["n"] == "first" and len(starts["first"]) == 1:
+            raised.append(time.monotonic())
+            raise taskmesh.RateLimited(retry_after=2)
+
+    limits = {"provider": {"task": "lim.call", "rate": "100/s", "burst": 1}}
+    async with start_instance(worker_concurrency=4, limits=limits) as inst, http(inst) as client:
+        [first] = await create(client, [{"name": "lim.call", "payload": {"n": "first"}}])
+        await wait_for(lambda: _run_written(pool, first))  # the back-off starts with the run's result
+        held_from = time.monotonic()
+        later = await create(client, [{"name": "lim.call", "payload": {"n": f"later{i}"}} for i in range(3)])
+        await wait_for(lambda: all_completed(pool, [first, *later]), timeout=15)
+    for n in ("later0", "later1", "later2"):
+        assert starts[n][0] - held_from >= 1.9, (n, starts[n][0] - held_from)
+    assert starts["first"][1] - raised[0] >= 1.9
+    row = await pool.fetchrow("SELECT attempts, retries FROM tasks WHERE id = $1", first)
+    assert (row["attempts"], row["retries"]) == (2, 0)
+    error = await pool.fetchval("SELECT error FROM task_runs WHERE task_id = $1 AND attempt = 1", first)
+    assert error == "RateLimited: rate limited (waits 2 s, no retry spent)"
+
+
+async def _run_written(pool: asyncpg.Pool, task_id: str) -> bool:
+    status = await pool.fetchval("SELECT status FROM task_runs WHERE task_id = $1 AND attempt = 1", task_id)
+    return bool(status == "retrying")
+
+
+async def test_a_redis_flush_mid_run_keeps_the_limit(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, redis_client: aioredis.Redis, prefix: str
+) -> None:
+    ledger = Ledger()
+    register(registry, ledger, seconds=0.6)
+    limits = {"api": {"task": "lim.job", "concurrency": 2}}
+    async with start_instance(worker_concurrency=8, limits=limits) as inst, http(inst) as client:
+        ids = await create(client, [{"name": "lim.job"} for _ in range(4)])
+        await wait_for(lambda: _running(pool, 2))
+        async for key in redis_client.scan_iter(match=f"{prefix}:*"):  # the prefix's keys: a flush of this deployment
+            await redis_client.delete(key)
+        ids += await create(client, [{"name": "lim.job"} for _ in range(6)])
+        await wait_for(lambda: all_completed(pool, ids), timeout=30)
+    assert ledger.most["*"] == 2
+    assert len(ledger.starts) == 10
+
+
+async def _running(pool: asyncpg.Pool, n: int) -> bool:
+    return bool(await pool.fetchval("SELECT count(*) FROM tasks WHERE status = 'running'") >= n)
+
+
+async def test_a_concurrency_key_naming_no_limit_is_refused_and_nothing_is_written(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    limits = {"customer": {"concurrency": 1}}
+    async with start_instance(limits=limits) as inst, http(inst) as client:
+        r = await client.post(TASKS, json={"name": "lim.any", "concurrency_key": "vendor:42"})
+        assert r.status_code == 422, r.text
+        assert r.json()["errors"][0] == {
+            "field": "concurrency_key",
+            "message": "names no limit in force ('vendor'; limits: customer)",
+        }
+        ok = await client.post(TASKS, json={"name": "lim.any", "concurrency_key": "customer:42"})
+        assert ok.status_code == 201, ok.text
+        keys_of = await pool.fetchval("SELECT limit_keys FROM tasks WHERE id = $1", ok.json()["task_id"])
+    assert keys_of == ["customer:42"]
+    assert await pool.fetchval("SELECT count(*) FROM tasks") == 1
