@@ -44,7 +44,7 @@ from pydantic_settings import (
 )
 
 from taskmesh.errors import ConfigError, CronSpecError, InvalidTaskError
-from taskmesh.limits.settings import LimitSettings, check_names
+from taskmesh.limits.settings import FairnessSettings, LimitSettings, check_names
 from taskmesh.schedules.cron import CronSpec, load_zone
 from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
 from taskmesh.tasks.validation import MAX_DELAY_LIMIT, MAX_DELAY_SECONDS
@@ -113,6 +113,8 @@ class QueueSettings(BaseModel):
     """Executors running handlers of this queue at once."""
     prefetch: int | None = Field(default=None, ge=0, le=1000)
     """Tasks claimed ahead of free executors (default: the global ``prefetch``)."""
+    fairness: FairnessSettings | None = None
+    """Fair shares between the keys of the queue (``limits/settings.py``); default none: first come, first served."""
 
 
 StrictInt = Annotated[int, Strict()]

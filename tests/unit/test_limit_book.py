@@ -10,7 +10,7 @@ import pytest
 from taskmesh.config import load_settings
 from taskmesh.errors import ConfigError, InvalidTaskError
 from taskmesh.limits.book import LimitBook, key_value
-from taskmesh.limits.settings import LimitSettings, parse_rate
+from taskmesh.limits.settings import FairnessSettings, LimitSettings, parse_rate
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +40,14 @@ def test_a_task_holds_the_key_of_each_limit_that_selects_it_in_name_order() -> N
         "customer:7",
     ]
     assert book().keys_for(queue="q", name="t", tenant_id="x", payload={}) is None
+
+
+def test_a_task_of_a_queue_with_fair_shares_holds_its_fairness_key_last() -> None:
+    fair = {"default": FairnessSettings(key="payload.account", weights={"big": 3})}
+    b = LimitBook({"api": LimitSettings(queue="default", concurrency=2)}, fair)
+    assert b.keys_for(queue="default", name="t", tenant_id=None, payload={"account": "big"}) == ["api", "@big"]
+    assert b.keys_for(queue="other", name="t", tenant_id=None, payload={"account": "big"}) is None
+    assert b.fair_args("default") == [1.0, 1, "big", 3.0] and b.fair_args("other") is None
 
 
 def test_a_concurrency_key_naming_no_limit_is_refused_on_its_field() -> None:
@@ -89,6 +97,14 @@ def test_rates_read_per_second_minute_and_hour() -> None:
         (
             "[limits.'Bad:Name']\nconcurrency = 1\n",
             "limits: limit name 'Bad:Name' must match [a-z0-9][a-z0-9_-]{0,63}",
+        ),
+        (
+            "[queues.default]\nfairness = {key = 'account'}\n",
+            "queues.default.fairness.key: must be tenant_id or payload.<path> (names of [A-Za-z0-9_-], at most 8 deep)",
+        ),
+        (
+            "[queues.default]\nfairness = {key = 'tenant_id', weights = {acme = 0}}\n",
+            "queues.default.fairness.weights: weight of 'acme' must be above 0 and at most 1000",
         ),
     ],
 )

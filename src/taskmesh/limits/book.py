@@ -19,12 +19,15 @@ from typing import Any
 import orjson
 
 from taskmesh.errors import InvalidTaskError
-from taskmesh.limits.settings import LIMIT_NAME, LimitSettings
+from taskmesh.limits.settings import LIMIT_NAME, FairnessSettings, LimitSettings
 
 VALUE_MAX = 100
 """Longest key value kept as it is; a longer one (or one holding a control character) is kept as its digest."""
 SEPARATOR = "\n"
 """Between the limit keys of one task in Redis (no key holds it)."""
+FAIR_MARK = "@"
+"""Starts a task's fairness key among its limit keys (``@acme``): no limit's name starts so, so the admission
+holds it to nothing, and the fair scoring of its queue (``lua/fair_lib.lua``) reads it."""
 
 
 def key_value(value: Any) -> str:
@@ -67,9 +70,15 @@ class LimitBook:
     a limit set at run time (``limits/live.py`` reads those every second).
 
     :param limits: ``{name: settings}`` as configured.
+    :param fairness: ``{queue: settings}`` of the queues whose keys get fair shares (``[queues.<q>] fairness``).
     """
 
-    def __init__(self, limits: Mapping[str, LimitSettings] | None = None) -> None:
+    def __init__(
+        self,
+        limits: Mapping[str, LimitSettings] | None = None,
+        fairness: Mapping[str, FairnessSettings] | None = None,
+    ) -> None:
+        self.fairness: dict[str, FairnessSettings] = dict(fairness or {})
         self.config: dict[str, LimitSettings] = dict(limits or {})
         self.overrides: dict[str, Override] = {}
         self.limits: dict[str, LimitSettings] = dict(self.config)
@@ -89,7 +98,7 @@ class LimitBook:
         return "api" if name in self.overrides else "config"
 
     def __bool__(self) -> bool:
-        return bool(self.limits)
+        return bool(self.limits or self.fairness)
 
     def applies_in(self, queue: str) -> bool:
         """Whether any limit may hold a task of ``queue`` (then its fetcher admits what it pops)."""
@@ -105,7 +114,8 @@ class LimitBook:
         concurrency_key: str | None = None,
         field: str = "concurrency_key",
     ) -> list[str] | None:
-        """The limit keys of a task to enqueue, in the limits' name order; ``None`` when no limit holds it.
+        """The limit keys of a task to enqueue, in the limits' name order, then its fairness key (``@<value>``)
+        in a queue with fair shares; ``None`` when no limit holds it.
 
         A limit holds a task when its ``queue`` and ``task`` select it; with a ``key``, the task's value
         of it (a missing one is the empty value, one counter for all such tasks) names the counter.
@@ -122,6 +132,10 @@ class LimitBook:
                 continue
             value = tenant_id if s.key == "tenant_id" else _lookup(payload, s.key.removeprefix("payload."))
             keys.append(f"{limit}:{'' if value is None else key_value(value)}")
+        fair = self.fairness.get(queue)
+        if fair is not None:
+            value = tenant_id if fair.key == "tenant_id" else _lookup(payload, fair.key.removeprefix("payload."))
+            keys.append(FAIR_MARK + ("" if value is None else key_value(value)))
         if concurrency_key is not None:
             named = limit_name(concurrency_key)
             if not LIMIT_NAME.fullmatch(named) or named not in self.limits:
@@ -132,6 +146,17 @@ class LimitBook:
             if key not in keys:
                 keys.append(key)
         return keys or None
+
+    def fair_args(self, queue: str) -> list[str | float] | None:
+        """The fair shares of ``queue`` as the scripts read them: ``default weight, count, then value, weight``
+        per weighted key; ``None`` for a queue served first come, first served."""
+        fair = self.fairness.get(queue)
+        if fair is None:
+            return None
+        args: list[str | float] = [fair.default_weight, len(fair.weights)]
+        for value, weight in sorted(fair.weights.items()):
+            args += [key_value(value), weight]
+        return args
 
     def script_args(self) -> list[str | int | float]:
         """The limits' numbers as the admission scripts read them: a count, then per limit

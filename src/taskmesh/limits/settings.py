@@ -99,3 +99,39 @@ def check_names(limits: dict[str, LimitSettings]) -> dict[str, LimitSettings]:
         if not LIMIT_NAME.fullmatch(name):
             raise ValueError(f"limit name {name!r} must match [a-z0-9][a-z0-9_-]{{0,63}}")
     return limits
+
+
+WEIGHT_MAX = 1000.0
+
+
+class FairnessSettings(BaseModel):
+    """Fair shares between the keys of one queue (``[queues.<q>] fairness = {key = "tenant_id", weights = {...}}``).
+
+    Each task of the queue counts for its value of ``key``; keys with tasks waiting are served in turn,
+    each in proportion to its weight (default ``default_weight``), so that one key's backlog does not
+    hold another key's first task back by more than one dispatch round, and a key alone gets every
+    executor.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    """``tenant_id`` or ``payload.<path>``: what a task counts for."""
+    weights: dict[str, float] = Field(default_factory=dict)
+    """Weight of a key's value (``{"acme": 3}``): its share against a key of weight 1."""
+    default_weight: float = Field(default=1.0, gt=0, le=WEIGHT_MAX, allow_inf_nan=False)
+
+    @field_validator("key")
+    @classmethod
+    def _check_key(cls, value: str) -> str:
+        if not KEY_SOURCE.fullmatch(value):
+            raise ValueError("must be tenant_id or payload.<path> (names of [A-Za-z0-9_-], at most 8 deep)")
+        return value
+
+    @field_validator("weights")
+    @classmethod
+    def _check_weights(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, weight in value.items():
+            if not 0 < weight <= WEIGHT_MAX:
+                raise ValueError(f"weight of {name!r} must be above 0 and at most {WEIGHT_MAX:g}")
+        return value

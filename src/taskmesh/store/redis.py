@@ -118,7 +118,10 @@ class RedisStore:
         self.client = client
         self.keys = keys
         self.now_ms = now_ms
-        self._move = client.register_script(lua("limits_lib") + lua("delayed_move"))
+        self._move = client.register_script(lua("limits_lib") + lua("fair_lib") + lua("delayed_move"))
+        self._fair_push = client.register_script(lua("fair_lib") + lua("fair_push"))
+        self.fair_args: Callable[[str], list[str | float] | None] = lambda _queue: None
+        """The fair shares of a queue as the scripts read them (``LimitBook.fair_args``; the task facade sets it)."""
         self.finished = FinishedChannel(client, keys)
         self.limits = RedisLimits(client, keys, now_ms=now_ms)
         self._foreign_logged: dict[str, float] = {}
@@ -247,15 +250,42 @@ class RedisStore:
         ready: dict[str, dict[str, int]] = {}
         delayed: dict[str, dict[str, int]] = {}
         limited: dict[str, dict[str, str]] = {}
+        fair: dict[str, list[PushTarget]] = {}
         for t in targets:
             due = None if t.due_at is None else due_ms(t.due_at)
+            if due is None and t.limit_keys and any(k.startswith("@") for k in t.limit_keys):
+                if self.fair_args(t.queue) is not None:
+                    fair.setdefault(t.queue, []).append(t)
+                    continue
             if due is None:
                 ready.setdefault(t.queue, {})[str(t.task_id)] = t.priority
             else:
                 delayed.setdefault(t.queue, {})[str(t.task_id)] = delayed_score(due, t.priority)
             if t.limit_keys:
                 limited.setdefault(t.queue, {})[str(t.task_id)] = LIMIT_KEY_SEPARATOR.join(t.limit_keys)
-        return await self._add(ready, delayed, limited)
+        pushed = await self._add(ready, delayed, limited)
+        for queue, group in fair.items():
+            pushed += await self._push_fair(queue, group)
+        return pushed
+
+    async def _push_fair(self, queue: str, targets: Sequence[PushTarget]) -> int:
+        """Push ready ids of a queue with fair shares, each scored by its fairness key (``lua/fair_push.lua``).
+
+        :returns: how many were given.
+        :raises StoreError: Redis failed.
+        """
+        args: list[Any] = [self.now_ms() - EPOCH_MS, PRIORITY_STEP, *(self.fair_args(queue) or [0])]
+        for t in targets:
+            args += [str(t.task_id), t.priority, LIMIT_KEY_SEPARATOR.join(t.limit_keys or ())]
+        keys = [
+            self.keys.ready(queue),
+            self.keys.fair_clock(queue),
+            self.keys.fair_last(queue),
+            self.keys.limit_tasks(queue),
+        ]
+        with redis_call("push"):
+            await self._fair_push(keys=keys, args=args)
+        return len(targets)
 
     async def push_ready(self, ready: Mapping[str, Mapping[str, int]]) -> int:
         """Push tasks runnable now, given as ``{queue: {task id: priority}}``, as :meth:`push` does.
@@ -478,6 +508,9 @@ class RedisStore:
                     self.keys.ready(queue),
                     self.keys.priorities(queue),
                     self.keys.limit_wake(queue),
+                    self.keys.limit_tasks(queue),
+                    self.keys.fair_clock(queue),
+                    self.keys.fair_last(queue),
                 ],
                 args=[
                     self.now_ms(),
@@ -488,6 +521,7 @@ class RedisStore:
                     LEGACY_DELAYED_SCORE_MAX,
                     self.keys.limit_base(queue),
                     *limits,
+                    *(self.fair_args(queue) or [0]),
                 ],
             )
         return int(moved)

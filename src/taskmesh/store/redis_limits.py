@@ -145,7 +145,7 @@ class RedisLimits:
         """
         args: list[Any] = [self.now_ms(), lease_ms, self.keys.limit_base(queue), *limits]
         for task_id, score in popped:
-            args += [task_id, f"{score:.0f}"]
+            args += [task_id, f"{score:.3f}"]
         keys = [self.keys.ready(queue), self.keys.limit_tasks(queue), self.keys.limit_wake(queue)]
         with redis_call("limits_admit"):
             reply = await self._admit(keys=[*keys, self.keys.marker(queue)], args=args)

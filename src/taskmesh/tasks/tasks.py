@@ -19,7 +19,7 @@ import orjson
 
 from taskmesh.errors import InvalidTaskError, StoreError, TaskNotFoundError
 from taskmesh.limits import live, waiting
-from taskmesh.limits.book import LimitBook, limit_name
+from taskmesh.limits.book import FAIR_MARK, LimitBook, limit_name
 from taskmesh.observability.logs import get_logger
 from taskmesh.observability.metrics import Metrics
 from taskmesh.security import audit
@@ -100,6 +100,7 @@ class Tasks(TaskActions):
         self.advertised = advertised if advertised is not None else AdvertisedHandlers()
         self.workflow_parents_max_bytes = workflow_parents_max_bytes
         self.limits = limits if limits is not None else LimitBook()
+        redis.fair_args = self.limits.fair_args  # pushes of a queue with fair shares are scored by their keys
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -567,7 +568,9 @@ class Tasks(TaskActions):
             status = row["status"]
             keys = row["limit_keys"]
             if keys and status not in (TaskStatus.RUNNING, TaskStatus.BLOCKED):
-                releases[row["queue"]].append(self._release_of(row["id"], keys, status, back_off))
+                given = self._release_of(row["id"], keys, status, back_off)
+                if given.limit_keys or given.ended:
+                    releases[row["queue"]].append(given)
             if status == TaskStatus.QUEUED:
                 pushes.append(PushTarget(row["id"], row["queue"], row["priority"], row["run_at"], keys))
             elif status in FINISHED_TASK_STATUSES:
@@ -595,6 +598,7 @@ class Tasks(TaskActions):
         """What a task that left ``running`` (or a queued one cancelled) gives back; a ``RateLimited`` run's
         keys with a rate (else all its keys) wait ``back_off`` seconds."""
         seconds = (back_off or {}).get(task_id)
+        keys = [k for k in keys if not k.startswith(FAIR_MARK)]  # a fairness key holds no slot
         slow: list[str] = []
         if seconds:
             slow = [k for k in keys if (s := self.limits.limits.get(limit_name(k))) is not None and s.rate is not None]

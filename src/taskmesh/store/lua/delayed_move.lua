@@ -11,6 +11,9 @@
 -- KEYS[4] the queue's limit wake zset, ARGV[7] its limit key base, ARGV[8..] the limits in force:
 -- the limit keys whose time came move back what may start now of their parked ids (after
 -- limits_lib, which this script is prepended with)
+-- KEYS[5] the queue's limit keys hash, KEYS[6] its fair clock, KEYS[7] its fair last zset, then after
+-- the limits the fair args (fair_lib, prepended too): in a queue with fair shares, an id that holds a
+-- fairness key is scored as fair_push scores it
 -- Returns the number of ids moved to ready. ZADD NX: a task already in ready keeps its place.
 local now = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
@@ -18,6 +21,8 @@ local epoch = tonumber(ARGV[3])
 local step = tonumber(ARGV[4])
 local slots = tonumber(ARGV[5])
 local legacy_max = tonumber(ARGV[6])
+local limits, fair_at = read_limits(ARGV, 8)
+local fair = read_fair(ARGV, fair_at)
 -- numbers are formatted by hand: Lua's own conversion keeps 14 digits, a score has 16
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now * slots + slots - 1),
                       'WITHSCORES', 'LIMIT', 0, limit)
@@ -40,14 +45,18 @@ for i = 1, #due, 2 do
   else
     local fifo = due_ms - epoch
     if fifo < 0 then fifo = 0 end
-    redis.call('ZADD', KEYS[2], 'NX', string.format('%.0f', (1000 - priority) * step + fifo), id)
+    local score = string.format('%.0f', (1000 - priority) * step + fifo)
+    local fk = fair and fair_key(redis.call('HGET', KEYS[5], id))
+    if fk and not redis.call('ZSCORE', KEYS[2], id) then
+      score = string.format('%.3f', fair_score(KEYS[2], KEYS[6], KEYS[7], fair, fk, priority, now - epoch, step))
+    end
+    redis.call('ZADD', KEYS[2], 'NX', score, id)
     redis.call('ZREM', KEYS[1], id)
     moved = moved + 1
   end
 end
 local woken = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', string.format('%.0f', now), 'LIMIT', 0, limit)
 if #woken > 0 then
-  local limits = read_limits(ARGV, 8)
   for _, lk in ipairs(woken) do
     moved = moved + unpark(ARGV[7], KEYS[2], KEYS[4], lk, limits, now)
   end
