@@ -149,6 +149,7 @@ async def test_rate_limited_from_a_handler_holds_the_whole_key_and_spends_no_ret
         assert starts[n][0] - held_from >= 1.9, (n, starts[n][0] - held_from)
     assert starts["first"][1] - raised[0] >= 1.9
     row = await pool.fetchrow("SELECT attempts, retries FROM tasks WHERE id = $1", first)
+    assert row is not None
     assert (row["attempts"], row["retries"]) == (2, 0)
     error = await pool.fetchval("SELECT error FROM task_runs WHERE task_id = $1 AND attempt = 1", first)
     assert error == "RateLimited: rate limited (waits 2 s, no retry spent)"

@@ -579,8 +579,8 @@ class Tasks(TaskActions):
                     dead[row["queue"]].append(str(row["id"]))
                 elif status == TaskStatus.CANCELLED:
                     forget.append((row["queue"], str(row["id"])))
-        for queue, given in releases.items():  # before the pushes: a pushed id must not meet its own slot
-            await self._give_back(queue, given)
+        for queue, runs in releases.items():  # before the pushes: a pushed id must not meet its own slot
+            await self._give_back(queue, runs)
         try:
             if pushes:
                 await self.redis.push_ready_or_delayed(pushes)
