@@ -70,6 +70,7 @@ async def all_completed(pool: asyncpg.Pool, ids: list[str]) -> bool:
 async def spent(pool: asyncpg.Pool, ids: list[str]) -> tuple[int, int]:
     """``(most attempts, most retries)`` over the tasks: a parked id spends neither."""
     row = await pool.fetchrow("SELECT max(attempts) AS a, max(retries) AS r FROM tasks WHERE id = ANY($1::uuid[])", ids)
+    assert row is not None
     return int(row["a"]), int(row["r"])
 
 
