@@ -41,6 +41,30 @@ WITH input AS (
 )
 SELECT id, run_at, run_at > now() AS delayed FROM t;
 
+-- name: task_debounce_many
+-- Debounced creates: each task waits $19 seconds; a task of the same debounce key and tenant that has
+-- not started yet (0028's index) is replaced instead: its payload and priority become the new ones
+-- and its start moves to now + the wait, never past its first create's cap (debounce_max_at, from
+-- max_wait $20; null: no cap). The caller gives one task per (key, tenant): a statement cannot
+-- update one row twice. `inserted`: a new task; else the replaced one's id.
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::text[], $6::int[], $7::text[],
+                         $8::text[], $9::float8[], $10::text[], $11::text[], $12::float8[], $13::float8[])
+        AS i(id, name, queue, priority, payload, max_retries, tenant_id, trace_id, timeout_s, limit_keys,
+             debounce_key, wait_s, max_wait_s)
+)
+INSERT INTO tasks AS t (id, name, type, queue, priority, payload, max_retries, status, run_at, tenant_id, trace_id,
+                        timeout_s, limit_keys, debounce_key, debounce_max_at)
+SELECT id, name, 'delayed', queue, priority, payload::jsonb, max_retries, 'queued',
+       now() + make_interval(secs => wait_s), tenant_id, trace_id, timeout_s, string_to_array(limit_keys, E'\n'),
+       debounce_key, now() + make_interval(secs => max_wait_s)
+FROM input
+ON CONFLICT (debounce_key, (COALESCE(tenant_id, ''))) WHERE status = 'queued' AND attempts = 0 AND debounce_key IS NOT NULL
+DO UPDATE SET payload = EXCLUDED.payload, priority = EXCLUDED.priority,
+              run_at = LEAST(EXCLUDED.run_at, t.debounce_max_at), updated_at = now()
+RETURNING t.id, t.queue, t.priority, t.run_at, t.run_at > now() AS delayed, (t.xmax = 0) AS inserted, t.debounce_key,
+          t.tenant_id, t.trace_id, t.limit_keys;
+
 -- name: task_find_by_idempotency_keys
 -- The tasks of (dedup key, tenant) pairs; '' is no tenant (dedup keys are unique per tenant).
 SELECT t.idempotency_key, COALESCE(t.tenant_id, '') AS tenant, t.id, t.status, t.trace_id

@@ -186,6 +186,14 @@ class TaskQueries(Queries):
         given), locked (in a transaction)."""
         return [r["id"] for r in await self._fetch("task_lock_oldest_failed", queue, count, tenant_id)]
 
+    async def debounce_many(self, columns: Sequence[Sequence[Any]]) -> list[asyncpg.Record]:
+        """``task_debounce_many``: create or replace debounced tasks, given as its thirteen arrays; per task
+        ``id, queue, priority, run_at, delayed, inserted, debounce_key, tenant_id, trace_id, limit_keys``.
+
+        :raises StoreError: PostgreSQL failed; nothing was written.
+        """
+        return await self._fetch("task_debounce_many", *columns)
+
     async def list_running_limited(self, queue: str) -> list[asyncpg.Record]:
         """``task_list_running_limited``: ``id, limit_keys, until_ms`` of the running tasks holding limit keys."""
         return await self._fetch("task_list_running_limited", queue)

@@ -127,7 +127,14 @@ Defaults = dict[tuple[str, str | None, int | None], tuple[str, int, str]]
 
 def copyable(spec: TaskSpec) -> bool:
     """Whether a task can be copied (``COPY``): immediate, without a dedup key (nothing can conflict)."""
-    return spec.dedup_key is None and spec.run_at is None and not spec.delay_seconds and spec.concurrency_key is None
+    return (
+        spec.dedup_key is None
+        and spec.run_at is None
+        and not spec.delay_seconds
+        and spec.concurrency_key is None
+        and spec.debounce is None
+        and spec.throttle is None
+    )
 
 
 def copyable_mapping(item: Mapping[str, Any]) -> bool:
@@ -138,6 +145,8 @@ def copyable_mapping(item: Mapping[str, Any]) -> bool:
         and item.get("delay_seconds") in (None, 0)
         and item.get("type", "immediate") == "immediate"
         and item.get("concurrency_key") is None
+        and item.get("debounce") is None
+        and item.get("throttle") is None
     )
 
 

@@ -153,21 +153,28 @@ class TaskRows:
 
 
 def plan(
-    rules: PlanRules, specs: Sequence[TaskSpec], *, field_prefix: str = "tasks[{i}].", task_type: str | None = None
+    rules: PlanRules,
+    specs: Sequence[TaskSpec],
+    *,
+    field_prefix: str = "tasks[{i}].",
+    task_type: str | None = None,
+    positions: Sequence[int] | None = None,
 ) -> TaskRows:
     """The rows of validated tasks: their payloads checked against their handlers, their defaults
     resolved (queue, max_retries, type), ids and trace ids made.
 
     :param field_prefix: how a refused task is named (``tasks[{i}].``: ``tasks[3].payload.id``).
+    :param positions: each spec's place in the caller's list, for those names (default: its place in ``specs``).
     :param task_type: overrides the ``type`` column (``cron`` for a schedule's fires).
     :raises InvalidTaskError: a payload does not fit its handler, or is not storable JSON, or a
         ``concurrency_key`` names no limit; nothing is planned.
     """
-    for i, spec in enumerate(specs):
+    places = list(positions) if positions is not None else list(range(len(specs)))
+    for i, spec in zip(places, specs, strict=True):
         rules.check_payload(spec, field_prefix.format(i=i))
     fresh = new_trace_ids(len(specs))
     rows = TaskRows()
-    for i, spec in enumerate(specs):
+    for n, (i, spec) in enumerate(zip(places, specs, strict=True)):
         queue, max_retries, resolved_type = rules.resolve_defaults(spec)
         keys = rules.limit_keys(spec, queue, field_prefix.format(i=i) + "concurrency_key")
         rows.add(
@@ -181,7 +188,7 @@ def plan(
             run_at=spec.run_at,
             delay=spec.delay_seconds,
             tenant_id=spec.tenant_id,
-            trace_id=spec.trace_id or fresh[i],  # every task can be followed in the logs
+            trace_id=spec.trace_id or fresh[n],  # every task can be followed in the logs
             limit_keys=keys,
         )
     return rows

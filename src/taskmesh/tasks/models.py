@@ -136,6 +136,8 @@ class PushTarget:
     priority: int
     due_at: datetime | None
     limit_keys: tuple[str, ...] | list[str] | None = None
+    moved: bool = False
+    """The id may sit in Redis at an earlier due time (a debounced task replaced): it is taken out first."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from taskmesh.observability.metrics import Metrics
 from taskmesh.security import audit
 from taskmesh.store import PgStore, RedisStore
 from taskmesh.store.redis_limits import Release
-from taskmesh.tasks import enqueue_plan
+from taskmesh.tasks import debounce, enqueue_plan
 from taskmesh.tasks.actions import TaskActions
 from taskmesh.tasks.advertised import AdvertisedHandlers, Advertisement
 from taskmesh.tasks.copy_enqueue import COPY_MIN_TASKS, ReadyTargets, copy_many, copyable, copyable_mapping
@@ -315,6 +315,7 @@ class Tasks(TaskActions):
         task_type: str | None = None,
         copy: bool = True,
         quota: bool = False,
+        positions: Sequence[int] | None = None,
     ) -> tuple[list[Enqueued], Collection[PushTarget]]:
         """The PostgreSQL half of :meth:`enqueue_many`, on ``pg`` (a transaction's store, or the pool's).
 
@@ -330,18 +331,28 @@ class Tasks(TaskActions):
 
         :param quota: hold the tenants' ``max_queued`` quotas (:meth:`enforce_queued`); ``pg`` must then be
             a transaction (a schedule's fires do not: the operator's config made them).
+        :param positions: each spec's place in the caller's list, for naming a refused one (a part of a batch).
+
+        A throttled spec takes its window's dedup key; debounced ones are created or replaced by
+        ``tasks/debounce.py`` (in the same statement group on ``pg``).
         :raises QuotaExceededError: with ``quota``, a tenant would hold more than its ``max_queued``.
         """
         if not specs:
             return [], []
+        if any(s.throttle is not None for s in specs):
+            now_ms = self.redis.now_ms()
+            specs = [debounce.throttled(s, now_ms) for s in specs]
+        if positions is None and any(s.debounce is not None for s in specs):
+            return await self._insert_debounced(pg, specs, field_prefix, task_type, quota)
         # With limits in force each task's keys are planned (the COPY streams rows without them).
-        if copy and len(specs) >= COPY_MIN_TASKS and not self.limits and all(copyable(s) for s in specs):
+        copying = copy and positions is None and len(specs) >= COPY_MIN_TASKS and not self.limits
+        if copying and all(copyable(s) for s in specs):
             copied, pushes, tenants = await copy_many(
                 self, pg, len(specs), lambda a, b: specs[a:b], field_prefix, task_type, quota=quota
             )
             _note_created(copied, tenants)
             return copied, pushes
-        planned = enqueue_plan.plan(self, specs, field_prefix=field_prefix, task_type=task_type)
+        planned = enqueue_plan.plan(self, specs, field_prefix=field_prefix, task_type=task_type, positions=positions)
         ids = planned.ids
         rows = await pg.tasks.insert_many(planned.columns())
         created = {r["id"]: r for r in rows}
@@ -381,6 +392,32 @@ class Tasks(TaskActions):
         _note_created(out, {s.tenant_id for s in specs if s.tenant_id is not None})
         return out, targets
 
+    async def _insert_debounced(
+        self, pg: PgStore, specs: Sequence[TaskSpec], field_prefix: str, task_type: str | None, quota: bool
+    ) -> tuple[list[Enqueued], list[PushTarget]]:
+        """:meth:`insert_many` of a batch holding debounced specs: those through ``tasks/debounce.py``, the others
+        as usual; answers in the batch's order."""
+        plain = [i for i, s in enumerate(specs) if s.debounce is None]
+        out: dict[int, Enqueued] = {}
+        targets: list[PushTarget] = []
+        if plain:
+            made, pushes = await self.insert_many(
+                pg,
+                [specs[i] for i in plain],
+                field_prefix=field_prefix,
+                task_type=task_type,
+                copy=False,
+                quota=quota,
+                positions=plain,
+            )
+            out.update(zip(plain, made, strict=True))
+            targets += pushes
+        answers, pushes, moved = await debounce.store(
+            self, pg, [(i, s) for i, s in enumerate(specs) if s.debounce is not None], field_prefix
+        )
+        out.update(answers)
+        return [out[i] for i in range(len(specs))], [*targets, *pushes, *moved]
+
     async def enforce_queued(self, pg: PgStore, created: Mapping[str, int]) -> None:
         """Refuse the transaction on ``pg`` when a tenant holds more than its ``max_queued`` quota
         (:meth:`~taskmesh.tasks.queued_quota.QueuedLimits.enforce`); nothing at all without a quota.
@@ -392,10 +429,14 @@ class Tasks(TaskActions):
             await self.queued_limits.enforce(pg, created)
 
     async def push(self, targets: Collection[PushTarget]) -> None:
-        """Push committed tasks' ids to Redis; a failure is logged and left to the reconciler."""
+        """Push committed tasks' ids to Redis (a replaced debounced task's id taken out first: its due time
+        moved); a failure is logged and left to the reconciler."""
         if not targets:
             return
         try:
+            moved = [(t.queue, str(t.task_id)) for t in targets if isinstance(t, PushTarget) and t.moved]
+            if moved:
+                await self.redis.forget_many(moved)
             if isinstance(targets, ReadyTargets):
                 await self.redis.push_ready(targets.by_queue)
             else:

@@ -138,6 +138,37 @@ def _no_documented_default(schema: dict[str, Any]) -> None:
     schema.pop("default", None)
 
 
+DEBOUNCE_MAX_SECONDS = 86_400.0
+"""The longest a debounce or throttle window may be (a day); a debounce's ``max_wait`` at most a week."""
+
+
+class Debounce(BaseModel):
+    """A task that waits ``seconds`` for a later one of its ``key`` to replace it (the last one within the window
+    wins), never longer than ``max_wait`` after the first; a task that started is never replaced."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str = Field(min_length=1, max_length=200)
+    seconds: float = Field(gt=0, le=DEBOUNCE_MAX_SECONDS, allow_inf_nan=False)
+    max_wait: float | None = Field(default=None, gt=0, le=7 * DEBOUNCE_MAX_SECONDS, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _wait_at_least_seconds(self) -> Debounce:
+        if self.max_wait is not None and self.max_wait < self.seconds:
+            raise ValueError("max_wait must be at least seconds")
+        return self
+
+
+class Throttle(BaseModel):
+    """At most one task of ``key`` per window of ``seconds`` (windows aligned to the Unix epoch); the others
+    are deduplicated to it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str = Field(min_length=1, max_length=200)
+    seconds: float = Field(gt=0, le=DEBOUNCE_MAX_SECONDS, allow_inf_nan=False)
+
+
 class TaskSpec(BaseModel):
     """A task to enqueue, in the original API's field names.
 
@@ -171,6 +202,12 @@ class TaskSpec(BaseModel):
     )
     tenant_id: str | None = Field(default=None, min_length=1, max_length=128)
     trace_id: str | None = Field(default=None, min_length=1, max_length=128)
+    debounce: Debounce | None = Field(
+        default=None, description="{key, seconds, max_wait}: the last task of its key within the window runs."
+    )
+    throttle: Throttle | None = Field(
+        default=None, description="{key, seconds}: at most one task of its key per window; the others dedup to it."
+    )
     concurrency_key: str | None = Field(
         default=None,
         min_length=1,
@@ -239,6 +276,10 @@ class TaskSpec(BaseModel):
     def _one_delay(self) -> TaskSpec:
         if self.delay_seconds is not None and self.run_at is not None:
             raise ValueError("give delay_seconds or run_at, not both")
+        if self.debounce is not None and (self.delay_seconds is not None or self.run_at is not None):
+            raise ValueError("debounce decides when the task runs: give no delay_seconds or run_at")
+        if (self.debounce is not None) + (self.throttle is not None) + (self.dedup_key is not None) > 1:
+            raise ValueError("give one of dedup_key, debounce and throttle")
         if self.type == "delayed" and self.delay_seconds is None and self.run_at is None:
             raise ValueError("type 'delayed' needs delay_seconds or run_at")
         return self

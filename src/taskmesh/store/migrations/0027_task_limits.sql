@@ -13,3 +13,9 @@ CREATE TABLE limits (
     updated_at timestamptz NOT NULL DEFAULT now(),
     updated_by text
 );
+
+-- Debounce: a task created with a debounce key waits, and a later create of the same key (and tenant)
+-- replaces its payload and pushes its start back while it has not started, never past
+-- `debounce_max_at` (the first create's time plus its max_wait). 0028 indexes the keys of such tasks.
+ALTER TABLE tasks ADD COLUMN debounce_key text;
+ALTER TABLE tasks ADD COLUMN debounce_max_at timestamptz;
