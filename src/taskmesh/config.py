@@ -31,6 +31,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
@@ -115,6 +116,16 @@ class QueueSettings(BaseModel):
     """Tasks claimed ahead of free executors (default: the global ``prefetch``)."""
     fairness: FairnessSettings | None = None
     """Fair shares between the keys of the queue (``limits/settings.py``); default none: first come, first served."""
+    priority_aging_seconds: float | None = Field(default=None, gt=0, le=30 * 86400, allow_inf_nan=False)
+    """Seconds of waiting worth one priority level: a waiting task's priority rises with its wait, so that low
+    priority work starts within ``(difference in priority) x this`` under a flood of higher priority work.
+    Default none: priority alone orders the queue."""
+
+    @model_validator(mode="after")
+    def _aging_or_fairness(self) -> QueueSettings:
+        if self.fairness is not None and self.priority_aging_seconds is not None:
+            raise ValueError("give fairness or priority_aging_seconds, not both (they order the queue two ways)")
+        return self
 
 
 StrictInt = Annotated[int, Strict()]

@@ -275,3 +275,32 @@ async def test_delayed_tasks_of_a_queue_with_fair_shares_are_scored_fairly_when_
         await wait_for(lambda: _started(order, 200), timeout=30)
     # taken in turns as they come due, not first's hundred before second's
     assert 15 <= order[:40].count("second") <= 25, order[:40]
+
+
+async def test_priority_aging_starts_low_priority_work_within_its_bound_under_a_high_priority_flood(
+    start_instance: Any, registry: Registry
+) -> None:
+    started: dict[str, float] = {}
+
+    @registry.task("age.job")
+    async def job(payload: Any, ctx: Any) -> None:
+        started.setdefault(f"{ctx.priority}:{ctx.task_id}", time.monotonic())
+        await anyio.sleep(0.05)
+
+    queues = {"default": {"concurrency": 1, "priority_aging_seconds": 0.2}}
+    async with start_instance(queues=queues) as inst, http(inst) as client:
+        assert (await client.post("/api/v1/queues/default/pause")).status_code == 200
+        await create(client, [{"name": "age.job", "priority": 5} for _ in range(20)])
+        [low] = await create(client, [{"name": "age.job", "priority": 0}])
+        t0 = time.monotonic()
+        assert (await client.post("/api/v1/queues/default/resume")).status_code == 200
+        while time.monotonic() - t0 < 10 and f"0:{low}" not in started:  # a flood of priority 5, faster than served
+            await create(client, [{"name": "age.job", "priority": 5}])
+            await anyio.sleep(0.04)
+        flooding = sum(1 for k in started if k.startswith("5:"))
+    assert f"0:{low}" in started, f"still waiting after 10 s, behind {flooding} of the flood"
+    waited = started[f"0:{low}"] - t0
+    # 5 levels at 0.2 s each: it ranks with the flood created within a second after it, then goes first
+    assert waited <= 6.0, waited
+    assert flooding >= 20  # it waited for the higher priority tasks created before it: priority still counts
+    print(f"\naging: the priority-0 task started {waited:.2f} s into a priority-5 flood, after {flooding} of it")

@@ -106,6 +106,10 @@ def test_rates_read_per_second_minute_and_hour() -> None:
             "[queues.default]\nfairness = {key = 'tenant_id', weights = {acme = 0}}\n",
             "queues.default.fairness.weights: weight of 'acme' must be above 0 and at most 1000",
         ),
+        (
+            "[queues.default]\nfairness = {key = 'tenant_id'}\npriority_aging_seconds = 60\n",
+            "queues.default: give fairness or priority_aging_seconds, not both (they order the queue two ways)",
+        ),
     ],
 )
 def test_a_bad_limit_is_refused_naming_its_key(tmp_path: Path, toml: str, message: str) -> None:

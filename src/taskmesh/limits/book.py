@@ -20,6 +20,7 @@ import orjson
 
 from taskmesh.errors import InvalidTaskError
 from taskmesh.limits.settings import LIMIT_NAME, FairnessSettings, LimitSettings
+from taskmesh.store.keys import PRIORITY_STEP
 
 VALUE_MAX = 100
 """Longest key value kept as it is; a longer one (or one holding a control character) is kept as its digest."""
@@ -71,14 +72,18 @@ class LimitBook:
 
     :param limits: ``{name: settings}`` as configured.
     :param fairness: ``{queue: settings}`` of the queues whose keys get fair shares (``[queues.<q>] fairness``).
+    :param aging: ``{queue: seconds}``: a waiting task's priority rises by one per this many seconds
+        (``[queues.<q>] priority_aging_seconds``).
     """
 
     def __init__(
         self,
         limits: Mapping[str, LimitSettings] | None = None,
         fairness: Mapping[str, FairnessSettings] | None = None,
+        aging: Mapping[str, float] | None = None,
     ) -> None:
         self.fairness: dict[str, FairnessSettings] = dict(fairness or {})
+        self.aging: dict[str, float] = dict(aging or {})
         self.config: dict[str, LimitSettings] = dict(limits or {})
         self.overrides: dict[str, Override] = {}
         self.limits: dict[str, LimitSettings] = dict(self.config)
@@ -146,6 +151,13 @@ class LimitBook:
             if key not in keys:
                 keys.append(key)
         return keys or None
+
+    def priority_step(self, queue: str) -> int:
+        """The ready-score distance between two priorities in ``queue``, ms: its aging's seconds per level (a task
+        that waited that long more ranks one level higher), else :data:`~taskmesh.store.keys.PRIORITY_STEP`
+        (priority first, whatever the wait)."""
+        seconds = self.aging.get(queue)
+        return PRIORITY_STEP if seconds is None else max(1, round(seconds * 1000))
 
     def fair_args(self, queue: str) -> list[str | float] | None:
         """The fair shares of ``queue`` as the scripts read them: ``default weight, count, then value, weight``

@@ -25,7 +25,7 @@ LEGACY_DELAYED_SCORE_MAX = 10**14
 hash); the mover converts them (``delayed_move.lua``)."""
 
 
-def ready_score(priority: int, ready_at_ms: int) -> int:
+def ready_score(priority: int, ready_at_ms: int, step: int = PRIORITY_STEP) -> int:
     """Score of a task in a ready set: lower pops first.
 
     Higher ``priority`` sorts first; within one priority, earlier ``ready_at_ms``
@@ -33,10 +33,14 @@ def ready_score(priority: int, ready_at_ms: int) -> int:
     0..1000 times 2**43 plus at most 2**43 stays below 2**53. The delayed mover's
     Lua script computes the same formula.
 
+    A queue with priority aging has a smaller ``step`` (its seconds per level, in ms): then a task that
+    waited ``step`` ms longer ranks as one of the next priority, and the order of two tasks never changes
+    while they wait (each one's priority rises at the same pace), so it can be fixed when it is pushed.
+
     An integer, not a float: Redis reads either as the same double, and the client writes
     an integer for a third of a float's cost (0.4 against 1.2 µs per member of a ``ZADD``).
     """
-    return (PRIORITY_MAX - priority) * PRIORITY_STEP + max(0, ready_at_ms - EPOCH_MS)
+    return (PRIORITY_MAX - priority) * step + max(0, ready_at_ms - EPOCH_MS)
 
 
 def delayed_score(due_ms: int, priority: int) -> int:

@@ -121,6 +121,8 @@ class RedisStore:
         self._move = client.register_script(lua("limits_lib") + lua("fair_lib") + lua("delayed_move"))
         self._fair_push = client.register_script(lua("fair_lib") + lua("fair_push"))
         self.fair_args: Callable[[str], list[str | float] | None] = lambda _queue: None
+        self.priority_step: Callable[[str], int] = lambda _queue: PRIORITY_STEP
+        """A queue's ready-score step between priorities (``LimitBook.priority_step``; the task facade sets it)."""
         """The fair shares of a queue as the scripts read them (``LimitBook.fair_args``; the task facade sets it)."""
         self.finished = FinishedChannel(client, keys)
         self.limits = RedisLimits(client, keys, now_ms=now_ms)
@@ -313,11 +315,11 @@ class RedisStore:
         :raises StoreError: Redis did not answer.
         """
         now = self.now_ms()
-        scores: dict[int, int] = {}  # a ready task's score depends on its priority only: one per batch
         sets: list[tuple[str, Mapping[str, int]]] = []
         for queue, members in ready.items():
-            for priority in set(members.values()) - scores.keys():
-                scores[priority] = ready_score(priority, now)
+            step = self.priority_step(queue)
+            # a ready task's score depends on its priority only: one per priority and batch
+            scores = {p: ready_score(p, now, step) for p in set(members.values())}
             sets.append((self.keys.ready(queue), {m: scores[p] for m, p in members.items()}))
         sets += [(self.keys.delayed(q), m) for q, m in delayed.items()]
         sets = [(key, members) for key, members in sets if members]
@@ -420,11 +422,12 @@ class RedisStore:
         if not items:
             return
         now = self.now_ms()
+        step = self.priority_step(queue)
         with redis_call("replay"):
             async with self.client.pipeline(transaction=False) as pipe:
                 pipe.zrem(self.keys.dlq(queue), *(tid for tid, _ in items))
                 for tid, priority in items:
-                    pipe.zadd(self.keys.ready(queue), {tid: ready_score(priority, now)}, nx=True)
+                    pipe.zadd(self.keys.ready(queue), {tid: ready_score(priority, now, step)}, nx=True)
                 await pipe.execute()
 
     async def forget(self, queue: str, task_id: str) -> None:
@@ -516,7 +519,7 @@ class RedisStore:
                     self.now_ms(),
                     limit,
                     EPOCH_MS,
-                    PRIORITY_STEP,
+                    self.priority_step(queue),
                     DELAYED_PRIORITY_SLOTS,
                     LEGACY_DELAYED_SCORE_MAX,
                     self.keys.limit_base(queue),

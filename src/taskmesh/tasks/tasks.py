@@ -101,6 +101,7 @@ class Tasks(TaskActions):
         self.workflow_parents_max_bytes = workflow_parents_max_bytes
         self.limits = limits if limits is not None else LimitBook()
         redis.fair_args = self.limits.fair_args  # pushes of a queue with fair shares are scored by their keys
+        redis.priority_step = self.limits.priority_step  # a queue with priority aging scores by its own step
 
     # -- enqueue ---------------------------------------------------------------
 
