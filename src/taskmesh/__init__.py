@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from taskmesh.clients.client import Client
     from taskmesh.clients.sync_client import SyncClient
     from taskmesh.clients.workflows import WorkflowBuilder
+    from taskmesh.limits.book import LimitBook
     from taskmesh.tasks.models import TaskContext
     from taskmesh.tasks.queued_quota import QueuedLimits
     from taskmesh.tasks.registry import Registry, default_registry, task
@@ -67,6 +68,7 @@ _LAZY = {
     "SyncClient": "taskmesh.clients.sync_client",
     "WorkflowBuilder": "taskmesh.clients.workflows",
     "TaskContext": "taskmesh.tasks.models",
+    "LimitBook": "taskmesh.limits.book",
     "QueuedLimits": "taskmesh.tasks.queued_quota",
     "Registry": "taskmesh.tasks.registry",
     "default_registry": "taskmesh.tasks.registry",
@@ -91,6 +93,7 @@ __all__ = [
     "Client",
     "ConfigError",
     "InvalidTaskError",
+    "LimitBook",
     "NonRetryableError",
     "QueuedLimits",
     "QuotaExceededError",

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 import taskmesh
 from taskmesh.store.keys import Keys
 from taskmesh.tasks.registry import Registry
-from tests.conftest import http, wait_for
+from tests.conftest import REDIS_MODE, http, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -304,3 +304,21 @@ async def test_priority_aging_starts_low_priority_work_within_its_bound_under_a_
     assert waited <= 6.0, waited
     assert flooding >= 20  # it waited for the higher priority tasks created before it: priority still counts
     print(f"\naging: the priority-0 task started {waited:.2f} s into a priority-5 flood, after {flooding} of it")
+
+
+async def test_a_client_holds_the_instances_limits_and_passes_keys_debounce_and_throttle(
+    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, make_settings: Any
+) -> None:
+    settings = make_settings(
+        limits={"per_customer": {"key": "payload.customer", "concurrency": 1}, "vendor": {"concurrency": 2}}
+    )
+    book = taskmesh.LimitBook.of_settings(settings)
+    async with taskmesh.Client(database_url, redis_url, redis_prefix=prefix, redis_mode=REDIS_MODE, limits=book) as c:
+        held = await c.enqueue("lim.any", {"customer": 7}, concurrency_key="vendor:acme")
+        first = await c.enqueue_detailed("lim.any", {"n": 1}, debounce={"key": "d", "seconds": 30})
+        again = await c.enqueue_detailed("lim.any", {"n": 2}, debounce={"key": "d", "seconds": 30})
+        throttled = [await c.enqueue("lim.any", throttle={"key": "t", "seconds": 3600}) for _ in range(2)]
+    assert await pool.fetchval("SELECT limit_keys FROM tasks WHERE id = $1", held) == ["per_customer:7", "vendor:acme"]
+    assert (first.created, again.created, again.task_id) == (True, False, first.task_id)
+    assert await pool.fetchval("SELECT payload FROM tasks WHERE id = $1", first.task_id) == '{"n": 2}'
+    assert throttled[0] == throttled[1]

@@ -29,6 +29,7 @@ from taskmesh.errors import (
     TaskFailedError,
     WaitTimeoutError,
 )
+from taskmesh.limits.book import LimitBook
 from taskmesh.store import Stores
 from taskmesh.store.redis_types import RedisMode
 from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
@@ -68,6 +69,9 @@ class Client:
         the application's own creates are not counted against them.
     :param workflow_limits: the bounds of one workflow, as the instances' ``workflow_max_nodes`` and
         ``workflow_map_max_items`` (default their defaults).
+    :param limits: the task limits, fair shares and priority aging the instances are configured with
+        (``LimitBook.of_settings(load_settings())``), so that this client's creates hold the same limit
+        keys; limits set at run time are read from PostgreSQL either way. Default: those only.
 
     Use as ``async with Client(db, redis) as client: ...``; the pools open on
     entry and close on exit.
@@ -91,6 +95,7 @@ class Client:
         max_delay_seconds: float = MAX_DELAY_SECONDS,
         queued_limits: QueuedLimits | None = None,
         workflow_limits: WorkflowLimits | None = None,
+        limits: LimitBook | None = None,
     ) -> None:
         _check_redis_options(redis_url, redis_mode)
         self._database_url = database_url
@@ -104,6 +109,7 @@ class Client:
         self._max_delay_seconds = max_delay_seconds
         self._queued_limits = queued_limits
         self._workflow_limits = workflow_limits
+        self._limits = limits
         self._stores: Stores | None = None
         self._tasks: Tasks | None = None
         self._workflows: Workflows | None = None
@@ -138,6 +144,7 @@ class Client:
             default_max_retries=self._default_max_retries,
             max_delay_seconds=self._max_delay_seconds,
             queued_limits=self._queued_limits,
+            limits=self._limits,
         )
         self._workflows = Workflows(self._tasks, self._workflow_limits)
         return self
@@ -182,6 +189,9 @@ class Client:
         tenant_id: str | None = None,
         trace_id: str | None = None,
         connection: asyncpg.Connection | None = None,
+        concurrency_key: str | None = None,
+        debounce: Mapping[str, Any] | None = None,
+        throttle: Mapping[str, Any] | None = None,
     ) -> uuid.UUID:
         """Enqueue one task; returns its id (the existing id when ``idempotency_key`` repeats).
 
@@ -193,6 +203,9 @@ class Client:
         :param connection: the application's own asyncpg connection, inside a transaction: the
             task is stored in that transaction (rolled back, it never existed; committed, an
             instance pushes it within a second, with no further call). See :meth:`enqueue_many`.
+        :param concurrency_key: ``<limit>`` or ``<limit>:<value>``: a counter of a limit in force it also holds.
+        :param debounce: ``{"key", "seconds", "max_wait"}``: the last create of the key within the window runs.
+        :param throttle: ``{"key", "seconds"}``: at most one task of the key per window; the others answer it.
         :raises InvalidTaskError: same rules and messages as the HTTP API (an integer beyond 64 bits
             in ``payload`` names its path: ``payload.customer.id``); nothing is written.
         """
@@ -209,6 +222,9 @@ class Client:
                 tenant_id=tenant_id,
                 trace_id=trace_id,
                 connection=connection,
+                concurrency_key=concurrency_key,
+                debounce=debounce,
+                throttle=throttle,
             )
         ).task_id
 
@@ -226,6 +242,9 @@ class Client:
         tenant_id: str | None = None,
         trace_id: str | None = None,
         connection: asyncpg.Connection | None = None,
+        concurrency_key: str | None = None,
+        debounce: Mapping[str, Any] | None = None,
+        throttle: Mapping[str, Any] | None = None,
     ) -> Enqueued:
         """As :meth:`enqueue`, returning whether the task was created or deduplicated."""
         data: dict[str, Any] = {"name": name, "priority": priority}
@@ -238,6 +257,9 @@ class Client:
             "run_at": run_at,
             "tenant_id": tenant_id,
             "trace_id": trace_id,
+            "concurrency_key": concurrency_key,
+            "debounce": debounce,
+            "throttle": throttle,
         }
         data.update({k: v for k, v in optional.items() if v is not None})
         spec = parse_task_spec(data, max_delay_seconds=self.tasks.max_delay_seconds)

@@ -14,13 +14,16 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from taskmesh.errors import InvalidTaskError
 from taskmesh.limits.settings import LIMIT_NAME, FairnessSettings, LimitSettings
 from taskmesh.store.keys import PRIORITY_STEP
+
+if TYPE_CHECKING:
+    from taskmesh.config import Settings
 
 VALUE_MAX = 100
 """Longest key value kept as it is; a longer one (or one holding a control character) is kept as its digest."""
@@ -89,6 +92,16 @@ class LimitBook:
         self.limits: dict[str, LimitSettings] = dict(self.config)
         self.read_at: float | None = None
         """When the overrides were last read (``time.monotonic``); ``None``: never."""
+
+    @classmethod
+    def of_settings(cls, settings: Settings) -> LimitBook:
+        """The limits, fair shares and priority aging an instance's ``settings`` declare."""
+        queues = settings.queues.items()
+        return cls(
+            settings.limits,
+            {q: e.fairness for q, e in queues if e.fairness is not None},
+            {q: e.priority_aging_seconds for q, e in queues if e.priority_aging_seconds is not None},
+        )
 
     def apply(self, overrides: Mapping[str, Override]) -> list[str]:
         """Make ``overrides`` the limits set at run time; returns the names whose limit changed."""

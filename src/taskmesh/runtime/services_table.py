@@ -292,11 +292,7 @@ def build_serving(p: Parts, stores: Stores, clock: StoreClock, threads: HandlerT
         queued_limits=QueuedLimits.of_settings(settings),
         advertised=AdvertisedHandlers(fresh_seconds=3 * settings.lease_seconds),
         workflow_parents_max_bytes=settings.workflow_parents_max_bytes,
-        limits=LimitBook(
-            settings.limits,
-            {q: e.fairness for q, e in settings.queues.items() if e.fairness},
-            {q: e.priority_aging_seconds for q, e in settings.queues.items() if e.priority_aging_seconds},
-        ),
+        limits=LimitBook.of_settings(settings),
     )
     p.state.stores, p.state.tasks = stores, tasks
     p.state.schedules = Schedules(tasks, settings.schedules)
