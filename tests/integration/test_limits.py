@@ -20,6 +20,7 @@ import taskmesh
 from taskmesh.store.keys import Keys
 from taskmesh.tasks.registry import Registry
 from tests.conftest import REDIS_MODE, http, wait_for
+from tests.integration.test_metrics_exposed import sample
 
 pytestmark = pytest.mark.anyio
 
@@ -322,3 +323,29 @@ async def test_a_client_holds_the_instances_limits_and_passes_keys_debounce_and_
     assert (first.created, again.created, again.task_id) == (True, False, first.task_id)
     assert await pool.fetchval("SELECT payload FROM tasks WHERE id = $1", first.task_id) == '{"n": 2}'
     assert throttled[0] == throttled[1]
+
+
+async def test_each_limit_has_its_runs_its_waiting_and_its_refusals_in_the_metrics(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    ledger = Ledger()
+    register(registry, ledger, seconds=1.5)
+    limits = {"api": {"task": "lim.job", "concurrency": 2}, "idle": {"task": "none", "rate": "1/s"}}
+    async with (
+        start_instance(worker_concurrency=8, limits=limits, metrics_sample_seconds=0.1) as inst,
+        http(inst) as client,
+    ):
+        await create(client, [{"name": "lim.job"} for _ in range(6)])
+
+        async def gauges() -> tuple[float | None, ...] | None:
+            text = (await client.get("/metrics")).text
+            found = (
+                sample(text, "taskmesh_limit_in_use", limit="api"),
+                sample(text, "taskmesh_limit_waiting", limit="api"),
+                sample(text, "taskmesh_limit_in_use", limit="idle"),
+                sample(text, "taskmesh_limit_refused_total", limit="api"),
+            )
+            return found if found[:3] == (2.0, 4.0, 0.0) else None
+
+        *_, refused = await wait_for(gauges, timeout=10)
+    assert refused is not None and refused >= 4

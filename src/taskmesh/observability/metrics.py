@@ -302,6 +302,16 @@ class Metrics:
             "reason",
         )
         # Task limits (limits/): labelled by a configured limit's name, never by a key's value.
+        self.limit_in_use = g(
+            "taskmesh_limit_in_use",
+            "Runs holding a limit's slots, over its keys and this instance's queues, by limit.",
+            "limit",
+        )
+        self.limit_waiting = g(
+            "taskmesh_limit_waiting",
+            "Tasks parked until a limit's key has room, over its keys and this instance's queues, by limit.",
+            "limit",
+        )
         self.limit_refused = c(
             "taskmesh_limit_refused",
             "Popped task ids a limit did not let start (parked until its key has room), by limit.",

@@ -238,6 +238,7 @@ def _upkeep(p: Parts, up: Serving) -> list[ServiceSpec]:
                 interval=s.metrics_sample_seconds,
                 in_flight=up.in_flight_by_queue,
                 tally=up.tally,
+                limits=tasks.limits,
             ),
             critical=False,
         ),

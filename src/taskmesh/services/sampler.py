@@ -1,4 +1,4 @@
-"""Sampler: queue depths, the oldest ready task's age and workers by state, into gauges.
+"""Sampler: queue depths, the oldest ready task's age, workers by state and what each limit holds, into gauges.
 
 Every ``interval`` seconds (``metrics_sample_seconds``, 5), not per scrape (a
 scrape must not cost a query per queue, and ten Prometheus servers must not
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from taskmesh.limits.book import LimitBook
 from taskmesh.observability.metrics import UNSERVED_QUEUE, Metrics
 from taskmesh.services.base import Counts, run_periodic
 from taskmesh.services.run_tally import RunTally
@@ -52,10 +53,12 @@ async def run_once(
     queues: Sequence[str],
     in_flight: Callable[[], dict[str, int]] | None = None,
     tally: RunTally | None = None,
+    limits: LimitBook | None = None,
 ) -> Counts:
     """Add this instance's ended runs to ``queue_minutes``, then read every sampled value once and set the gauges.
 
     :param tally: this instance's ended runs since the last sample (put back when PostgreSQL fails).
+    :param limits: the limits in force: each one's slots held and tasks waiting, over ``queues``.
     :raises StoreError: a store failed (gauges partly updated).
     """
     if tally is not None:
@@ -86,11 +89,26 @@ async def run_once(
         metrics.queue_paused.labels(queue).set(1 if queue in paused else 0)
     for state in {*WorkerState, *workers}:
         metrics.workers.labels(str(state)).set(workers.get(state, 0))
+    if limits is not None and limits.limits:
+        await sample_limits(stores, metrics, queues, limits)
     if in_flight is not None:
         held = in_flight()
         for queue in queues:
             metrics.in_flight.labels(queue).set(held.get(queue, 0))
     return {}
+
+
+async def sample_limits(stores: Stores, metrics: Metrics, queues: Sequence[str], limits: LimitBook) -> None:
+    """Set ``taskmesh_limit_in_use`` and ``taskmesh_limit_waiting`` of every limit in force (0 when idle); a
+    name no limit has any more is not a label (bounded by the limits in force)."""
+    totals = dict.fromkeys(limits.limits, (0, 0))
+    for queue in queues:
+        for name, (in_use, waiting) in (await stores.redis.limits.gauges(queue)).items():
+            if name in totals:
+                totals[name] = (totals[name][0] + in_use, totals[name][1] + waiting)
+    for name, (in_use, waiting) in totals.items():
+        metrics.limit_in_use.labels(name).set(in_use)
+        metrics.limit_waiting.labels(name).set(waiting)
 
 
 async def _add_minute(stores: Stores, tally: RunTally) -> None:
@@ -113,9 +131,12 @@ async def run(
     interval: float,
     in_flight: Callable[[], dict[str, int]] | None = None,
     tally: RunTally | None = None,
+    limits: LimitBook | None = None,
 ) -> None:
     """Sample every ``interval`` seconds for ever (cancelled by the supervisor)."""
-    await run_periodic("sampler", lambda: run_once(stores, metrics, queues, in_flight, tally), interval=interval)
+    await run_periodic(
+        "sampler", lambda: run_once(stores, metrics, queues, in_flight, tally, limits), interval=interval
+    )
 
 
 async def count_ended_workflows(stores: Stores, metrics: Metrics) -> int:

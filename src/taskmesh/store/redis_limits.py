@@ -207,12 +207,44 @@ class RedisLimits:
         if not runs:
             return
         base = self.keys.limit_base(queue)
+        names = [lk.partition(":")[0] for _, keys, _ in runs for lk in keys]
         with redis_call("limits_restore"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for task_id, limit_keys, until_ms in runs:
                     for lk in limit_keys:
                         pipe.zadd(f"{base}slots:{lk}", {str(task_id): until_ms})
+                added = await pipe.execute()
+            counts: dict[str, int] = {}
+            for name, n in zip(names, added, strict=True):
+                counts[name] = counts.get(name, 0) + int(n)
+            async with self.client.pipeline(transaction=False) as pipe:
+                for name, n in counts.items():
+                    if n:
+                        pipe.hincrby(f"{base}inuse", name, n)
                 await pipe.execute()
+
+    async def gauges(self, queue: str) -> dict[str, tuple[int, int]]:
+        """``{limit name: (slots held, ids parked)}`` over every key of each limit in ``queue`` (the metrics).
+
+        :raises StoreError: Redis failed.
+        """
+        base = self.keys.limit_base(queue)
+        with redis_call("limits_gauges"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(f"{base}inuse")
+                pipe.zrange(self.keys.limit_wake(queue), 0, -1)
+                held, waiting = await pipe.execute()
+            keys = [_text(k) for k in waiting]
+            async with self.client.pipeline(transaction=False) as pipe:
+                for lk in keys:
+                    pipe.zcard(f"{base}parked:{lk}")
+                parked = await pipe.execute() if keys else []
+        out: dict[str, tuple[int, int]] = {_text(n): (max(0, int(v)), 0) for n, v in held.items()}
+        for lk, n in zip(keys, parked, strict=True):
+            name = lk.partition(":")[0]
+            in_use, waits = out.get(name, (0, 0))
+            out[name] = (in_use, waits + int(n))
+        return out
 
     async def parked_count(self, queue: str) -> int:
         """How many ids of ``queue`` are parked (every key with parked ids is in its wake set).

@@ -5,8 +5,9 @@
 --   parked:<limit key>   zset task id -> ready score: ids that may not start yet
 --   gcra:<limit key>     the key's theoretical arrival time (ms), for its rate
 --   backoff:<limit key>  until when (ms) the key waits, after a handler's RateLimited
--- and the queue's `tasks` hash (task id -> its limit keys, one per line) and `wake` zset
--- (limit key -> when to look at its parked ids again, ms).
+-- and the queue's `tasks` hash (task id -> its limit keys, one per line), `wake` zset
+-- (limit key -> when to look at its parked ids again, ms) and `inuse` hash (limit name -> slots held
+-- over its keys: the metrics' count, kept with each slot taken, given back or lapsed).
 -- Limits come as ARGV: a count, then per limit `name, concurrency (0: none), interval ms (0: no
 -- rate), burst` (limits/book.py script_args).
 
@@ -41,6 +42,12 @@ local function ms(x)
   return string.format('%.0f', x)
 end
 
+local function count_slots(base, lk, n)
+  if n ~= 0 then
+    redis.call('HINCRBY', base .. 'inuse', string.match(lk, '^[^:]+'), n)
+  end
+end
+
 -- How many tasks of `lk` may start now (math.huge: no bound) and, when none may, when to look again.
 local function room(base, lk, def, now)
   local backoff = tonumber(redis.call('GET', base .. 'backoff:' .. lk) or '0')
@@ -50,7 +57,7 @@ local function room(base, lk, def, now)
   local n = math.huge
   if def.c > 0 then
     local slots = base .. 'slots:' .. lk
-    redis.call('ZREMRANGEBYSCORE', slots, '-inf', ms(now))  -- slots of lost runs lapse with their lease
+    count_slots(base, lk, -redis.call('ZREMRANGEBYSCORE', slots, '-inf', ms(now)))  -- lost runs' slots lapse
     n = def.c - redis.call('ZCARD', slots)
     if n <= 0 then
       local first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
@@ -76,7 +83,7 @@ end
 -- One start of `id` under `lk`: a slot until `now + lease`, one emission interval of its rate.
 local function take(base, lk, def, id, now, lease)
   if def.c > 0 then
-    redis.call('ZADD', base .. 'slots:' .. lk, ms(now + lease), id)
+    count_slots(base, lk, redis.call('ZADD', base .. 'slots:' .. lk, ms(now + lease), id))
   end
   if def.iv > 0 then
     local key = base .. 'gcra:' .. lk

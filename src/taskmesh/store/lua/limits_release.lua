@@ -20,7 +20,7 @@ for i = at, #ARGV, 5 do
     end
   end
   for _, lk in ipairs(split(raw)) do
-    redis.call('ZREM', base .. 'slots:' .. lk, id)
+    count_slots(base, lk, -redis.call('ZREM', base .. 'slots:' .. lk, id))
     if ended == '1' then  -- a task cancelled while parked
       redis.call('ZREM', base .. 'parked:' .. lk, id)
     end
