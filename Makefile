@@ -52,7 +52,7 @@ PYTEST_WORKERS ?= 3
 # transaction mode started for the run (tests/pgbouncer.py), instances with pg_pooler = "transaction".
 POOLER_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py task_actions.py \
 	bulk_operations.py wait.py schedules.py cancel_and_recovery.py recovery.py auth.py search.py \
-	queue_pause.py crash.py process.py migrate.py workflows.py workflow_failures.py)
+	queue_pause.py crash.py process.py migrate.py workflows.py workflow_failures.py limits.py debounce.py)
 # Then the Redis suites: the functional tests again against a 3-master Redis Cluster, then against
 # a master, a replica and three Sentinels, each started on loopback for the run
 # (tests/redis_topologies.py), instances with redis_mode = "cluster" or a redis+sentinel:// URL.
@@ -60,7 +60,8 @@ POOLER_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueu
 # suite is the part that connects, pops, waits, fires schedules, loses keys and crashes.
 REDIS_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py task_actions.py \
 	bulk_operations.py wait.py schedules.py cancel_and_recovery.py recovery.py queue_pause.py crash.py \
-	rate_limits.py dlq_listing.py bulk.py client.py due_times.py reconciler_first_look.py workflows.py)
+	rate_limits.py dlq_listing.py bulk.py client.py due_times.py reconciler_first_look.py workflows.py \
+	limits.py debounce.py)
 SENTINEL_SUITE := $(addprefix tests/integration/test_,smoke.py execution.py enqueue.py wait.py schedules.py \
 	cancel_and_recovery.py recovery.py crash.py client.py)
 # The docs site first (tests/docs: the strict offline build, the generated reference pages equal to

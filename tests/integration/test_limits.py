@@ -120,8 +120,9 @@ async def test_a_rate_limit_spaces_the_starts_and_no_second_holds_more_than_rate
         ids = await create(client, [{"name": "lim.job"} for _ in range(25)])
         await wait_for(lambda: all_completed(pool, ids), timeout=20)
     times = sorted(t for t, _ in ledger.starts)
-    # 2 at once, then one each 0.1 s: the 25th no sooner than 2.3 s after the first
-    assert times[-1] - times[0] >= 2.2
+    # 2 at once, then one each 0.1 s: the 25th 2.3 s after the first is admitted (the first's own start
+    # may come a claim's latency late: 0.3 s of slack)
+    assert times[-1] - times[0] >= 2.0
     most_in_a_second = max(sum(1 for u in times if t <= u < t + 1.0) for t in times)
     assert most_in_a_second <= 10 + 2
     assert await spent(pool, ids) == (1, 0)
@@ -271,11 +272,14 @@ async def test_delayed_tasks_of_a_queue_with_fair_shares_are_scored_fairly_when_
     order = register_order(registry)
     queues = {"default": {"concurrency": 1, "fairness": {"key": "tenant_id"}}}
     async with start_instance(queues=queues) as inst, http(inst) as client:
-        for tenant in ("first", "second"):  # all of first's come due before any of second's
-            await create(client, [{"name": "fair.job", "tenant_id": tenant, "delay_seconds": 1} for _ in range(100)])
+        # one statement: all 200 due at one instant, first's ahead of second's in the delayed set
+        bodies = [
+            {"name": "fair.job", "tenant_id": t, "delay_seconds": 1} for t in ("first", "second") for _ in range(100)
+        ]
+        await create(client, bodies)
         await wait_for(lambda: _started(order, 200), timeout=30)
     # taken in turns as they come due, not first's hundred before second's
-    assert 15 <= order[:40].count("second") <= 25, order[:40]
+    assert 17 <= order[:40].count("second") <= 23, order[:40]
 
 
 async def test_priority_aging_starts_low_priority_work_within_its_bound_under_a_high_priority_flood(
