@@ -29,7 +29,9 @@ from taskmesh.errors import (
     TaskFailedError,
     WaitTimeoutError,
 )
+from taskmesh.limits import live
 from taskmesh.limits.book import LimitBook
+from taskmesh.limits.settings import check_limit, settings_of
 from taskmesh.store import Stores
 from taskmesh.store.redis_types import RedisMode
 from taskmesh.store.redis_urls import check_redis_url, cluster_url_problem
@@ -427,6 +429,24 @@ class Client:
             except InvalidTaskError as exc:
                 raise exc.under(f"workflows[{i}].") from None
         return [s.to_dict() for s in await self.workflows.submit_many(specs)]
+
+    async def set_limit(self, name: str, **settings: Any) -> None:
+        """Set a task limit at run time, as ``PUT /api/v1/limits/{name}`` does: ``queue``, ``task``, ``key``,
+        ``concurrency``, ``rate``, ``burst`` (``limits/settings.py``). Every instance holds it within a second.
+
+        :raises InvalidTaskError: a bad name or setting, naming it; nothing is set.
+        """
+        await live.set_limit(self.tasks.limits, self.tasks.pg, check_limit(name), settings_of(settings), None)
+
+    async def unset_limit(self, name: str) -> bool:
+        """Drop a limit set at run time (the configured one of its name, if any, holds again); returns whether
+        one was set."""
+        return await live.unset_limit(self.tasks.limits, self.tasks.pg, name)
+
+    async def limits(self) -> dict[str, dict[str, Any]]:
+        """The limits in force (configured for this client, or set at run time), by name, as settings."""
+        await live.read(self.tasks.limits, self.tasks.pg)
+        return {name: s.model_dump() for name, s in sorted(self.tasks.limits.limits.items())}
 
     async def get_workflow(self, workflow_id: WorkflowRef) -> dict[str, Any]:
         """The workflow, its tasks counted by status, and its nodes, in the API's shape.

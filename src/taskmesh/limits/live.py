@@ -54,3 +54,29 @@ async def refresh(book: LimitBook, pg: PgStore, fresh_seconds: float = FRESH_SEC
         await read(book, pg)
     except StoreError as exc:
         log.warning("limits_unknown", error=str(exc))
+
+
+async def set_limit(book: LimitBook, pg: PgStore, name: str, settings: LimitSettings, updated_by: str | None) -> None:
+    """Set limit ``name`` at run time (it overrides the configured one of its name on every instance within a
+    second) and read the limits again into ``book``.
+
+    :raises StoreError: PostgreSQL failed; nothing was set.
+    """
+    async with pg.changing() as tx:
+        await tx.limits.upsert(name, settings.model_dump_json(), updated_by)
+    log.info("limit_set", limit=name, **settings.model_dump(exclude_none=True))
+    await read(book, pg)
+
+
+async def unset_limit(book: LimitBook, pg: PgStore, name: str) -> bool:
+    """Drop what was set at run time for ``name`` (the configured limit of its name, if any, holds again) and read
+    the limits again into ``book``; returns whether anything was set.
+
+    :raises StoreError: PostgreSQL failed; nothing was dropped.
+    """
+    async with pg.changing() as tx:
+        removed = await tx.limits.delete(name)
+    if removed:
+        log.info("limit_unset", limit=name)
+        await read(book, pg)
+    return removed

@@ -11,9 +11,11 @@ It holds ``concurrency`` (runs at once) and/or ``rate`` (starts per second, minu
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+
+from taskmesh.errors import InvalidTaskError
 
 LIMIT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 """A limit's name: it is the prefix of every limit key, so it holds no ``:``."""
@@ -135,3 +137,27 @@ class FairnessSettings(BaseModel):
             if not 0 < weight <= WEIGHT_MAX:
                 raise ValueError(f"weight of {name!r} must be above 0 and at most {WEIGHT_MAX:g}")
         return value
+
+
+def check_limit(name: str) -> str:
+    """``name`` when it is a limit's name.
+
+    :raises InvalidTaskError: it is not (on ``limit``).
+    """
+    if not LIMIT_NAME.fullmatch(name):
+        raise InvalidTaskError("limit", "must match [a-z0-9][a-z0-9_-]{0,63}")
+    return name
+
+
+def settings_of(values: Any) -> LimitSettings:
+    """``values`` as a limit's settings.
+
+    :raises InvalidTaskError: a setting is refused (naming it, as the API does).
+    """
+    try:
+        return LimitSettings.model_validate(values)
+    except ValidationError as exc:
+        errors = [
+            (".".join(str(p) for p in e["loc"]) or "body", e["msg"].removeprefix("Value error, ")) for e in exc.errors()
+        ]
+        raise InvalidTaskError(errors[0][0], errors[0][1], errors) from None

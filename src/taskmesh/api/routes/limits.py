@@ -18,10 +18,10 @@ from taskmesh.api.auth import caller, check_queue_reach, platform_wide, reach_of
 from taskmesh.api.deps import StoresDep, TasksDep, body_schema, json_response, parse_body
 from taskmesh.api.problems import problem_responses
 from taskmesh.api.schemas import Limit, LimitList
-from taskmesh.errors import InvalidTaskError, LimitNotFoundError, PermissionDeniedError
+from taskmesh.errors import LimitNotFoundError, PermissionDeniedError
 from taskmesh.limits import live
 from taskmesh.limits.book import key_value
-from taskmesh.limits.settings import LIMIT_NAME, LimitSettings
+from taskmesh.limits.settings import LimitSettings, check_limit
 from taskmesh.limits.usage import describe, usage
 from taskmesh.observability.logs import get_logger
 from taskmesh.security import audit
@@ -33,12 +33,7 @@ log = get_logger("taskmesh.api")
 
 router = APIRouter()
 
-LimitPath = Annotated[str, Path(description="The limit's name, [a-z0-9][a-z0-9_-]{0,63}.")]
-
-
-def _check_name(name: str) -> None:
-    if not LIMIT_NAME.fullmatch(name):
-        raise InvalidTaskError("limit", "must match [a-z0-9][a-z0-9_-]{0,63}")
+LimitPath = Annotated[str, Path(description="The limit's name: lowercase letters, digits, _ and -, at most 64.")]
 
 
 async def _answer(request: Request, stores: Stores, tasks: Tasks, name: str) -> dict[str, Any]:
@@ -83,7 +78,7 @@ async def list_limits(request: Request, stores: StoresDep, tasks: TasksDep) -> R
 )
 async def get_limit(limit: LimitPath, request: Request, stores: StoresDep, tasks: TasksDep) -> Response:
     """One limit in force, as ``GET /api/v1/limits`` lists it (404 for a name no limit has)."""
-    _check_name(limit)
+    check_limit(limit)
     await live.refresh(tasks.limits, stores.pg)
     if limit not in tasks.limits.limits or not _visible(request, tasks, limit):
         raise LimitNotFoundError(limit)
@@ -114,16 +109,13 @@ async def set_limit(limit: LimitPath, request: Request, stores: StoresDep, tasks
     """Set limit ``limit`` (``concurrency`` and/or ``rate`` with ``burst``, selecting by ``queue``, ``task``,
     ``key``). Every instance holds its keys to the new numbers within a second; a limit that selects
     differently holds the tasks created from then on (a task's limit keys are decided when it is created)."""
-    _check_name(limit)
+    check_limit(limit)
     settings = await parse_body(request, LimitSettings)
     _may_change(request, settings, "setting a limit")
     existing = tasks.limits.limits.get(limit)
     _may_change(request, existing, "changing this limit")
     audit.note(details={"limit": limit, **settings.model_dump(exclude_none=True)})
-    async with stores.pg.changing() as pg:
-        await pg.limits.upsert(limit, settings.model_dump_json(), caller(request).key_id)
-    await live.read(tasks.limits, stores.pg)
-    log.info("limit_set", limit=limit, **settings.model_dump(exclude_none=True))
+    await live.set_limit(tasks.limits, stores.pg, limit, settings, caller(request).key_id)
     return json_response(await _answer(request, stores, tasks, limit))
 
 
@@ -140,13 +132,9 @@ async def set_limit(limit: LimitPath, request: Request, stores: StoresDep, tasks
 async def unset_limit(limit: LimitPath, request: Request, stores: StoresDep, tasks: TasksDep) -> Response:
     """Remove what ``PUT`` set for ``limit`` (204); the configured limit of that name, if any, holds again on
     every instance within a second. 404 when nothing was set at run time under that name."""
-    _check_name(limit)
+    check_limit(limit)
     await live.refresh(tasks.limits, stores.pg)
     _may_change(request, tasks.limits.limits.get(limit), "changing this limit")
-    async with stores.pg.changing() as pg:
-        removed = await pg.limits.delete(limit)
-    if not removed:
+    if not await live.unset_limit(tasks.limits, stores.pg, limit):
         raise LimitNotFoundError(limit, f"no limit named {limit!r} was set at run time")
-    await live.read(tasks.limits, stores.pg)
-    log.info("limit_unset", limit=limit)
     return Response(status_code=204)
