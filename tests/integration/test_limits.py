@@ -353,3 +353,37 @@ async def test_each_limit_has_its_runs_its_waiting_and_its_refusals_in_the_metri
 
         *_, refused = await wait_for(gauges, timeout=10)
     assert refused is not None and refused >= 4
+
+
+async def test_a_limit_holds_the_tasks_of_workflows_those_a_map_makes_from_a_result_too(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    ledger = Ledger()
+    register(registry, ledger, seconds=0.2)
+
+    @registry.task("lim.items")
+    async def items(payload: Any) -> list[dict[str, str]]:
+        return [{"customer": f"c{n}"} for n in range(6)]
+
+    limits = {"api": {"task": "lim.job", "concurrency": 2}}
+    body = {
+        "name": "limited",
+        "nodes": [
+            {"id": "listed", "task": "lim.job", "map": [{"customer": f"l{n}"} for n in range(6)]},
+            {"id": "items", "task": "lim.items"},
+            {"id": "made", "task": "lim.job", "deps": ["items"], "map": {"from": "items"}},
+        ],
+    }
+    async with start_instance(worker_concurrency=8, limits=limits) as inst, http(inst) as client:
+        r = await client.post("/api/v1/workflows", json=body)
+        assert r.status_code == 201, r.text
+        workflow_id = r.json()["workflow_id"]
+
+        async def over() -> bool:
+            return bool((await client.get(f"/api/v1/workflows/{workflow_id}")).json()["status"] == "completed")
+
+        await wait_for(over, timeout=30)
+    assert len(ledger.starts) == 12
+    assert ledger.most["*"] == 2
+    keys = await pool.fetch("SELECT DISTINCT limit_keys FROM tasks WHERE name = 'lim.job'")
+    assert [r["limit_keys"] for r in keys] == [["api"]]

@@ -131,6 +131,7 @@ class LimitBook:
         payload: Any,
         concurrency_key: str | None = None,
         field: str = "concurrency_key",
+        payload_known: bool = True,
     ) -> list[str] | None:
         """The limit keys of a task to enqueue, in the limits' name order, then its fairness key (``@<value>``)
         in a queue with fair shares; ``None`` when no limit holds it.
@@ -138,6 +139,8 @@ class LimitBook:
         A limit holds a task when its ``queue`` and ``task`` select it; with a ``key``, the task's value
         of it (a missing one is the empty value, one counter for all such tasks) names the counter.
         ``concurrency_key`` (``<limit>`` or ``<limit>:<value>``) adds a counter of the limit it names.
+        Without ``payload_known`` (a workflow's map over a dep's result: its items come later), a limit or
+        fair share keyed by a payload path holds nothing.
 
         :raises InvalidTaskError: ``concurrency_key`` names no limit in force (on ``field``).
         """
@@ -148,10 +151,12 @@ class LimitBook:
             if s.key is None:
                 keys.append(limit)
                 continue
+            if s.key != "tenant_id" and not payload_known:
+                continue
             value = tenant_id if s.key == "tenant_id" else _lookup(payload, s.key.removeprefix("payload."))
             keys.append(f"{limit}:{'' if value is None else key_value(value)}")
         fair = self.fairness.get(queue)
-        if fair is not None:
+        if fair is not None and (payload_known or fair.key == "tenant_id"):
             value = tenant_id if fair.key == "tenant_id" else _lookup(payload, fair.key.removeprefix("payload."))
             keys.append(FAIR_MARK + ("" if value is None else key_value(value)))
         if concurrency_key is not None:

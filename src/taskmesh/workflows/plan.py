@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from taskmesh.ids import uuid7
+from taskmesh.limits.book import LimitBook
 from taskmesh.tasks.enqueue_plan import TaskRows
 from taskmesh.tasks.models import PushTarget
 from taskmesh.tasks.states import NodeKind, NodeStatus, TaskStatus
@@ -47,11 +48,15 @@ class WorkflowPlan:
     """A root is a map over no items: it has ended already, and its workflow must advance at once."""
 
 
-def plan(spec: WorkflowSpec, trace_id: str, resolve: Resolve, limits: WorkflowLimits) -> WorkflowPlan:
+def plan(
+    spec: WorkflowSpec, trace_id: str, resolve: Resolve, limits: WorkflowLimits, book: LimitBook | None = None
+) -> WorkflowPlan:
     """The rows of ``spec`` (validated by :func:`~taskmesh.workflows.spec.parse_workflow`).
 
     :param trace_id: the workflow's trace id, which every task of it carries.
     :param resolve: a task's queue and max_retries as an enqueue resolves them.
+    :param book: the task limits in force: each task's limit keys, as an enqueue's (a map over a dep's
+        result holds its node's in its template: those not keyed by a payload path).
     :raises InvalidTaskError: a payload is not storable JSON (``nodes[i].payload``).
     """
     workflow_id = uuid7()
@@ -77,13 +82,19 @@ def plan(spec: WorkflowSpec, trace_id: str, resolve: Resolve, limits: WorkflowLi
         priority = options.priority if options.priority is not None else 0
         root = node is not None and not node.deps
         released = root
-        template = {
+        template: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
             "max_retries": max_retries,
             "timeout": options.timeout,
             "max_items": limits.map_max_items,
         }
+        if book:
+            later = book.keys_for(
+                queue=queue, name=options.task, tenant_id=spec.tenant_id, payload=None, payload_known=False
+            )
+            if later:
+                template["limit_keys"] = later
         map_from = node.map.from_ if node is not None and isinstance(node.map, MapFrom) else None
         rows.append(
             {
@@ -106,15 +117,20 @@ def plan(spec: WorkflowSpec, trace_id: str, resolve: Resolve, limits: WorkflowLi
             answer[node_id] = []
             continue
         if node is not None and isinstance(node.map, list):
+            values: list[Any] = list(node.map)
             payloads = [dump_json(item, f"{where}map[{i}]") for i, item in enumerate(node.map)]
             indexes: list[int | None] = list(range(len(payloads)))
             empty_root_maps = empty_root_maps or (root and not payloads)
         else:
-            payloads = [dump_json(options.payload if options.payload is not None else {}, f"{where}payload")]
+            values = [options.payload if options.payload is not None else {}]
+            payloads = [dump_json(values[0], f"{where}payload")]
             indexes = [None]
         status = TaskStatus.QUEUED if released else TaskStatus.BLOCKED
         ids = []
-        for payload, index in zip(payloads, indexes, strict=True):
+        for payload, value, index in zip(payloads, values, indexes, strict=True):
+            keys = (
+                book.keys_for(queue=queue, name=options.task, tenant_id=spec.tenant_id, payload=value) if book else None
+            )
             task_id = tasks.add(
                 name=options.task,
                 queue=queue,
@@ -128,10 +144,11 @@ def plan(spec: WorkflowSpec, trace_id: str, resolve: Resolve, limits: WorkflowLi
                 workflow_node=node_id,
                 map_index=index,
                 timeout=options.timeout,
+                limit_keys=keys,
             )
             ids.append(task_id)
             if released:
-                push.append(PushTarget(task_id, queue, priority, None))
+                push.append(PushTarget(task_id, queue, priority, None, keys))
         answer[node_id] = [str(i) for i in ids] if kind == NodeKind.MAP else str(ids[0])
     return WorkflowPlan(
         workflow_id=workflow_id,

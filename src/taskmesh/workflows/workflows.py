@@ -147,7 +147,7 @@ class Workflows:
 
         try:
             self._check_payloads(spec, memo)
-            planned = plan(spec, spec.trace_id or new_trace_id(), resolve, self.limits)
+            planned = plan(spec, spec.trace_id or new_trace_id(), resolve, self.limits, self.tasks.limits)
         except InvalidTaskError as exc:
             raise exc.under(field_prefix) if field_prefix else exc from None
         return Prepared(spec, planned)

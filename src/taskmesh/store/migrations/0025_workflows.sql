@@ -263,11 +263,15 @@ BEGIN
                 END IF;
                 WITH made AS (
                     INSERT INTO tasks (id, name, type, queue, priority, payload, max_retries, status, run_at,
-                                       tenant_id, trace_id, workflow_id, workflow_node, map_index, timeout_s)
+                                       tenant_id, trace_id, workflow_id, workflow_node, map_index, timeout_s,
+                                       limit_keys)
                     SELECT taskmesh_uuid7(), c.task_name, 'immediate', c.template ->> 'queue',
                            (c.template ->> 'priority')::integer, item.value, (c.template ->> 'max_retries')::integer,
                            'queued', now(), w.tenant_id, w.trace_id, c.workflow_id, c.node_id,
-                           (item.ordinality - 1)::integer, (c.template ->> 'timeout')::float8
+                           (item.ordinality - 1)::integer, (c.template ->> 'timeout')::float8,
+                           -- the node's limit keys (limits/book.py; 0027 adds the column)
+                           CASE WHEN c.template ? 'limit_keys'
+                                THEN ARRAY(SELECT jsonb_array_elements_text(c.template -> 'limit_keys')) END
                     FROM jsonb_array_elements(v_result) WITH ORDINALITY AS item(value, ordinality)
                     JOIN workflows w ON w.id = c.workflow_id
                     ORDER BY item.ordinality
