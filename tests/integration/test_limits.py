@@ -387,3 +387,17 @@ async def test_a_limit_holds_the_tasks_of_workflows_those_a_map_makes_from_a_res
     assert ledger.most["*"] == 2
     keys = await pool.fetch("SELECT DISTINCT limit_keys FROM tasks WHERE name = 'lim.job'")
     assert [r["limit_keys"] for r in keys] == [["api"]]
+
+
+async def test_a_run_longer_than_its_lease_keeps_its_slot_while_its_heartbeat_beats(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    ledger = Ledger()
+    register(registry, ledger, seconds=3.5)  # past the lease: only the heartbeat keeps the slot
+    async with start_instance(worker_concurrency=4, lease_seconds=1.5) as inst, http(inst) as client:
+        r = await client.put("/api/v1/limits/long", json={"task": "lim.job", "concurrency": 1})  # set at run time
+        assert r.status_code == 200, r.text
+        ids = await create(client, [{"name": "lim.job"} for _ in range(2)])
+        await wait_for(lambda: all_completed(pool, ids), timeout=20)
+    assert await spent(pool, ids) == (1, 0)  # no lease was lost on the way
+    assert ledger.most["*"] == 1

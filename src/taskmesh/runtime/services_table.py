@@ -94,7 +94,8 @@ class Serving:
         """
         until = self.stores.redis.now_ms() + round(lease_seconds * 1000)
         for pool in self.pools:
-            runs = [(t.task_id, t.limit_keys) for t in list(pool.claimed.values()) if t.limit_keys]
+            claimed = list(pool.claimed.values())
+            runs = [(t.task_id, [k for k in t.limit_keys if not k.startswith("@")]) for t in claimed if t.limit_keys]
             await self.stores.redis.limits.hold(pool.queue, runs, until)
 
     def cancel_run(self, task_id: uuid.UUID) -> bool:
@@ -188,7 +189,7 @@ def _upkeep(p: Parts, up: Serving) -> list[ServiceSpec]:
             metrics=p.metrics,
             handlers=handled_names(p.registry),
             handler_options=handler_options(p.registry),
-            hold_slots=partial(up.hold_slots, s.lease_seconds) if tasks.limits else None,
+            hold_slots=partial(up.hold_slots, s.lease_seconds),  # limits set at run time too
         )
         table.append(ServiceSpec("heartbeat", beat, critical=True))
     table += [

@@ -169,14 +169,13 @@ class QueueWorkers:
 
         :raises StoreError: a store failed.
         """
-        limits = self.tasks.limits
-        if not limits.applies_in(self.queue):  # the common case: no admission, no extra call
-            ids = await self.tasks.redis.pop_ready(self.queue, count, POP_TIMEOUT_SECONDS)
-            return await self._claim(ids) if ids else []
         popped = await self.tasks.redis.pop_scored(self.queue, count, POP_TIMEOUT_SECONDS)
         if not popped:
             return []
         ids = [task_id for task_id, _ in popped]
+        limits = self.tasks.limits  # as it is now: a limit set while the pop waited holds what it popped
+        if not limits.applies_in(self.queue):  # the common case: no admission, no extra call
+            return await self._claim(ids)
         self.popped.update(ids)
         try:
             admission = await self.tasks.redis.limits.admit(
