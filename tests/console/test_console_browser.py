@@ -332,7 +332,7 @@ async def test_a_tenant_key_sees_only_its_tenant(
             assert "tenant acme" in text(page, ".who")
             assert page.current_url == f"{base}/console/tasks"  # the overview counts every tenant
             # an operator: no audit:read
-            assert texts(page, ".top nav a") == ["Tasks", "Workflows", "Dead letters", "Schedules"]
+            assert texts(page, ".top nav a") == ["Limits", "Tasks", "Workflows", "Dead letters", "Schedules"]
             page.get(f"{base}/console/tasks")
             links = [
                 a.get_attribute("href").rsplit("/", 1)[-1] for a in page.find_elements(By.CSS_SELECTOR, "#tasks a")

@@ -64,6 +64,7 @@ async def test_every_page_answers_over_a_long_history(start_instance: Any, store
         "overview (last hour)": ("/console/overview", "Runs ended"),
         "overview (last day)": ("/console/overview?window=day", "Runs ended"),
         "queues": ("/console/queues", "q7"),
+        "limits": ("/console/limits", "per_customer"),
         "tasks, newest": ("/console/tasks", "tasks on this page"),
         "tasks, failed": ("/console/tasks?status=failed", "tasks on this page"),
         "tasks, queue and failed": ("/console/tasks?queue=q7&status=failed", "tasks on this page"),
@@ -79,7 +80,11 @@ async def test_every_page_answers_over_a_long_history(start_instance: Any, store
     }
     lines = []
     limits = {"rate_limit_read_per_second": 100000.0}
-    async with start_instance(workers_enabled=False, queue_names=["q7"], **limits) as inst:
+    task_limits = {
+        "api": {"queue": "q7", "concurrency": 10},
+        "per_customer": {"key": "payload.customer.id", "rate": "5/s"},
+    }
+    async with start_instance(workers_enabled=False, queue_names=["q7"], limits=task_limits, **limits) as inst:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{inst.port}", timeout=60) as client:
             await signed_in(client, admin)
             for name, (path, expected) in pages.items():

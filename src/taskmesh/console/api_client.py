@@ -101,6 +101,10 @@ class ConsoleApi:
         """``POST path`` with a JSON body (none for ``None``)."""
         return await self._send("POST", path, body=body)
 
+    async def put(self, path: str, body: dict[str, Any]) -> Answer:
+        """``PUT path`` with a JSON body."""
+        return await self._send("PUT", path, body=body)
+
     async def delete(self, path: str, params: dict[str, str] | None = None) -> Answer:
         """``DELETE path`` with ``params`` in its query."""
         return await self._send("DELETE", path, params=params)

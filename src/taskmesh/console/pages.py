@@ -17,6 +17,7 @@ from starlette.responses import RedirectResponse, Response
 
 from taskmesh.console.api_client import ConsoleApi, refusal
 from taskmesh.console.charts import overview_charts
+from taskmesh.console.limit_pages import waiting
 from taskmesh.console.redirects import back
 from taskmesh.console.web import render, visitor
 from taskmesh.tasks.search import FILTERS
@@ -125,18 +126,21 @@ async def tasks_page(request: Request) -> Response:
 
 @router.get("/console/tasks/{task_id}")
 async def task_page(request: Request, task_id: str) -> Response:
-    """One task: its fields, every run on a timeline, and the actions its state allows."""
+    """One task: why it waits (if it does), its fields, every run on a timeline, and the actions its state allows."""
     who = await visitor(request)
     if not _is_uuid(task_id):
         return back("/console/tasks", problem=f"{task_id[:80]!r} is not a task id (a UUID)")
     async with ConsoleApi(request, who) as api:
         task, runs = await api.get_all((f"/api/v1/tasks/{task_id}", None), (f"/api/v1/tasks/{task_id}/runs", None))
-    body = task.body.get("task", {}) if task.ok else {}
-    body = {k: v for k, v in body.items() if k not in ("payload", "result")}  # fetched on demand
+        body = task.body.get("task", {}) if task.ok else {}
+        body = {k: v for k, v in body.items() if k not in ("payload", "result")}  # fetched on demand
+        waits = await waiting(api, body) if task.ok else None
     for run in runs.body.get("runs", []) if runs.ok else []:
         run["duration_ms"] = _duration_ms(run.get("started_at"), run.get("finished_at"))
     refused = refusal([task], [runs])
-    return render(request, who, "task.html", api_refusal=refused, task_id=task_id, answer=task, task=body, runs=runs)
+    return render(
+        request, who, "task.html", api_refusal=refused, task_id=task_id, answer=task, task=body, runs=runs, waits=waits
+    )
 
 
 @router.get("/console/tasks/{task_id}/data")

@@ -6,7 +6,7 @@ from fastapi import APIRouter, FastAPI
 from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
-from taskmesh.console import actions, bulk_pages, pages, platform_pages, signing, workflow_pages
+from taskmesh.console import actions, bulk_pages, limit_pages, pages, platform_pages, signing, workflow_pages
 
 
 def console_routes(app: FastAPI) -> list[BaseRoute]:
@@ -17,6 +17,7 @@ def console_routes(app: FastAPI) -> list[BaseRoute]:
         pages.router,
         workflow_pages.router,
         platform_pages.router,
+        limit_pages.router,
         bulk_pages.router,
         actions.router,
     ):
