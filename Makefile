@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install lock run test lint clean deploy-tools bench bench-workflows growth migration-locks fuzz chaos docs docs-reference
+.PHONY: install lock run test lint clean deploy-tools bench bench-workflows bench-limits growth migration-locks fuzz chaos docs docs-reference
 
 # Every extra and the dev tools, each at the release constraints.txt names (`make lock` renews it),
 # so that a fresh machine and CI install what the tests last passed with.
@@ -120,6 +120,14 @@ bench: install
 # `make bench-workflows ARGS="--fanout 500 --chains 200 --baseline-tasks 2000 --rounds 1"` for a quick look.
 bench-workflows: install
 	$(BIN)/python -m benchmarks.workflows $(ARGS)
+
+# What flow control costs a drain (a few minutes; benchmarks/limits.py): 20,000 tasks under a limit whose
+# concurrency is the instance's executors against none, the same spread over 1,000 tenants with fair shares
+# against without, and the plain drain against the commit before flow control (db4514b); three rounds.
+# The flow control section of docs/internals/benchmark.md.
+# `make bench-limits ARGS="--tasks 2000 --rounds 1"` for a quick look.
+bench-limits: install
+	$(BIN)/python -m benchmarks.limits $(ARGS)
 
 # What a long history costs the hot paths: `make growth ARGS="--rows 10000000"` (benchmarks/growth.py).
 growth: install

@@ -6,7 +6,9 @@ part of the installed package. Stores as ``benchmarks.bench``: the PostgreSQL of
 (default ``postgresql://postgres@127.0.0.1:5432/postgres``; the role must be allowed to create
 databases), where it drops and creates the database ``--database`` (``taskmesh_wfbench``) and two
 templates beside it (``<database>_tpl`` and ``<database>_btpl``, dropped at the end), and the Redis
-of ``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``), keys under the prefix ``<database>:``.
+of ``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``), keys under the prefix ``<database>:``. The
+sides, the drains and their figures are the harness of ``benchmarks.drains``, which
+``benchmarks.limits`` runs too.
 
 Every drain runs on a fresh copy of a migrated template with a fresh instance (``python -m
 taskmesh``, handler module ``benchmarks.bench_handler``, one process, ``--concurrency`` executors,
@@ -65,38 +67,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import compileall
-import json
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import asyncpg
-import redis.asyncio as aioredis
 
 import benchmarks.bench_handler  # noqa: F401  # registers bench.*, whose payloads the in-process facade checks
-import taskmesh
-from benchmarks.bench import REDIS_NAMES, database_name, worker_processes
-from benchmarks.measure import BackendCpu, cpu_by_name, cpu_of_tree, cpu_since, pct, with_db
-from taskmesh.clients.client import Client
+from benchmarks.bench import byte_compile
+from benchmarks.drains import (
+    POLL_SECONDS,
+    Drain,
+    DrainBench,
+    Side,
+    add_instance_arguments,
+    check,
+    count,
+    each,
+    met,
+    pair,
+    positive,
+    statuses,
+)
+from benchmarks.measure import pct
 from taskmesh.workflows.spec import MAP_MAX_ITEMS, WorkflowLimits, parse_workflow
 from taskmesh.workflows.workflows import Workflows
 
-ROOT = Path(__file__).resolve().parents[1]
-"""The repository root: the instances import ``benchmarks.bench_handler`` from it."""
 DATABASE = "taskmesh_wfbench"
 BASELINE = "1c898d0"
 """The commit before workflows (``refactor(entry)``), whose plain drain the pair compares with."""
 CHAIN_BATCH = 1000
 """Chains per ``Workflows.submit_many`` (one transaction each), as plain tasks are enqueued 1,000 a call."""
-POLL_SECONDS = 0.05
 JOIN_DELAY_SQL = """
 SELECT n.workflow_id, n.node_id, w.name,
        extract(epoch FROM r.started_at - d.last) * 1000 AS ms
@@ -145,50 +150,11 @@ def chain_body(name: str = "bench.chain") -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class Side:
-    """Code an instance runs: ``src`` goes first on its ``PYTHONPATH``; ``template``: its migrated database."""
-
-    name: str
-    src: Path
-    template: str
-
-
 @dataclass
-class Drain:
-    """One drain's figures (see the module docs); durations in seconds, CPU in µs per task."""
+class FlowDrain(Drain):
+    """A drain of workflows: also each join's delay, ms (see the module docs)."""
 
-    label: str
-    tasks: int
-    store_s: float
-    launch_s: float = 0.0
-    span_s: float = 0.0
-    instance_cpu_us: float = 0.0
-    postgres_cpu_us: float = 0.0
-    redis_cpu_us: float = 0.0
-    exactly_once: bool = False
-    detail: str = ""
     joins_ms: list[float] = field(default_factory=list)
-
-    @property
-    def drain_per_s(self) -> float:
-        """Tasks over the span of their runs."""
-        return self.tasks / self.span_s if self.span_s > 0 else 0.0
-
-    @property
-    def end_to_end_per_s(self) -> float:
-        """Tasks over the store time plus the span of their runs."""
-        return self.tasks / (self.store_s + self.span_s) if self.store_s + self.span_s > 0 else 0.0
-
-    def line(self) -> str:
-        """The drain's figures on one line."""
-        return (
-            f"  {self.label:<30} {self.tasks:>7,} tasks: store {self.store_s:6.2f} s, "
-            f"drain {self.drain_per_s:7,.0f} tasks/s ({self.span_s:.2f} s; from launch {self.launch_s:.2f} s), "
-            f"end to end {self.end_to_end_per_s:7,.0f} tasks/s; "
-            f"CPU/task instance {self.instance_cpu_us:.0f} us, postgres {self.postgres_cpu_us:.0f} us, "
-            f"redis {self.redis_cpu_us:.0f} us; exactly once {'yes' if self.exactly_once else 'NO'} ({self.detail})"
-        )
 
 
 @dataclass
@@ -196,9 +162,9 @@ class Round:
     """The drains of one round, by pair and side."""
 
     plain_fanout: Drain | None = None
-    fanout: Drain | None = None
+    fanout: FlowDrain | None = None
     plain_chains: Drain | None = None
-    chains: Drain | None = None
+    chains: FlowDrain | None = None
     baseline: Drain | None = None
     current: Drain | None = None
 
@@ -215,113 +181,21 @@ class Round:
         return [d for d in found if d is not None]
 
 
-class WorkflowBench:
+class WorkflowBench(DrainBench):
     """One run of the benchmark (see the module docs)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.admin_url = os.environ.get("DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/postgres"
-        self.redis_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
-        self.database: str = args.database
-        self.db_url = with_db(self.admin_url, self.database)
-        self.prefix = self.database
-        self.current = Side("this checkout", Path(taskmesh.__file__).resolve().parents[1], f"{self.database}_tpl")
-        self.baseline: Side | None = None
+        super().__init__(args)
         self.rounds: list[Round] = []
         self.rest_ms: list[float] = []
         self.rest_pickup_ms: list[float] = []
 
-    # -- databases and instances ---------------------------------------------------
-
-    async def _admin(self, *statements: str) -> None:
-        admin = await asyncpg.connect(self.admin_url)
-        try:
-            for statement in statements:
-                await admin.execute(statement)
-        finally:
-            await admin.close()
-
-    async def prepare(self, side: Side) -> None:
-        """Create the side's template and migrate it with the side's own migrations."""
-        await self._admin(f"DROP DATABASE IF EXISTS {side.template} WITH (FORCE)", f"CREATE DATABASE {side.template}")
-        self.fill(side, "migrate", with_db(self.admin_url, side.template))
-
-    async def drop_templates(self) -> None:
-        """Drop the templates this run made."""
-        sides = [self.current, *([self.baseline] if self.baseline else [])]
-        await self._admin(*(f"DROP DATABASE IF EXISTS {s.template} WITH (FORCE)" for s in sides))
-
-    async def fresh(self, side: Side) -> None:
-        """The database a copy of the side's template; no key of the prefix; PostgreSQL's dirty pages written."""
-        await self._admin(
-            f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)",
-            f"CREATE DATABASE {self.database} TEMPLATE {side.template}",
-        )
-        try:  # the copy's pages written now, not by a checkpoint in the middle of the drain
-            await self._admin("CHECKPOINT")
-        except asyncpg.InsufficientPrivilegeError:
-            pass  # a role without pg_checkpoint: measured without it
-        redis = aioredis.Redis.from_url(self.redis_url)
-        try:
-            async for key in redis.scan_iter(match=f"{self.prefix}:*", count=1000):
-                await redis.delete(key)
-        finally:
-            await redis.aclose()
-
-    def pythonpath(self, side: Side) -> str:
-        """The side's ``src`` first, then the repository root (``benchmarks``)."""
-        return os.pathsep.join([str(side.src), str(ROOT)])
-
-    def fill(self, side: Side, *argv: str) -> float:
-        """Run ``benchmarks.plain_fill ARGV`` on the side's code; the seconds it reports.
-
-        :raises subprocess.CalledProcessError: it failed (its error output is shown).
-        """
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.plain_fill", *argv],
-            env={**os.environ, "PYTHONPATH": self.pythonpath(side)},
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            sys.stderr.write(done.stderr)
-            done.check_returncode()
-        return float(json.loads(done.stdout.splitlines()[-1])["seconds"])
-
-    def start_instance(self, side: Side) -> subprocess.Popen[bytes]:
-        """``python -m taskmesh`` of the side's code on the database, without HTTP."""
-        env = {
-            **os.environ,
-            "DATABASE_URL": self.db_url,
-            "REDIS_URL": self.redis_url,
-            "TASKMESH_REDIS_PREFIX": self.prefix,
-            "PYTHONPATH": self.pythonpath(side),
-            "TASKMESH_HANDLERS": "benchmarks.bench_handler",
-            "WORKER_CONCURRENCY": str(self.args.concurrency),
-            "TASKMESH_PREFETCH": str(self.args.prefetch),
-            "TASKMESH_WORKER_PROCESSES": str(self.args.worker_processes),
-            "HTTP_PORT": "0",
-            "TASKMESH_LOG_LEVEL": "warning",
-            "TASKMESH_MIGRATE_ON_START": "false",
-        }
+    def instance_env(self, side: Side) -> dict[str, str]:
+        """The harness's environment, with a map bound wide enough for ``--fanout`` on this checkout."""
+        env = super().instance_env(side)
         if self.args.fanout > MAP_MAX_ITEMS and side is self.current:
             env["TASKMESH_WORKFLOW_MAP_MAX_ITEMS"] = str(self.args.fanout)
-        return subprocess.Popen([sys.executable, "-m", "taskmesh"], env=env, stdout=subprocess.DEVNULL)
-
-    @staticmethod
-    def stop_instance(proc: subprocess.Popen[bytes]) -> None:
-        """SIGTERM, then SIGKILL after 40 s."""
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def client(self, pool_size: int = 4) -> Client:
-        """A client of the database, for ``async with``."""
-        return Client(self.db_url, self.redis_url, redis_prefix=self.prefix, pool_size=pool_size)
+        return env
 
     def limits(self) -> WorkflowLimits:
         """The workflow bounds, wide enough for ``--fanout``."""
@@ -329,13 +203,7 @@ class WorkflowBench:
 
     # -- the drains ----------------------------------------------------------------
 
-    async def plain(self, side: Side, n: int, label: str) -> Drain:
-        """``n`` plain tasks enqueued by the side's client, then drained by the side's instance."""
-        await self.fresh(side)
-        store = self.fill(side, "enqueue", self.db_url, self.redis_url, self.prefix, str(n), "bench.empty")
-        return await self.drain(side, Drain(label, n, store), workflows=0)
-
-    async def fanout(self) -> Drain:
+    async def fanout(self) -> FlowDrain:
         """The fan-out workflow submitted, then drained."""
         n = self.args.fanout
         await self.fresh(self.current)
@@ -345,9 +213,11 @@ class WorkflowBench:
             t0 = time.perf_counter()
             await flows.submit(spec)
             store = time.perf_counter() - t0
-        return await self.drain(self.current, Drain(f"fan-out 1 -> {n:,} -> 1", n + 2, store), workflows=1)
+        return await self.drain(
+            self.current, FlowDrain(f"fan-out 1 -> {n:,} -> 1", n + 2, store), workflows=1, after=_joins
+        )
 
-    async def chains(self) -> Drain:
+    async def chains(self) -> FlowDrain:
         """``--chains`` chains submitted ``CHAIN_BATCH`` at a time (one transaction per batch), then drained."""
         n = self.args.chains
         await self.fresh(self.current)
@@ -358,50 +228,8 @@ class WorkflowBench:
             for start in range(0, n, CHAIN_BATCH):
                 await flows.submit_many([spec] * min(CHAIN_BATCH, n - start))
             store = time.perf_counter() - t0
-        return await self.drain(self.current, Drain(f"chains {n:,} x a -> b -> c", 3 * n, store), workflows=n)
-
-    async def drain(self, side: Side, d: Drain, workflows: int) -> Drain:
-        """Launch the side's instance and wait until every task ended; fill in ``d``'s figures.
-
-        :raises RuntimeError: the instance exited, a task failed, or the drain outlasted ``--timeout``.
-        """
-        admin = await asyncpg.connect(self.admin_url)
-        watch = await asyncpg.connect(self.db_url)
-        backends = BackendCpu(admin, self.database, exclude={watch.get_server_pid()})
-        try:
-            await backends.start()
-            rd0 = cpu_by_name(REDIS_NAMES)
-            t0 = time.perf_counter()
-            proc = self.start_instance(side)
-            try:
-                polled = 0.0
-                while not await _ended(watch, d.tasks):
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"{d.label}: the instance exited with {proc.returncode}")
-                    if time.perf_counter() - t0 > self.args.timeout:
-                        raise RuntimeError(f"{d.label}: not over in {self.args.timeout} s ({await _statuses(watch)})")
-                    if time.perf_counter() - polled > 0.25:
-                        await backends.poll()
-                        polled = time.perf_counter()
-                    await asyncio.sleep(POLL_SECONDS)
-                d.launch_s = time.perf_counter() - t0
-                cpu = cpu_of_tree(proc.pid)
-                await backends.poll()
-            finally:
-                self.stop_instance(proc)
-            d.instance_cpu_us = cpu / d.tasks * 1e6
-            d.postgres_cpu_us = backends.total() / d.tasks * 1e6
-            d.redis_cpu_us = cpu_since(rd0, REDIS_NAMES) / d.tasks * 1e6
-            span = await watch.fetchval("SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM task_runs")
-            d.span_s = float(span)
-            await _check(watch, d, workflows)
-            if workflows:
-                d.joins_ms = [float(r["ms"]) for r in await watch.fetch(JOIN_DELAY_SQL)]
-        finally:
-            await watch.close()
-            await admin.close()
-        print(d.line(), file=sys.stderr)
-        return d
+        label = f"chains {n:,} x a -> b -> c"
+        return await self.drain(self.current, FlowDrain(label, 3 * n, store), workflows=n, after=_joins)
 
     async def rest(self) -> None:
         """Chains one by one at ``--rest-rate`` to a warm, idle instance: the join delays at rest."""
@@ -425,7 +253,7 @@ class WorkflowBench:
                 rows = await watch.fetch(JOIN_DELAY_SQL)
                 pickups = await watch.fetch(ROOT_PICKUP_SQL, "bench.rest")
                 d = Drain("at rest", 3 * n + 3, 0.0)
-                await _check(watch, d, n + 1)
+                await check(watch, d, n + 1)
                 if not d.exactly_once:
                     raise RuntimeError(f"at rest: not every task ran exactly once ({d.detail})")
             finally:
@@ -452,7 +280,7 @@ class WorkflowBench:
                 if proc.poll() is not None:
                     raise RuntimeError(f"at rest: the instance exited with {proc.returncode}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"at rest: not over in {within} s ({await _statuses(conn)})")
+                    raise RuntimeError(f"at rest: not over in {within} s ({await statuses(conn)})")
                 await asyncio.sleep(POLL_SECONDS)
         finally:
             await conn.close()
@@ -463,26 +291,25 @@ class WorkflowBench:
         """Every round, then the figures at rest."""
         await self.prepare(self.current)
         if self.args.baseline != "none" and self.args.rounds:
-            self.baseline = Side(self.args.baseline, export_baseline(self.args.baseline), f"{self.database}_btpl")
-            await self.prepare(self.baseline)
+            await self.prepare_baseline(self.args.baseline)
         try:
             for i in range(self.args.rounds):
                 print(f"round {i + 1}", file=sys.stderr)
                 r = Round()
                 first_plain = i % 2 == 0
-                r.plain_fanout, r.fanout = await _pair(
+                r.plain_fanout, r.fanout = await pair(
                     first_plain,
                     lambda: self.plain(self.current, self.args.fanout + 2, f"plain {self.args.fanout + 2:,}"),
                     self.fanout,
                 )
                 if self.args.chains:
-                    r.plain_chains, r.chains = await _pair(
+                    r.plain_chains, r.chains = await pair(
                         first_plain,
                         lambda: self.plain(self.current, 3 * self.args.chains, f"plain {3 * self.args.chains:,}"),
                         self.chains,
                     )
                 if self.baseline is not None:
-                    r.baseline, r.current = await _pair(first_plain, self._plain_baseline, self._plain_current)
+                    r.baseline, r.current = await pair(first_plain, self._plain_baseline, self._plain_current)
                 self.rounds.append(r)
             if self.args.rest_chains:
                 await self.rest()
@@ -490,106 +317,16 @@ class WorkflowBench:
             await self.drop_templates()
 
 
-async def _pair(
-    first_plain: bool, plain: Callable[[], Awaitable[Drain]], other: Callable[[], Awaitable[Drain]]
-) -> tuple[Drain, Drain]:
-    """Run the two sides of a pair, the plain one first when ``first_plain``; returns (plain, other)."""
-    if first_plain:
-        a = await plain()
-        return a, await other()
-    b = await other()
-    return await plain(), b
-
-
-async def _ended(conn: asyncpg.Connection, n: int) -> bool:
-    """Whether the database holds ``n`` tasks, none of them not completed.
-
-    :raises RuntimeError: a task failed, was cancelled or skipped.
-    """
-    row = await _one(
-        conn,
-        "SELECT EXISTS (SELECT 1 FROM tasks WHERE status <> 'completed') AS open,"
-        " EXISTS (SELECT 1 FROM tasks WHERE status IN ('failed', 'cancelled', 'skipped')) AS bad",
-    )
-    if row["bad"]:
-        raise RuntimeError(f"a task did not complete ({await _statuses(conn)})")
-    return not row["open"] and await conn.fetchval("SELECT count(*) FROM tasks") == n
-
-
-async def _one(conn: asyncpg.Connection, sql: str) -> asyncpg.Record:
-    row = await conn.fetchrow(sql)
-    assert row is not None  # a SELECT without FROM returns one row
-    return row
-
-
-async def _statuses(conn: asyncpg.Connection) -> str:
-    rows = await conn.fetch("SELECT status, count(*) AS n FROM tasks GROUP BY status ORDER BY status")
-    return ", ".join(f"{r['status']} {r['n']}" for r in rows) or "no tasks"
-
-
-async def _check(conn: asyncpg.Connection, d: Drain, workflows: int) -> None:
-    """Every task completed with one run; with ``workflows``, that many workflows, all completed."""
-    row = await _one(
-        conn,
-        "SELECT (SELECT count(*) FROM tasks) AS tasks,"
-        " (SELECT count(*) FROM tasks WHERE status = 'completed') AS completed,"
-        " (SELECT count(*) FROM task_runs) AS runs,"
-        " (SELECT count(*) FROM (SELECT 1 FROM task_runs GROUP BY task_id HAVING count(*) > 1) x) AS duplicated",
-    )
-    d.exactly_once = row["tasks"] == row["completed"] == row["runs"] == d.tasks and row["duplicated"] == 0
-    d.detail = f"tasks={row['tasks']} completed={row['completed']} runs={row['runs']} duplicated={row['duplicated']}"
-    if workflows:
-        done = await conn.fetchval("SELECT count(*) FROM workflows WHERE status = 'completed'")
-        d.exactly_once = d.exactly_once and done == workflows
-        d.detail += f" workflows completed={done}/{workflows}"
-
-
-def export_baseline(commit: str) -> Path:
-    """The ``src`` of ``commit``, exported with ``git archive`` under the temporary directory and byte-compiled.
-
-    Kept by commit for the next run (``taskmesh-bench-baseline-<sha>``).
-
-    :raises SystemExit: ``commit`` is not a commit of this repository.
-    """
-    found = subprocess.run(
-        ["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    if found.returncode != 0:
-        raise SystemExit(f"bench: {commit!r} is not a commit of {ROOT} (use --baseline none to skip the pair)")
-    sha = found.stdout.strip()
-    dest = Path(tempfile.gettempdir()) / f"taskmesh-bench-baseline-{sha[:12]}"
-    if not (dest / "src" / "taskmesh" / "__init__.py").is_file():
-        partial = dest.with_name(f"{dest.name}.{os.getpid()}")
-        partial.mkdir(parents=True)
-        archive = subprocess.Popen(["git", "archive", "--format=tar", sha, "src"], cwd=ROOT, stdout=subprocess.PIPE)
-        subprocess.run(["tar", "-x", "-C", str(partial)], stdin=archive.stdout, check=True)
-        if archive.wait() != 0:
-            raise SystemExit(f"bench: git archive {sha} failed")
-        try:
-            partial.rename(dest)
-        except OSError:  # another run exported it meanwhile
-            subprocess.run(["rm", "-rf", str(partial)], check=True)
-    compileall.compile_dir(dest / "src" / "taskmesh", quiet=1)
-    return dest / "src"
+async def _joins(watch: asyncpg.Connection, d: FlowDrain) -> None:
+    """Each join's delay in the drained database (:data:`JOIN_DELAY_SQL`)."""
+    d.joins_ms = [float(r["ms"]) for r in await watch.fetch(JOIN_DELAY_SQL)]
 
 
 # -- the report ------------------------------------------------------------------
 
 
-def _each(values: list[str], between: str = " / ") -> str:
-    return between.join(values) if values else "-"
-
-
 def _ms(values: list[float]) -> str:
     return f"{pct(values, 0.5):.1f} / {pct(values, 0.99):.1f}" if values else "-"
-
-
-def _met(ratios: list[float], goal: float) -> str:
-    met = sum(1 for r in ratios if r >= goal)
-    return "yes" if met == len(ratios) else ("no" if not met else f"{met} of {len(ratios)} rounds")
 
 
 def table(bench: WorkflowBench) -> list[str]:
@@ -597,19 +334,19 @@ def table(bench: WorkflowBench) -> list[str]:
     rounds = bench.rounds
     rows = ["| figure | measured | against | ratio | goal | met |", "| --- | --- | --- | --- | --- | --- |"]
 
-    def rate_rows(label: str, mine: list[Drain], theirs: list[Drain], what: str) -> None:
+    def rate_rows(label: str, mine: Sequence[Drain], theirs: Sequence[Drain], what: str) -> None:
         for kind in ("drain", "end to end"):
             ours = [d.drain_per_s if kind == "drain" else d.end_to_end_per_s for d in mine]
             plain = [d.drain_per_s if kind == "drain" else d.end_to_end_per_s for d in theirs]
             ratios = [a / b for a, b in zip(ours, plain, strict=True)]
             rows.append(
-                f"| {label}, {kind}, tasks/s | {_each([f'{v:,.0f}' for v in ours])} "
-                f"| {_each([f'{v:,.0f}' for v in plain])} {what} | {_each([f'{r:.2f}x' for r in ratios])} "
-                f"| ≥ 0.8x | {_met(ratios, 0.8)} |"
+                f"| {label}, {kind}, tasks/s | {each([f'{v:,.0f}' for v in ours])} "
+                f"| {each([f'{v:,.0f}' for v in plain])} {what} | {each([f'{r:.2f}x' for r in ratios])} "
+                f"| ≥ 0.8x | {met(ratios, 0.8)} |"
             )
         cpu = [f"{d.instance_cpu_us:.0f} + {d.postgres_cpu_us:.0f}" for d in mine]
         cpu_theirs = [f"{d.instance_cpu_us:.0f} + {d.postgres_cpu_us:.0f}" for d in theirs]
-        rows.append(f"| {label}, CPU per task, instance + PostgreSQL, µs | {_each(cpu)} | {_each(cpu_theirs)} | | | |")
+        rows.append(f"| {label}, CPU per task, instance + PostgreSQL, µs | {each(cpu)} | {each(cpu_theirs)} | | | |")
 
     fan = [r.fanout for r in rounds if r.fanout]
     plain_fan = [r.plain_fanout for r in rounds if r.plain_fanout]
@@ -620,32 +357,32 @@ def table(bench: WorkflowBench) -> list[str]:
     if chains:
         rate_rows(f"{bench.args.chains:,} chains a → b → c", chains, plain_chains, f"({plain_chains[0].tasks:,} plain)")
     if bench.rest_ms:
-        met = "yes" if pct(bench.rest_ms, 0.99) < 50 else "no"
+        held = "yes" if pct(bench.rest_ms, 0.99) < 50 else "no"
         rows.append(
             f"| join delay at rest, p50 / p99, ms ({len(bench.rest_ms)} steps b and c of {bench.args.rest_chains} "
             f"chains at {bench.args.rest_rate}/s) | {_ms(bench.rest_ms)} | {_ms(bench.rest_pickup_ms)} (the roots' "
-            f"pickup) | | p99 < 50 | {met} |"
+            f"pickup) | | p99 < 50 | {held} |"
         )
     if fan:
         joins = [d.joins_ms[0] for d in fan if d.joins_ms]
         rows.append(
-            f"| fan-in join delay after the map's last task, ms | {_each([f'{j:.1f}' for j in joins])} | | | < 50 "
-            f"| {_met([-j for j in joins], -50)} |"
+            f"| fan-in join delay after the map's last task, ms | {each([f'{j:.1f}' for j in joins])} | | | < 50 "
+            f"| {met([-j for j in joins], -50)} |"
         )
     if chains:
         rows.append(
             f"| chain steps' delay in the drain (behind its backlog), p50 / p99, ms "
-            f"| {_each([_ms(d.joins_ms) for d in chains], '; ')} | | | | |"
+            f"| {each([_ms(d.joins_ms) for d in chains], '; ')} | | | | |"
         )
     current = [r.current for r in rounds if r.current]
     baseline = [r.baseline for r in rounds if r.baseline]
     if current and bench.baseline:
         ratios = [a.drain_per_s / b.drain_per_s for a, b in zip(current, baseline, strict=True)]
-        rates = _each([f"{d.drain_per_s:,.0f}" for d in current])
-        rates_base = _each([f"{d.drain_per_s:,.0f}" for d in baseline])
+        rates = each([f"{d.drain_per_s:,.0f}" for d in current])
+        rates_base = each([f"{d.drain_per_s:,.0f}" for d in baseline])
         rows.append(
             f"| plain drain ({current[0].tasks:,} tasks), this checkout against {bench.baseline.name}, tasks/s "
-            f"| {rates} | {rates_base} | {_each([f'{r:.2f}x' for r in ratios])} | ≈ 1.0x | |"
+            f"| {rates} | {rates_base} | {each([f'{r:.2f}x' for r in ratios])} | ≈ 1.0x | |"
         )
         cpu = [f"{d.instance_cpu_us:.0f} + {d.postgres_cpu_us:.0f}" for d in current]
         cpu_base = [f"{d.instance_cpu_us:.0f} + {d.postgres_cpu_us:.0f}" for d in baseline]
@@ -654,8 +391,8 @@ def table(bench: WorkflowBench) -> list[str]:
             for a, b in zip(current, baseline, strict=True)
         ]
         rows.append(
-            f"| plain drain, CPU per task, instance + PostgreSQL, µs | {_each(cpu)} | {_each(cpu_base)} "
-            f"| {_each([f'{r:.2f}x' for r in totals])} | ≈ 1.0x | |"
+            f"| plain drain, CPU per task, instance + PostgreSQL, µs | {each(cpu)} | {each(cpu_base)} "
+            f"| {each([f'{r:.2f}x' for r in totals])} | ≈ 1.0x | |"
         )
     return rows
 
@@ -683,18 +420,6 @@ def print_report(bench: WorkflowBench) -> None:
         print(row)
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1, not {text!r}")
-    return int(text)
-
-
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}")
-    return int(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks.workflows``; returns the exit status (1: a drain was not exactly once)."""
     parser = argparse.ArgumentParser(
@@ -702,31 +427,18 @@ def main(argv: list[str] | None = None) -> int:
         description=(__doc__ or "").splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--fanout", type=_positive, default=10_000, help="the map node's tasks of the fan-out")
-    parser.add_argument("--chains", type=_count, default=5_000, help="a -> b -> c workflows (0: skip the pair)")
+    parser.add_argument("--fanout", type=positive, default=10_000, help="the map node's tasks of the fan-out")
+    parser.add_argument("--chains", type=count, default=5_000, help="a -> b -> c workflows (0: skip the pair)")
     parser.add_argument(
         "--baseline", default=BASELINE, help="the commit whose plain drain this checkout's is set against (none: skip)"
     )
-    parser.add_argument("--baseline-tasks", type=_positive, default=20_000, help="plain tasks of the baseline pair")
-    parser.add_argument(
-        "--rounds", type=_count, default=2, help="rounds of the three pairs (0: only the phase at rest)"
-    )
-    parser.add_argument("--rest-chains", type=_count, default=300, help="chains submitted at rest (0: skip)")
-    parser.add_argument("--rest-rate", type=_positive, default=20, help="chains per second at rest")
-    parser.add_argument("--concurrency", type=_positive, default=32, help="the instance's executors")
-    parser.add_argument("--prefetch", type=_positive, default=128, help="tasks claimed ahead (the prefetch setting)")
-    parser.add_argument("--worker-processes", type=worker_processes, default=1, help="the instance's worker_processes")
-    parser.add_argument("--timeout", type=_positive, default=600, help="seconds a drain may take before the run fails")
-    parser.add_argument(
-        "--database",
-        type=database_name,
-        default=DATABASE,
-        help="the database the benchmark DROPS (with FORCE) and creates, with <database>_tpl and _btpl; also "
-        "the Redis key prefix",
-    )
+    parser.add_argument("--baseline-tasks", type=positive, default=20_000, help="plain tasks of the baseline pair")
+    parser.add_argument("--rounds", type=count, default=2, help="rounds of the three pairs (0: only the phase at rest)")
+    parser.add_argument("--rest-chains", type=count, default=300, help="chains submitted at rest (0: skip)")
+    parser.add_argument("--rest-rate", type=positive, default=20, help="chains per second at rest")
+    add_instance_arguments(parser, DATABASE)
     args = parser.parse_args(argv)
-    compileall.compile_dir(Path(taskmesh.__file__).parent, quiet=1)
-    compileall.compile_dir(ROOT / "benchmarks", quiet=1)
+    byte_compile()
     bench = WorkflowBench(args)
     asyncio.run(bench.run())
     print_report(bench)

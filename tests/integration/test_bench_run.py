@@ -116,6 +116,59 @@ async def test_the_workflows_benchmark_compares_each_workflow_and_the_baseline_w
     assert 0 < float(fan_in.split(" | ")[1]) < 5000, fan_in
 
 
+@pytest.mark.timeout(240)
+async def test_the_limits_benchmark_compares_each_flow_control_with_the_same_drain_without_it(
+    store_urls: tuple[str, str],
+) -> None:
+    admin, redis_url = store_urls
+    database = f"tmlimbench_{uuid.uuid4().hex[:10]}"
+    sizes = (
+        "--tasks",
+        "200",
+        "--keys",
+        "50",
+        "--rounds",
+        "1",
+        "--concurrency",
+        "4",
+        "--prefetch",
+        "1",
+        "--timeout",
+        "60",
+    )
+    try:
+        done = _run("limits", *sizes, "--database", database, stores=store_urls)
+    finally:
+        await _clean_up(admin, redis_url, database, f"{database}_tpl", f"{database}_btpl")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for label in (
+        "no limit",
+        "limit = executors (4)",
+        "50 tenants, no fairness",
+        "50 tenants, fairness",
+        "no limit, db4514b",
+        "no limit, this checkout",
+    ):
+        line = re.search(rf"^  {re.escape(label)} +200 tasks: store .* drain +[\d,]+ tasks/s .*$", out, re.M)
+        assert line is not None, out
+        assert "exactly once yes (tasks=200 completed=200 runs=200 duplicated=0)" in line[0], line[0]
+    limited = re.search(r"^  limit = executors \(4\) .*; at most (\d+) runs open at once$", out, re.M)
+    assert limited is not None and 1 <= int(limited[1]) <= 4, out
+    served = re.search(r"^  50 tenants, fairness .*; the first 50 runs served (\d+) tenants$", out, re.M)
+    assert served is not None and int(served[1]) >= 40, out  # fair shares: one task of each tenant in turn
+    rows = {row.split(" | ")[0].removeprefix("| "): row for row in out.splitlines() if row.startswith("| ")}
+    for figure in (
+        "limit = executors (4), 200 tasks, drain, tasks/s",
+        "limit = executors (4), 200 tasks, end to end, tasks/s",
+        "fairness over 50 keys, 200 tasks, drain, tasks/s",
+        "fairness over 50 keys, 200 tasks, end to end, tasks/s",
+        "no limit, 200 tasks, this checkout against db4514b, drain, tasks/s",
+    ):
+        assert re.search(r"\| \d+\.\d\dx \| \d+\.\d\dx \|", rows[figure]), rows[figure]  # the round's, the median
+    assert rows["the limit held: most runs open at once (task_runs)"].endswith("| ≤ 4 | yes |")
+
+
 async def _clean_up(admin: str, redis_url: str, database: str, *more: str) -> None:
     """Drop the run's database and ``more`` databases, its keys and its recorder's hashes (db 15 of the same Redis)."""
     conn = await asyncpg.connect(admin)

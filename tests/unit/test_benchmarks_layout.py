@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -39,3 +41,19 @@ def test_the_benchmark_runs_as_a_module_from_the_repository_root() -> None:
     assert done.returncode == 0, done.stderr
     for option in ("--tasks", "--concurrency", "--prefetch", "--skip-http", "--compare", "--peers-dir"):
         assert option in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "options"),
+    [
+        ("benchmarks.workflows", ("--fanout", "--chains", "--baseline", "--rounds", "--concurrency", "--database")),
+        ("benchmarks.limits", ("--tasks", "--keys", "--baseline", "--rounds", "--concurrency", "--database")),
+    ],
+)
+def test_the_drain_benchmarks_run_as_modules_from_the_repository_root(module: str, options: tuple[str, ...]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    for option in options:
+        assert option in done.stdout, option
