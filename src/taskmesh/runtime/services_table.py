@@ -97,6 +97,7 @@ class Serving:
             claimed = list(pool.claimed.values())
             runs = [(t.task_id, [k for k in t.limit_keys if not k.startswith("@")]) for t in claimed if t.limit_keys]
             await self.stores.redis.limits.hold(pool.queue, runs, until)
+            pool.releaser.extend([task_id for task_id, _ in runs], until)
 
     def cancel_run(self, task_id: uuid.UUID) -> bool:
         """Cancel the run of ``task_id`` if an executor here runs it."""

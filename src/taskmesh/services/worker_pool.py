@@ -42,6 +42,7 @@ from collections.abc import Callable
 import anyio
 
 from taskmesh.errors import StoreError
+from taskmesh.limits.releaser import SlotReleaser
 from taskmesh.observability.logs import get_logger, run_keys
 from taskmesh.observability.metrics import Metrics
 from taskmesh.services.base import Outage
@@ -121,6 +122,8 @@ class QueueWorkers:
         self.popped: set[str] = set()
         """Ids popped from Redis whose claim has not answered yet (``reconciler.Popped``)."""
         self._outage = Outage(f"fetcher:{queue}")
+        self.releaser = SlotReleaser(queue, tasks.redis.limits, tasks.limits)
+        """Gives the limit slots of ended runs back as they end (``limits/releaser.py``)."""
 
     # -- the fetcher -------------------------------------------------------------
 
@@ -188,6 +191,9 @@ class QueueWorkers:
         if not admission.started:
             return []
         claimed = await self._claim([i for i, _ in admission.started], dict(admission.started))
+        for task in claimed:
+            if task.limit_keys:
+                self.releaser.held(task.task_id, admission.until_ms)
         await self._count_unseen_slots(claimed, dict(admission.started))
         return claimed
 
@@ -217,6 +223,8 @@ class QueueWorkers:
         log.warning("limit_keys_unseen", queue=self.queue, tasks=len(unseen))
         until = self.tasks.redis.now_ms() + round(self.lease_seconds * 1000)
         await self.tasks.redis.limits.restore(self.queue, [(i, k, until) for i, k in unseen if k])
+        for task_id, _ in unseen:
+            self.releaser.held(task_id, until)
 
     async def _read_pause(self) -> None:
         """Ask PostgreSQL whether the queue is paused; log when that changed.
@@ -289,10 +297,17 @@ class QueueWorkers:
     # -- the executors -----------------------------------------------------------
 
     async def execute(self) -> None:
-        """Run ``concurrency`` executors until the channel is closed and drained."""
-        async with anyio.create_task_group() as tg:
-            for _ in range(self.concurrency):
-                tg.start_soon(self._executor)
+        """Run ``concurrency`` executors until the channel is closed and drained, and the slot releaser beside
+        them (until they are done)."""
+        done = anyio.Event()
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(self.releaser.run, done)
+            try:
+                async with anyio.create_task_group() as tg:
+                    for _ in range(self.concurrency):
+                        tg.start_soon(self._executor)
+            finally:
+                done.set()
 
     async def _executor(self) -> None:
         debug = debug_enabled()
@@ -325,6 +340,11 @@ class QueueWorkers:
                     now=self.now,
                     advertised=self.tasks.advertised_handler if self.registry.fallback is not None else None,
                 )
+                if task.limit_keys:  # the slots free as the run ends, not when its result is written
+                    if result.back_off_seconds:
+                        self.releaser.forget(task.task_id)
+                    else:
+                        self.releaser.ended(task.task_id, task.limit_keys)
                 await self.committer.submit(result)
                 if self.tally is not None:
                     self.tally.add(task.queue, result.outcome)

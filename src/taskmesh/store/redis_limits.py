@@ -50,10 +50,12 @@ class Admission:
     :param started: ids that may be claimed, in pop order, each with the limit keys whose slots it took
         (empty: it holds none).
     :param parked: ids parked, each with the limit key it waits for.
+    :param until_ms: the lease end the started ids' slots hold (ms since the epoch).
     """
 
     started: list[tuple[str, list[str]]] = field(default_factory=list)
     parked: list[tuple[str, str]] = field(default_factory=list)
+    until_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,8 @@ class Release:
     :param back_off: the keys to hold back until ``until_ms`` (a handler's ``RateLimited``).
     :param until_ms: when they may start again, ms since the epoch (0: no back-off).
     :param ended: the task is over: its limit keys are forgotten.
+    :param fence: give a slot back only while its lease end is this one (ms; 0: whatever it is): the last
+        one this instance gave it, so that a late result never takes a newer run's slot.
     """
 
     task_id: str
@@ -72,6 +76,7 @@ class Release:
     back_off: Sequence[str] = ()
     until_ms: int = 0
     ended: bool = False
+    fence: int = 0
 
 
 class RedisLimits:
@@ -143,13 +148,14 @@ class RedisLimits:
         :raises StoreError: Redis failed; nothing was decided (the popped ids are still queued in
             PostgreSQL, and the reconciler pushes them again).
         """
-        args: list[Any] = [self.now_ms(), lease_ms, self.keys.limit_base(queue), *limits]
+        now = self.now_ms()
+        args: list[Any] = [now, lease_ms, self.keys.limit_base(queue), *limits]
         for task_id, score in popped:
             args += [task_id, f"{score:.3f}"]
         keys = [self.keys.ready(queue), self.keys.limit_tasks(queue), self.keys.limit_wake(queue)]
         with redis_call("limits_admit"):
             reply = await self._admit(keys=[*keys, self.keys.marker(queue)], args=args)
-        out = Admission()
+        out = Admission(until_ms=now + lease_ms)
         for i in range(0, len(reply), 2):
             task_id, verdict = _text(reply[i]), _text(reply[i + 1])
             if verdict.startswith("!"):
@@ -174,6 +180,7 @@ class RedisLimits:
                 SEPARATOR.join(run.back_off),
                 run.until_ms,
                 1 if run.ended else 0,
+                run.fence,
             ]
             n += 1
         if not n:

@@ -2,15 +2,19 @@
 -- freed moves back what may start now of its parked ids (after limits_lib).
 -- KEYS[1] ready zset, KEYS[2] tasks hash, KEYS[3] wake zset
 -- ARGV[1] now (ms), ARGV[2] the queue's limit key base, then the limits (see limits_lib), then
--- quintuples: task id, its limit keys (one per line), the keys to back off (one per line; a
--- handler's RateLimited), until when (ms; 0: no back-off), ended (1: forget its keys: the task is over)
+-- sextuples: task id, its limit keys (one per line), the keys to back off (one per line; a
+-- handler's RateLimited), until when (ms; 0: no back-off), ended (1: forget its keys: the task is over),
+-- fence (ms; 0: none): give a slot back only while it still holds this lease end, the last one this
+-- instance gave it, so that a run whose result comes late (its lease lost, its task started again
+-- elsewhere under the same id) never takes the new run's slot
 -- Returns how many parked ids went back to ready.
 local now = tonumber(ARGV[1])
 local base = ARGV[2]
 local limits, at = read_limits(ARGV, 3)
 local freed, order = {}, {}
-for i = at, #ARGV, 5 do
+for i = at, #ARGV, 6 do
   local id, raw, slow, until_ms, ended = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4]
+  local fence = tonumber(ARGV[i + 5])
   if until_ms > now then
     for _, lk in ipairs(split(slow)) do
       local key = base .. 'backoff:' .. lk
@@ -20,7 +24,10 @@ for i = at, #ARGV, 5 do
     end
   end
   for _, lk in ipairs(split(raw)) do
-    count_slots(base, lk, -redis.call('ZREM', base .. 'slots:' .. lk, id))
+    local slots = base .. 'slots:' .. lk
+    if fence == 0 or tonumber(redis.call('ZSCORE', slots, id) or '-1') == fence then
+      count_slots(base, lk, -redis.call('ZREM', slots, id))
+    end
     if ended == '1' then  -- a task cancelled while parked
       redis.call('ZREM', base .. 'parked:' .. lk, id)
     end

@@ -1,0 +1,84 @@
+"""Slots given back when a run ends, not when its result is written.
+
+A limit's slot frees the moment its run's handler returns: the next task of the key may start while
+the committer still gathers the result into its batch (up to ``commit_interval_ms``) and writes it.
+Executors hand the ended runs here; one call of ``lua/limits_release.lua`` gives back every slot
+that ended since the last one, fenced by the lease end this instance last gave each slot (see
+``Release.fence``). The result's own write then forgets the task's keys and sets a ``RateLimited``
+back-off (``Tasks.mirror``); a run that asked for a back-off keeps its slot until then, so that no
+task of its key starts in between. A failed call is logged; the write's release, or the lease,
+frees the slots.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+
+from taskmesh.errors import StoreError
+from taskmesh.limits.book import FAIR_MARK, LimitBook
+from taskmesh.observability.logs import get_logger
+from taskmesh.store.redis_limits import RedisLimits, Release
+
+log = get_logger("taskmesh.limits")
+
+
+class SlotReleaser:
+    """The slots of one queue's runs held by this instance (see module docs).
+
+    :param queue: the queue.
+    :param limits: where slots are given back.
+    :param book: the limits in force (the numbers the freed keys' parked ids are moved back by).
+    """
+
+    def __init__(self, queue: str, limits: RedisLimits, book: LimitBook) -> None:
+        self.queue = queue
+        self.limits = limits
+        self.book = book
+        self.until: dict[uuid.UUID, int] = {}
+        """Each held run's slots' lease end as this instance last set it, by task id (the fence)."""
+        self._ended: list[Release] = []
+        self._wake = anyio.Event()
+
+    def held(self, task_id: uuid.UUID, until_ms: int) -> None:
+        """The slots of ``task_id``'s run now hold until ``until_ms`` (its admission, a heartbeat)."""
+        self.until[task_id] = until_ms
+
+    def extend(self, task_ids: list[uuid.UUID], until_ms: int) -> None:
+        """The heartbeat moved these runs' slots' lease end to ``until_ms`` (a run that ended meanwhile stays out)."""
+        for task_id in task_ids:
+            if task_id in self.until:
+                self.until[task_id] = until_ms
+
+    def ended(self, task_id: uuid.UUID, limit_keys: list[str] | None) -> None:
+        """The run of ``task_id`` ended: give its slots back at the next call."""
+        until = self.until.pop(task_id, None)
+        keys = [k for k in limit_keys or () if not k.startswith(FAIR_MARK)]
+        if until is None or not keys:
+            return
+        self._ended.append(Release(str(task_id), keys, fence=until))
+        self._wake.set()
+
+    def forget(self, task_id: uuid.UUID) -> None:
+        """The run's slots are left to its result's write (a ``RateLimited`` back-off): no early release."""
+        self.until.pop(task_id, None)
+
+    async def flush(self) -> None:
+        """Give back every slot that ended since the last call (one script call)."""
+        given, self._ended = self._ended, []
+        if not given:
+            return
+        try:
+            await self.limits.release(self.queue, given, self.book.script_args())
+        except StoreError as exc:
+            log.warning("limit_release_failed", queue=self.queue, runs=len(given), error=str(exc))
+
+    async def run(self, done: anyio.Event) -> None:
+        """Give slots back as runs end until ``done`` is set, then once more."""
+        while not done.is_set():
+            with anyio.move_on_after(0.5):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            await self.flush()
+        await self.flush()
