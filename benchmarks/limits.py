@@ -17,10 +17,9 @@ Each round runs three pairs, the two sides of a pair one after the other, taking
    instance's executors (``TASKMESH_LIMITS='{"all": {"queue": "default", "concurrency": <executors>}}'``,
    the client given the same limit, so each task holds the limit key ``all``): every pop goes through the
    admission (``store/lua/limits_admit.lua``) and every end gives its slot back; against the same tasks
-   with no limit. The limited drain must never have had more than ``<executors>`` runs at once, counted
-   from ``task_runs``' ``started_at`` and ``finished_at`` (a run's span lies within its slot's: the slot
-   is taken before the claim and given back after the result's commit); the unlimited drain's count is
-   printed beside it, prefetch included.
+   with no limit. Beside each drain, the most runs claimed and not yet written at once (``task_runs``'
+   ``started_at`` and ``finished_at``): a slot frees when the handler returns, before the result is
+   written, so the limit itself is checked by the tests' ledgers of handler starts and ends, not here.
 2. **fairness over ``--keys`` keys**: the same number of tasks spread over ``--keys`` tenants
    (``tenant_id``, in blocks: the first ``tasks / keys`` tasks of the first tenant, and so on) in a queue
    with fair shares (``TASKMESH_QUEUES='{"default": {"concurrency": <concurrency>, "fairness": {"key":
@@ -92,8 +91,10 @@ SELECT coalesce(max(running), 0) FROM (
 ) s
 """
 """The most runs open at once (claimed, their result not yet written), from each run's ``started_at`` (+1) and
-``finished_at`` (-1); at the same instant an end counts before a start (a slot given back is taken again after it).
-Without a limit it counts the executors' runs, the prefetched ones and those whose result waits to be written."""
+``finished_at`` (-1); at the same instant an end counts before a start. It counts the executors' runs, the
+prefetched ones and those whose result waits to be written: a limit's slot frees when the handler returns,
+before its result is written, so with a limit this is above the limit by the results in the committer's
+hands (the limit itself is checked by the tests' ledgers of handler starts and ends, not here)."""
 FIRST_TENANTS_SQL = """
 SELECT count(DISTINCT tenant_id) FROM (
     SELECT t.tenant_id FROM task_runs r JOIN tasks t ON t.id = r.task_id ORDER BY r.started_at, r.id LIMIT $1
@@ -228,10 +229,6 @@ class LimitsBench(DrainBench):
         finally:
             await self.drop_templates()
 
-    def limit_held(self) -> bool:
-        """Whether no limited drain had more runs at once than the limit allows."""
-        return all(r.limited.peak_running <= self.executors for r in self.rounds if r.limited)
-
 
 async def _shape(watch: asyncpg.Connection, d: LimitsDrain) -> None:
     """The most runs at once and, with tenants, how many the first runs served (read off the drained database)."""
@@ -287,9 +284,8 @@ def table(bench: LimitsBench) -> list[str]:
         peaks = [d.peak_running for d in limited]
         others = [d.peak_running for d in unlimited]
         rows.append(
-            f"| the limit held: most runs open at once (task_runs) | {each([str(p) for p in peaks])} "
-            f"| {each([str(p) for p in others])} (no limit) | | | ≤ {bench.executors} "
-            f"| {'yes' if bench.limit_held() else 'no'} |"
+            f"| most runs claimed and not yet written at once (task_runs) | {each([str(p) for p in peaks])} "
+            f"| {each([str(p) for p in others])} (no limit) | | | | |"
         )
     fair = [r.fair for r in rounds if r.fair]
     unfair = [r.unfair for r in rounds if r.unfair]
@@ -353,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = LimitsBench(args)
     asyncio.run(bench.run())
     print_report(bench)
-    ok = all(d.exactly_once for r in bench.rounds for d in r.drains()) and bench.limit_held()
+    ok = all(d.exactly_once for r in bench.rounds for d in r.drains())
     return 0 if ok else 1
 
 
