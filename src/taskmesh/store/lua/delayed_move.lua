@@ -11,7 +11,8 @@
 -- KEYS[4] the queue's limit wake zset, ARGV[7] its limit key base, ARGV[8..] the limits in force:
 -- the limit keys whose time came move back what may start now of their parked ids (after
 -- limits_lib, which this script is prepended with)
--- Returns the number of ids moved to ready. ZADD NX: a task already in ready keeps its place.
+-- Returns {the number of ids moved to ready, in how many ms the earliest limit key is to be looked at
+-- again (-1: none waits)}. ZADD NX: a task already in ready keeps its place.
 local now = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local epoch = tonumber(ARGV[3])
@@ -52,4 +53,8 @@ if #woken > 0 then
     moved = moved + unpark(ARGV[7], KEYS[2], KEYS[4], lk, limits, now)
   end
 end
-return moved
+local soonest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+if soonest[2] == nil then
+  return {moved, -1}
+end
+return {moved, math.max(0, math.ceil(tonumber(soonest[2]) - now))}
