@@ -9,8 +9,8 @@
 -- ARGV[5] priority slots of a delayed score (keys.py DELAYED_PRIORITY_SLOTS)
 -- ARGV[6] legacy score bound (keys.py LEGACY_DELAYED_SCORE_MAX): a smaller score is a bare due ms
 -- KEYS[4] the queue's limit wake zset, ARGV[7] its limit key base, ARGV[8..] the limits in force:
--- the limit keys whose time came move back what may start now of their parked ids (after
--- limits_lib, which this script is prepended with)
+-- the limit keys whose time came (on Redis's clock, as every limit decision) move back what may
+-- start now of their parked ids (after limits_lib, which this script is prepended with)
 -- Returns {the number of ids moved to ready, in how many ms the earliest limit key is to be looked at
 -- again (-1: none waits)}. ZADD NX: a task already in ready keeps its place.
 local now = tonumber(ARGV[1])
@@ -46,15 +46,16 @@ for i = 1, #due, 2 do
     moved = moved + 1
   end
 end
-local woken = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', string.format('%.0f', now), 'LIMIT', 0, limit)
+local lnow = redis_now()
+local woken = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', string.format('%.0f', lnow), 'LIMIT', 0, limit)
 if #woken > 0 then
   local limits = read_limits(ARGV, 8)
   for _, lk in ipairs(woken) do
-    moved = moved + unpark(ARGV[7], KEYS[2], KEYS[4], lk, limits, now)
+    moved = moved + unpark(ARGV[7], KEYS[2], KEYS[4], lk, limits, lnow)
   end
 end
 local soonest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 if soonest[2] == nil then
   return {moved, -1}
 end
-return {moved, math.max(0, math.ceil(tonumber(soonest[2]) - now))}
+return {moved, math.max(0, math.ceil(tonumber(soonest[2]) - lnow))}

@@ -9,6 +9,15 @@
 -- (limit key -> when to look at its parked ids again, ms).
 -- Limits come as ARGV: a count, then per limit `name, concurrency (0: none), interval ms (0: no
 -- rate), burst` (limits/book.py script_args).
+-- Every decision is on Redis's clock (TIME), one clock for every instance: an instance's estimate of
+-- PostgreSQL's clock may be tens of ms off another's, and a rate of 20/s spaces starts by 50 ms. The
+-- slot ends the heartbeat and the reconciler write come from an instance's clock or PostgreSQL's lease
+-- end: they count in seconds, where that difference does not matter.
+
+local function redis_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
 
 local function read_limits(argv, at)
   local limits = {}
