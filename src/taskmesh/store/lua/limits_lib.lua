@@ -50,6 +50,18 @@ local function ms(x)
   return string.format('%.0f', x)
 end
 
+-- A rate's theoretical arrival time (GCRA) as a start now sees it: the stored one while the key's starts
+-- keep to their schedule (it lags now by less than one interval: a start that came a few ms late, as the
+-- dispatch takes, does not push every later start back by as much), else now (after a quiet spell the
+-- starts at once are `burst`, no more). Either way no 1-s window holds more than rate + burst starts.
+local function arrival(base, lk, def, now)
+  local tat = tonumber(redis.call('GET', base .. 'gcra:' .. lk) or '0')
+  if tat <= now - def.iv then
+    return now
+  end
+  return tat
+end
+
 -- How many tasks of `lk` may start now (math.huge: no bound) and, when none may, when to look again.
 local function room(base, lk, def, now)
   local backoff = tonumber(redis.call('GET', base .. 'backoff:' .. lk) or '0')
@@ -67,10 +79,7 @@ local function room(base, lk, def, now)
     end
   end
   if def.iv > 0 then
-    local tat = tonumber(redis.call('GET', base .. 'gcra:' .. lk) or '0')
-    if tat < now then
-      tat = now
-    end
+    local tat = arrival(base, lk, def, now)
     local allowed = math.floor((now + def.iv * def.burst - tat) / def.iv)
     if allowed <= 0 then
       return 0, tat - def.iv * def.burst + def.iv
@@ -88,13 +97,9 @@ local function take(base, lk, def, id, now, lease)
     redis.call('ZADD', base .. 'slots:' .. lk, ms(now + lease), id)
   end
   if def.iv > 0 then
-    local key = base .. 'gcra:' .. lk
-    local tat = tonumber(redis.call('GET', key) or '0')
-    if tat < now then
-      tat = now
-    end
-    tat = tat + def.iv
-    redis.call('SET', key, string.format('%.3f', tat), 'PX', math.ceil(tat - now) + 1000)
+    local tat = arrival(base, lk, def, now) + def.iv
+    -- kept one interval past its time: the schedule a late start keeps to (see arrival)
+    redis.call('SET', base .. 'gcra:' .. lk, string.format('%.3f', tat), 'PX', math.ceil(tat - now + def.iv) + 1000)
   end
 end
 
@@ -131,10 +136,7 @@ local function unpark(base, ready, wake, lk, limits, now)
     -- result (the release looks at once) or lapses with a lease (look at the earliest one's end)
     at = now + 1000
     if def.iv > 0 then
-      local tat = tonumber(redis.call('GET', base .. 'gcra:' .. lk) or '0')
-      if tat < now then
-        tat = now
-      end
+      local tat = arrival(base, lk, def, now)
       at = tat + n * def.iv - def.iv * def.burst + def.iv
     elseif def.c > 0 then
       local first = redis.call('ZRANGE', base .. 'slots:' .. lk, 0, 0, 'WITHSCORES')
