@@ -190,3 +190,25 @@ async def wf_ledger(payload: dict[str, Any], ctx: TaskContext) -> Any:
         handed,
     )
     return payload if not isinstance(payload, dict) else ctx.workflow["node"]
+
+
+@taskmesh.task("lim.ledger")
+async def limit_ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Records each run's start and end by PostgreSQL's clock (``clock_timestamp()``) in ``limit_ledger``,
+    sleeping ``seconds`` between: the task limits' process tests count runs at once and starts from it.
+
+    The start is written before the sleep, so a run whose instance is killed leaves a start with no end.
+    """
+    pool = await _ledger()
+    await pool.execute(
+        "INSERT INTO limit_ledger (task_id, attempt, pid, started) VALUES ($1, $2, $3, clock_timestamp())",
+        ctx.task_id,
+        ctx.attempt,
+        os.getpid(),
+    )
+    await anyio.sleep(float(payload.get("seconds", 0)))
+    await pool.execute(
+        "UPDATE limit_ledger SET ended = clock_timestamp() WHERE task_id = $1 AND attempt = $2",
+        ctx.task_id,
+        ctx.attempt,
+    )

@@ -497,15 +497,16 @@ class RedisStore:
                 pipe.ltrim(self.keys.foreign(queue), 0, FOREIGN_KEPT - 1)
                 await pipe.execute()
 
-    async def move_due(self, queue: str, limit: int = 1000, limits: LimitArgs = (0,)) -> int:
+    async def move_due(self, queue: str, limit: int = 1000, limits: LimitArgs = (0,)) -> tuple[int, float | None]:
         """Run ``delayed_move.lua`` once for ``queue``: due ids go to ready with their priority, and the limit
         keys whose time came move back what may start of their parked ids.
 
         :param limits: the limits in force (``LimitBook.script_args``; a limit not among them holds nothing).
-        :returns: ids moved.
+        :returns: ``(ids moved, in how many seconds the earliest limit key with parked ids is to be looked
+            at again)``, the latter ``None`` when no id is parked.
         """
         with redis_call("move_due"):
-            moved = await self._move(
+            moved, soonest = await self._move(
                 keys=[
                     self.keys.delayed(queue),
                     self.keys.ready(queue),
@@ -527,7 +528,7 @@ class RedisStore:
                     *(self.fair_args(queue) or [0]),
                 ],
             )
-        return int(moved)
+        return int(moved), int(soonest) / 1000 if int(soonest) >= 0 else None
 
     # -- the DLQ mirror, health ----------------------------------------------
 

@@ -9,7 +9,8 @@ script call decides ``cost`` requests, so every instance draws from one bucket. 
 rate limits and the tenants' enqueue quotas use it.
 
 The **admission** of a queue's popped ids under the task limits (``limits/``) is one script call
-per fetch batch (``lua/limits_admit.lua``): an id whose limit keys all have room takes a slot of
+per fetch batch (``lua/limits_admit.lua``), on Redis's clock too (one clock for every instance's
+decisions; ``lua/limits_lib.lua``): an id whose limit keys all have room takes a slot of
 each (a sorted set of task ids scored by the run's lease end: a lost run's slot lapses with its
 lease) and a rate's interval (GCRA, as above, in milliseconds); any other is **parked** under the
 key it waits for, out of the ready set, so no fetcher meets it again until that key has room. A
@@ -148,15 +149,14 @@ class RedisLimits:
         :raises StoreError: Redis failed; nothing was decided (the popped ids are still queued in
             PostgreSQL, and the reconciler pushes them again).
         """
-        now = self.now_ms()
-        args: list[Any] = [now, lease_ms, self.keys.limit_base(queue), *limits]
+        args: list[Any] = [lease_ms, self.keys.limit_base(queue), *limits]
         for task_id, score in popped:
             args += [task_id, f"{score:.3f}"]
         keys = [self.keys.ready(queue), self.keys.limit_tasks(queue), self.keys.limit_wake(queue)]
         with redis_call("limits_admit"):
             reply = await self._admit(keys=[*keys, self.keys.marker(queue)], args=args)
-        out = Admission(until_ms=now + lease_ms)
-        for i in range(0, len(reply), 2):
+        out = Admission(until_ms=int(_text(reply[-1])))
+        for i in range(0, len(reply) - 1, 2):
             task_id, verdict = _text(reply[i]), _text(reply[i + 1])
             if verdict.startswith("!"):
                 out.parked.append((task_id, verdict[1:]))
@@ -171,7 +171,7 @@ class RedisLimits:
         :returns: parked ids moved back.
         :raises StoreError: Redis failed; the slots lapse with their runs' leases.
         """
-        args: list[Any] = [self.now_ms(), self.keys.limit_base(queue), *limits]
+        args: list[Any] = [self.keys.limit_base(queue), *limits]
         n = 0
         for run in runs:
             args += [

@@ -9,12 +9,13 @@
 -- ARGV[5] priority slots of a delayed score (keys.py DELAYED_PRIORITY_SLOTS)
 -- ARGV[6] legacy score bound (keys.py LEGACY_DELAYED_SCORE_MAX): a smaller score is a bare due ms
 -- KEYS[4] the queue's limit wake zset, ARGV[7] its limit key base, ARGV[8..] the limits in force:
--- the limit keys whose time came move back what may start now of their parked ids (after
--- limits_lib, which this script is prepended with)
+-- the limit keys whose time came (on Redis's clock, as every limit decision) move back what may
+-- start now of their parked ids (after limits_lib, which this script is prepended with)
 -- KEYS[5] the queue's limit keys hash, KEYS[6] its fair clock, KEYS[7] its fair last zset, then after
 -- the limits the fair args (fair_lib, prepended too): in a queue with fair shares, an id that holds a
 -- fairness key is scored as fair_push scores it
--- Returns the number of ids moved to ready. ZADD NX: a task already in ready keeps its place.
+-- Returns {the number of ids moved to ready, in how many ms the earliest limit key is to be looked at
+-- again (-1: none waits)}. ZADD NX: a task already in ready keeps its place.
 local now = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local epoch = tonumber(ARGV[3])
@@ -55,10 +56,15 @@ for i = 1, #due, 2 do
     moved = moved + 1
   end
 end
-local woken = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', string.format('%.0f', now), 'LIMIT', 0, limit)
+local lnow = redis_now()
+local woken = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', string.format('%.0f', lnow), 'LIMIT', 0, limit)
 if #woken > 0 then
   for _, lk in ipairs(woken) do
-    moved = moved + unpark(ARGV[7], KEYS[2], KEYS[4], lk, limits, now)
+    moved = moved + unpark(ARGV[7], KEYS[2], KEYS[4], lk, limits, lnow)
   end
 end
-return moved
+local soonest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+if soonest[2] == nil then
+  return {moved, -1}
+end
+return {moved, math.max(0, math.ceil(tonumber(soonest[2]) - lnow))}

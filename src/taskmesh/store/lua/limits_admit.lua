@@ -4,13 +4,14 @@
 -- it could have room (wake). While the queue's marker is missing (Redis lost its keys and the
 -- reconciler has not rebuilt the slots yet) no limited id starts.
 -- KEYS[1] ready zset, KEYS[2] tasks hash, KEYS[3] wake zset, KEYS[4] the queue's marker
--- ARGV[1] now (ms), ARGV[2] lease (ms), ARGV[3] the queue's limit key base, then the limits
--- (see limits_lib), then pairs: task id, its ready score
--- Returns pairs: task id, '' (no limit) | its limit keys (started) | '!' .. the key it waits for
-local now = tonumber(ARGV[1])
-local lease = tonumber(ARGV[2])
-local base = ARGV[3]
-local limits, at = read_limits(ARGV, 4)
+-- ARGV[1] lease (ms), ARGV[2] the queue's limit key base, then the limits (see limits_lib), then
+-- pairs: task id, its ready score
+-- Returns pairs: task id, '' (no limit) | its limit keys (started) | '!' .. the key it waits for; then
+-- the lease end (ms) the slots it took hold, the fence of their release (limits/releaser.py)
+local now = redis_now()
+local lease = tonumber(ARGV[1])
+local base = ARGV[2]
+local limits, at = read_limits(ARGV, 3)
 local lost = redis.call('EXISTS', KEYS[4]) == 0
 local out = {}
 for i = at, #ARGV, 2 do
@@ -54,4 +55,5 @@ for i = at, #ARGV, 2 do
   out[#out + 1] = id
   out[#out + 1] = verdict
 end
+out[#out + 1] = ms(now + lease)  -- the lease end the slots taken hold: the fence of their release
 return out

@@ -10,6 +10,15 @@
 -- over its keys: the metrics' count, kept with each slot taken, given back or lapsed).
 -- Limits come as ARGV: a count, then per limit `name, concurrency (0: none), interval ms (0: no
 -- rate), burst` (limits/book.py script_args).
+-- Every decision is on Redis's clock (TIME), one clock for every instance: an instance's estimate of
+-- PostgreSQL's clock may be tens of ms off another's, and a rate of 20/s spaces starts by 50 ms. The
+-- slot ends the heartbeat and the reconciler write come from an instance's clock or PostgreSQL's lease
+-- end: they count in seconds, where that difference does not matter.
+
+local function redis_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
 
 local function read_limits(argv, at)
   local limits = {}
@@ -48,6 +57,18 @@ local function count_slots(base, lk, n)
   end
 end
 
+-- A rate's theoretical arrival time (GCRA) as a start now sees it: the stored one while the key's starts
+-- keep to their schedule (it lags now by less than one interval: a start that came a few ms late, as the
+-- dispatch takes, does not push every later start back by as much), else now (after a quiet spell the
+-- starts at once are `burst`, no more). Either way no 1-s window holds more than rate + burst starts.
+local function arrival(base, lk, def, now)
+  local tat = tonumber(redis.call('GET', base .. 'gcra:' .. lk) or '0')
+  if tat <= now - def.iv then
+    return now
+  end
+  return tat
+end
+
 -- How many tasks of `lk` may start now (math.huge: no bound) and, when none may, when to look again.
 local function room(base, lk, def, now)
   local backoff = tonumber(redis.call('GET', base .. 'backoff:' .. lk) or '0')
@@ -65,10 +86,7 @@ local function room(base, lk, def, now)
     end
   end
   if def.iv > 0 then
-    local tat = tonumber(redis.call('GET', base .. 'gcra:' .. lk) or '0')
-    if tat < now then
-      tat = now
-    end
+    local tat = arrival(base, lk, def, now)
     local allowed = math.floor((now + def.iv * def.burst - tat) / def.iv)
     if allowed <= 0 then
       return 0, tat - def.iv * def.burst + def.iv
@@ -86,13 +104,9 @@ local function take(base, lk, def, id, now, lease)
     count_slots(base, lk, redis.call('ZADD', base .. 'slots:' .. lk, ms(now + lease), id))
   end
   if def.iv > 0 then
-    local key = base .. 'gcra:' .. lk
-    local tat = tonumber(redis.call('GET', key) or '0')
-    if tat < now then
-      tat = now
-    end
-    tat = tat + def.iv
-    redis.call('SET', key, string.format('%.3f', tat), 'PX', math.ceil(tat - now) + 1000)
+    local tat = arrival(base, lk, def, now) + def.iv
+    -- kept one interval past its time: the schedule a late start keeps to (see arrival)
+    redis.call('SET', base .. 'gcra:' .. lk, string.format('%.3f', tat), 'PX', math.ceil(tat - now + def.iv) + 1000)
   end
 end
 
@@ -129,10 +143,7 @@ local function unpark(base, ready, wake, lk, limits, now)
     -- result (the release looks at once) or lapses with a lease (look at the earliest one's end)
     at = now + 1000
     if def.iv > 0 then
-      local tat = tonumber(redis.call('GET', base .. 'gcra:' .. lk) or '0')
-      if tat < now then
-        tat = now
-      end
+      local tat = arrival(base, lk, def, now)
       at = tat + n * def.iv - def.iv * def.burst + def.iv
     elseif def.c > 0 then
       local first = redis.call('ZRANGE', base .. 'slots:' .. lk, 0, 0, 'WITHSCORES')

@@ -1,16 +1,16 @@
 -- limits_release: runs that ended (or claims that failed) give their slots back, and each key they
 -- freed moves back what may start now of its parked ids (after limits_lib).
 -- KEYS[1] ready zset, KEYS[2] tasks hash, KEYS[3] wake zset
--- ARGV[1] now (ms), ARGV[2] the queue's limit key base, then the limits (see limits_lib), then
+-- ARGV[1] the queue's limit key base, then the limits (see limits_lib), then
 -- sextuples: task id, its limit keys (one per line), the keys to back off (one per line; a
 -- handler's RateLimited), until when (ms; 0: no back-off), ended (1: forget its keys: the task is over),
 -- fence (ms; 0: none): give a slot back only while it still holds this lease end, the last one this
 -- instance gave it, so that a run whose result comes late (its lease lost, its task started again
 -- elsewhere under the same id) never takes the new run's slot
 -- Returns how many parked ids went back to ready.
-local now = tonumber(ARGV[1])
-local base = ARGV[2]
-local limits, at = read_limits(ARGV, 3)
+local now = redis_now()
+local base = ARGV[1]
+local limits, at = read_limits(ARGV, 2)
 local freed, order = {}, {}
 for i = at, #ARGV, 6 do
   local id, raw, slow, until_ms, ended = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4]
