@@ -40,13 +40,15 @@ class Ran:
 
 
 def env(**extra: str) -> dict[str, str]:
-    """The test's environment without any ``TASKMESH_*``, so that only the flags given count."""
+    """The test's environment without any ``TASKMESH_*``, so that only the flags given count; ``taskmesh`` is
+    imported from this checkout's ``src``."""
     out = {k: v for k, v in os.environ.items() if not k.startswith("TASKMESH_")}
     if os.environ.get("TASKMESH_TEST_PG_POOLER"):  # the pooler suite: DATABASE_URL is a PgBouncer's
         out["TASKMESH_PG_POOLER"] = os.environ["TASKMESH_TEST_PG_POOLER"]
     if os.environ.get("TASKMESH_TEST_REDIS_TOPOLOGY") == "cluster":  # the cluster suite
         out["TASKMESH_REDIS_MODE"] = "cluster"
-    out.update(PYTHONPATH=str(ROOT), COLUMNS="1000", **extra)
+    # The checkout's own package first: an install elsewhere (another worktree's editable one) must not answer.
+    out.update(PYTHONPATH=os.pathsep.join((str(ROOT / "src"), str(ROOT))), COLUMNS="1000", **extra)
     return out
 
 

@@ -134,7 +134,7 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     """A pool on the session's database, for tests that look at rows directly; the tables start empty."""
     p = await asyncpg.create_pool(database_url, min_size=1, max_size=10, **connect_options(POOLER))
     assert p is not None
-    await p.execute("TRUNCATE tasks, workflows, workers, queues, queue_minutes, operations, api_keys CASCADE")
+    await p.execute("TRUNCATE tasks, workflows, workers, queues, queue_minutes, operations, api_keys, limits CASCADE")
     await empty_audit_log(p)
     yield p
     await p.close()

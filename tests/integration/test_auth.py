@@ -40,6 +40,7 @@ DUMMY = {
     "name": "nightly",
     "key_id": "aaaaaaaaaaaaaaaa",
     "workflow_id": "00000000-0000-4000-8000-000000000000",
+    "limit": "per-customer",
 }
 
 
@@ -139,8 +140,11 @@ async def test_every_api_route_names_its_scope_and_refuses_no_key_with_401_and_a
                     "scope": scope,
                 }
                 checked.append((method.upper(), path, scope))
-    assert len(checked) == 34
+    assert len(checked) == 38
     assert ("POST", "/api/v1/queues/{queue}/pause", "queues:admin") in checked
+    assert ("GET", "/api/v1/limits", "tasks:read") in checked
+    assert ("PUT", "/api/v1/limits/{limit}", "queues:admin") in checked
+    assert ("DELETE", "/api/v1/limits/{limit}", "queues:admin") in checked
     assert ("GET", "/api/v1/workers", "workers:read") in checked
 
 

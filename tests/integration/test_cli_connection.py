@@ -51,6 +51,7 @@ def test_url_goes_before_or_after_the_command_the_one_after_winning_and_comes_fr
         (("--url", second, "queues", "list"), {"TASKMESH_URL": first}, second),  # a flag beats the environment
         (("dlq", "list", "emails"), {"TASKMESH_URL": first}, first),
         (("workflows", "list", "--url", first), {}, first),
+        (("limits", "set", "api", "--concurrency", "2"), {"TASKMESH_URL": first}, first),
         (("--url", first, "schedules", "list"), {}, first),  # schedules and keys too: through the API
         (("schedules", "trigger", "nightly"), {"TASKMESH_URL": first}, first),
         (("keys", "list"), {"TASKMESH_URL": first}, first),
@@ -68,8 +69,8 @@ def test_the_platforms_commands_refuse_url_and_api_key_on_their_command_line_but
         flag, command = args[0], args[2] if len(args) > 2 else "run"
         assert (
             f"Invalid value for '{flag}': {flag} is for the commands that talk to an instance's API (tasks, "
-            f"workflows, queues, dlq, workers, bulk, schedules, keys); `taskmesh {command}` runs the platform on the "
-            "stores of its configuration"
+            f"workflows, queues, limits, dlq, workers, bulk, schedules, keys); `taskmesh {command}` runs the platform "
+            "on the stores of its configuration"
         ) in ran.err, ran.err
     exported = run_cli("migrate", environ=no_stores(TASKMESH_URL="http://h:1", TASKMESH_API_KEY="tmk_x"))
     assert (exported.code, exported.err) == (

@@ -43,11 +43,14 @@ pytestmark = pytest.mark.anyio
 
 WORK_QUEUE = "contractwork"
 SCHEDULE = {"name": "contract-yearly", "cron": "@yearly", "task": "contract.idle", "queue": "default"}
+LIMIT = "contract-slow"
+LIMITS = {LIMIT: {"task": "contract.slow", "concurrency": 1}}
+"""One run of ``contract.slow`` at a time: a second one waits, so the limit has usage to show."""
 GENERATOR = Path(sys.prefix) / "codegen" / "bin" / "openapi-python-client"
 """Installed by ``make install`` in a virtualenv of its own inside ``.venv``."""
-MODEL_CLASSES_MOST = 115
-"""The generated client's model classes: 104 with shared schemas, the workflows' included (419 with one per
-operation and status before them)."""
+MODEL_CLASSES_MOST = 125
+"""The generated client's model classes: 115 with shared schemas, the workflows' and the limits' included (419
+with one per operation and status before them)."""
 
 
 @pytest.fixture(autouse=True)
@@ -154,6 +157,7 @@ async def exercise(r: Recorder) -> None:
     await exercise_queues(r, done["failed"])
     await exercise_schedules_and_keys(r)
     await exercise_workflows(r)
+    await exercise_limits(r)
     await r.call("DELETE", "/api/v1/tasks/{task_id}", 204, task_id=done["ok"], reason="contract")
     await r.call("DELETE", "/api/v1/tasks/{task_id}", 422, task_id=done["ok"])  # no reason
     await r.call("GET", "/api/v1/audit", 200, limit=3)
@@ -172,7 +176,7 @@ async def exercise_tasks(r: Recorder) -> dict[str, str]:
     queued = await r.call("POST", "/api/v1/tasks", 201, once)
     await r.call("POST", "/api/v1/tasks", 200, once)  # deduplicated
     await r.call("POST", "/api/v1/tasks", 201, {"name": "contract.idle", "queue_name": "nobody"})  # warnings
-    await r.call("POST", "/api/v1/tasks", 201, {"name": "contract.idle", "delay_seconds": 3600})
+    delayed = await r.call("POST", "/api/v1/tasks", 201, {"name": "contract.idle", "delay_seconds": 3600})
     batch = {"tasks": [{"name": "contract.idle"}, {"name": "contract.idle", "priority": -1}, once]}
     await r.call("POST", "/api/v1/tasks:batch", 200, batch)
     await r.call("POST", "/api/v1/tasks:batch", 422, {**batch, "atomic": True})
@@ -180,6 +184,7 @@ async def exercise_tasks(r: Recorder) -> dict[str, str]:
         got = await r.call("GET", "/api/v1/tasks/{task_id}", 200, task_id=task["task_id"], wait=10)
         assert got["task"]["status"] == status, got
     await r.call("GET", "/api/v1/tasks/{task_id}", 200, task_id=queued["task_id"])  # no run yet
+    await r.call("GET", "/api/v1/tasks/{task_id}", 200, task_id=delayed["task_id"])  # blocked by its delay
     await r.call("GET", "/api/v1/tasks/{task_id}", 404, task_id=str(uuid.uuid4()))
     await r.call("GET", "/api/v1/tasks/{task_id}", 422, task_id="not-a-uuid")
     await r.call("GET", "/api/v1/tasks/{task_id}/runs", 200, task_id=failed["task_id"])  # with its traceback
@@ -261,6 +266,36 @@ async def exercise_workflows(r: Recorder) -> None:
     await r.call("POST", "/api/v1/workflows/{workflow_id}/retry", 409, workflow_id=done["workflow_id"])
 
 
+async def exercise_limits(r: Recorder) -> None:
+    """The limits listed and read while a run holds a slot and a task waits for it, one set at run time and
+    unset, a bad body and a bad name refused, an unknown limit and an unset one never set not found."""
+    held = [await r.call("POST", "/api/v1/tasks", 201, {"name": "contract.slow"}) for _ in range(2)]
+
+    async def parked() -> bool:
+        answer = await r.client.get(f"/api/v1/tasks/{held[1]['task_id']}", headers=r.headers)
+        return bool(answer.json()["task"]["blocked_by"])
+
+    await wait_for(parked)
+    await r.call("GET", "/api/v1/tasks/{task_id}", 200, task_id=held[1]["task_id"])  # blocked by the limit
+    listed = await r.call("GET", "/api/v1/limits", 200)
+    assert [u["in_use"] for u in listed["limits"][0]["usage"]] == [1], listed
+    await r.call("GET", "/api/v1/limits/{limit}", 200, limit=LIMIT)
+    await r.call("GET", "/api/v1/limits/{limit}", 404, limit="none-such")
+    await r.call("GET", "/api/v1/limits/{limit}", 422, limit="Not_A_Name")
+    runtime = {"queue": WORK_QUEUE, "task": "contract.ok", "rate": "600/m", "burst": 5}
+    await r.call("PUT", "/api/v1/limits/{limit}", 200, runtime, limit="contract-runtime")
+    await r.call("PUT", "/api/v1/limits/{limit}", 200, {"key": "payload.customer.id", "concurrency": 9}, limit=LIMIT)
+    await r.call("GET", "/api/v1/limits", 200)  # a configured limit overridden, one set at run time
+    await r.call("PUT", "/api/v1/limits/{limit}", 422, {"concurrency": 0}, limit="contract-runtime")
+    await r.call("PUT", "/api/v1/limits/{limit}", 400, None, limit="contract-runtime")  # no body: not JSON
+    await r.call("DELETE", "/api/v1/limits/{limit}", 204, limit="contract-runtime")
+    await r.call("DELETE", "/api/v1/limits/{limit}", 204, limit=LIMIT)  # the configured one holds again
+    await r.call("DELETE", "/api/v1/limits/{limit}", 404, limit="contract-runtime")
+    await r.call("DELETE", "/api/v1/limits/{limit}", 422, limit="-bad")
+    for task in held:
+        await r.client.post(f"/api/v1/tasks/{task['task_id']}/cancel", headers=r.headers)
+
+
 async def exercise_queues(r: Recorder, failed: str) -> None:
     """Queues paused and resumed, their overviews, the workers, dead letters replayed, the history."""
     await r.call("POST", "/api/v1/queues/{queue}/pause", 200, {"reason": "contract"}, queue="default")
@@ -302,7 +337,7 @@ async def test_every_answer_of_a_live_instance_is_one_the_document_declares(
     release = anyio.Event()
     register_handlers(registry, release)
     admin = (await api_keys.create(stores.pg, "contract-admin", list(SCOPES))).key
-    settings = {"queue_names": [WORK_QUEUE], "worker_concurrency": 2, "schedules": [SCHEDULE]}
+    settings = {"queue_names": [WORK_QUEUE], "worker_concurrency": 2, "schedules": [SCHEDULE], "limits": LIMITS}
     async with start_instance(**settings) as inst, http(inst) as client:
         try:
             recorder = Recorder(client, admin)

@@ -61,6 +61,8 @@ async def test_the_openapi_document_lists_every_route(start_instance: Any) -> No
         "/api/v1/schedules/{name}/resume",
         "/api/v1/keys",
         "/api/v1/audit",
+        "/api/v1/limits",
+        "/api/v1/limits/{limit}",
         "/api/v1/keys/{key_id}/revoke",
         "/api/v1/keys/{key_id}/rotate",
         "/healthz",
@@ -105,6 +107,7 @@ async def test_the_api_documentation_pages_load_every_asset_from_the_instance(st
 
 
 async def test_every_path_parameter_is_typed_in_the_openapi_document(start_instance: Any) -> None:
+    from taskmesh.limits.settings import LIMIT_NAME
     from taskmesh.tasks.validation import NAME_REGEX
 
     async with start_instance(workers_enabled=False) as inst, http(inst) as client:
@@ -113,6 +116,7 @@ async def test_every_path_parameter_is_typed_in_the_openapi_document(start_insta
     wanted["name"] = wanted["queue"]
     wanted["operation_id"] = wanted["workflow_id"] = wanted["task_id"]
     wanted["key_id"] = {"type": "string", "pattern": "^[a-z2-7]{16}$"}
+    wanted["limit"] = {"type": "string", "pattern": LIMIT_NAME.pattern}
     seen = 0
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
@@ -121,11 +125,13 @@ async def test_every_path_parameter_is_typed_in_the_openapi_document(start_insta
                     seen += 1
                     schema = {k: v for k, v in param["schema"].items() if k in ("type", "format", "pattern")}
                     assert schema == wanted[param["name"]], f"{method.upper()} {path}: {param}"
-    assert seen >= 14
+    assert seen >= 17
 
 
 CREATES = ("/api/v1/tasks", "/api/v1/tasks:batch")
 """Creates answer 409 too: a dedup key another tenant's task has, between an upgrade's expand and contract steps."""
+NAMED = ("{task_id}", "{operation_id}", "{name}", "{key_id}", "{workflow_id}", "{limit}")
+"""Path parameters that name a thing which may not exist (404); a ``PUT`` makes its thing, so it has no 404."""
 
 
 async def test_every_api_route_documents_its_errors_as_problems_and_the_search_its_parameters(
@@ -143,20 +149,22 @@ async def test_every_api_route_documents_its_errors_as_problems_and_the_search_i
             where = f"{method.upper()} {path}"
             errors = {int(s) for s in operation["responses"] if int(s) >= 400}
             wanted = {400, 401, 403, 429, 500, 503}  # a Host not allowed; a scope and a rate limit
-            if any(p in path for p in ("{task_id}", "{operation_id}", "{name}", "{key_id}", "{workflow_id}")):
+            if any(p in path for p in NAMED) and method != "put":
                 wanted.add(404)
             if operation.get("parameters"):
                 wanted.add(422)
             if "requestBody" in operation:
                 wanted |= {400, 413, 415, 422}
-            if method == "delete" or path.endswith(("/cancel", "/retry")) or (method == "post" and path in CREATES):
+            # A task's delete meets its state (a running task); a limit's delete has no state to meet.
+            deletes_a_task = method == "delete" and path == "/api/v1/tasks/{task_id}"
+            if deletes_a_task or path.endswith(("/cancel", "/retry")) or (method == "post" and path in CREATES):
                 wanted.add(409)
             assert errors == wanted, where
             for status in errors:
                 content = operation["responses"][str(status)]["content"]
                 assert set(content) == {"application/problem+json"}, (where, status)
             checked += 1
-    assert checked == 34
+    assert checked == 38
     search = spec["paths"]["/api/v1/tasks"]["get"]
     assert {p["name"] for p in search["parameters"]} == {*FILTERS, "payload.{path}"}
 

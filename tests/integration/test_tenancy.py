@@ -6,7 +6,9 @@ route of the OpenAPI document: on its own tenant's things it works; another tena
 schedule, operation or key answers exactly as a missing one does (the same 404 body, the id
 swapped), a search or a count for another tenant finds nothing, and a body naming another
 tenant is refused (403 naming the field). Platform-wide views (queue depths, pausing a
-queue, workers, metrics) are refused to a tenant key. A table below holds a check for every
+queue, workers, metrics) are refused to a tenant key. Of the task limits, a tenant key sees only
+those counted per tenant, and of each only its own tenant's counter; setting or unsetting one,
+whose numbers hold for every tenant, is refused to it. A table below holds a check for every
 route; a route added without one fails the walk.
 """
 
@@ -16,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 import asyncpg
 import httpx
 import pytest
@@ -30,15 +33,30 @@ pytestmark = pytest.mark.anyio
 
 TENANTS = ("acme", "globex")
 MISSING = "00000000-0000-4000-8000-000000000000"
+LIMITED = "limited"
+"""The one queue the walk's instance works: its tasks hold the limits below, and wait on :data:`RELEASE`."""
+LIMITS = {
+    "per-tenant": {"queue": LIMITED, "key": "tenant_id", "concurrency": 1},
+    "limited-queue": {"queue": LIMITED, "concurrency": 10},
+}
+"""One limit counted per tenant (a tenant key sees it, its own counter only), one over every tenant (it does not)."""
 
 
 @pytest.fixture(autouse=True)
-def handler(registry: Registry) -> None:
-    """The handler the tasks and schedules name (workers do not run here: nothing is executed)."""
+def handler(registry: Registry) -> anyio.Event:
+    """The handlers the tasks and schedules name: ``report.build``'s queue is not worked here (nothing of it is
+    executed); ``limit.hold`` holds its limits' slots until the event returned is set."""
+    release = anyio.Event()
 
     @registry.task("report.build")
     async def build(payload: Any) -> None:
         return None
+
+    @registry.task("limit.hold", queue=LIMITED)
+    async def hold(payload: Any) -> None:
+        await release.wait()
+
+    return release
 
 
 @pytest.fixture(autouse=True)
@@ -61,6 +79,7 @@ class World:
         self.key: dict[str, str] = {}
         self.key_id: dict[str, str] = {}
         self.workflow: dict[str, dict[str, str]] = {t: {} for t in TENANTS}
+        self.limited = False
 
 
 async def seed(client: httpx.AsyncClient, pool: asyncpg.Pool, world: World) -> None:
@@ -389,6 +408,75 @@ async def audit_log(c: httpx.AsyncClient, w: World) -> None:
     assert other.json() == {"events": [], "next_cursor": None}
 
 
+async def hold_limits(c: httpx.AsyncClient, w: World) -> None:
+    """Once: per tenant, one ``limit.hold`` running and one waiting for its tenant's slot of ``per-tenant``."""
+    if w.limited:
+        return
+    waiting = []
+    for tenant in TENANTS:
+        for _ in range(2):
+            made = await c.post("/api/v1/tasks", json={"name": "limit.hold"}, headers=bearer(w.key[tenant]))
+            assert made.status_code == 201, made.text
+            waiting.append((tenant, made.json()["task_id"]))
+
+    async def parked() -> bool:
+        found = 0
+        for tenant, task_id in waiting:
+            got = await c.get(f"/api/v1/tasks/{task_id}", headers=bearer(w.key[tenant]))
+            found += any(b["reason"] == "limit" for b in got.json()["task"]["blocked_by"] or [])
+        return found == len(TENANTS)
+
+    await wait_for(parked)
+    w.limited = True
+
+
+def own_counter(tenant: str) -> list[dict[str, Any]]:
+    """The usage of ``per-tenant`` a key of ``tenant`` sees: its own counter, one run in, one task waiting."""
+    key = f"per-tenant:{tenant}"
+    return [{"queue": LIMITED, "key": key, "in_use": 1, "waiting": 1, "backing_off_until_ms": None}]
+
+
+async def list_limits(c: httpx.AsyncClient, w: World) -> None:
+    await hold_limits(c, w)
+    for tenant in TENANTS:
+        own = await c.get("/api/v1/limits", headers=bearer(w.key[tenant]))
+        assert own.status_code == 200, own.text
+        assert [(x["name"], x["usage"]) for x in own.json()["limits"]] == [("per-tenant", own_counter(tenant))]
+    everyone = (await c.get("/api/v1/limits", headers=bearer(w.key["admin"]))).json()["limits"]
+    assert [x["name"] for x in everyone] == ["limited-queue", "per-tenant"]
+    assert [(u["key"], u["waiting"]) for u in everyone[1]["usage"]] == [
+        ("per-tenant:acme", 1),
+        ("per-tenant:globex", 1),
+    ]
+
+
+async def get_limit(c: httpx.AsyncClient, w: World) -> None:
+    await hold_limits(c, w)
+    own = await c.get("/api/v1/limits/per-tenant", headers=bearer(w.key["acme"]))
+    assert (own.status_code, own.json()["usage"]) == (200, own_counter("acme")), own.text
+    # A limit over every tenant answers a tenant key as a limit nobody has.
+    await same_as_missing(c, "GET", "/api/v1/limits/{id}", "limited-queue", w.key["acme"])
+    admin = await c.get("/api/v1/limits/limited-queue", headers=bearer(w.key["admin"]))
+    assert (admin.status_code, admin.json()["usage"][0]["in_use"]) == (200, 2), admin.text
+
+
+def change_limit(method: str, status: int) -> Check:
+    async def check(c: httpx.AsyncClient, w: World) -> None:
+        body = {"queue": LIMITED, "key": "tenant_id", "concurrency": 2} if method == "PUT" else None
+        what = "setting a limit" if method == "PUT" else "changing this limit"
+        for tenant in TENANTS:
+            refused = await c.request(method, "/api/v1/limits/per-tenant", json=body, headers=bearer(w.key[tenant]))
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["detail"] == f"{what} covers every tenant; this key is bound to tenant {tenant!r}"
+            assert refused.json()["scope"] == "queues:admin"
+        allowed = await c.request(method, "/api/v1/limits/per-tenant", json=body, headers=bearer(w.key["admin"]))
+        assert allowed.status_code == status, allowed.text
+        got = await c.get("/api/v1/limits/per-tenant", headers=bearer(w.key["acme"]))
+        assert got.json()["concurrency"] == (2 if method == "PUT" else 1)
+
+    return check
+
+
 ROUTES: dict[tuple[str, str], list[Check]] = {
     ("POST", "/api/v1/tasks"): [create_task, dedup_is_per_tenant],
     ("POST", "/api/v1/tasks:batch"): [create_batch],
@@ -433,12 +521,16 @@ ROUTES: dict[tuple[str, str], list[Check]] = {
     ("POST", "/api/v1/keys/{key_id}/revoke"): [key_route("/revoke", 200)],
     ("POST", "/api/v1/keys/{key_id}/rotate"): [key_route("/rotate", 201)],
     ("GET", "/api/v1/audit"): [audit_log],
+    ("GET", "/api/v1/limits"): [list_limits],
+    ("GET", "/api/v1/limits/{limit}"): [get_limit],
+    ("PUT", "/api/v1/limits/{limit}"): [change_limit("PUT", 200)],
+    ("DELETE", "/api/v1/limits/{limit}"): [change_limit("DELETE", 204)],
 }
 """A check of each route, both ways; the walk fails for a route of the document not listed here."""
 
 
 async def test_a_tenant_key_sees_and_acts_on_its_own_tenant_only_on_every_route(
-    start_instance: Any, stores: Any, pool: asyncpg.Pool
+    start_instance: Any, stores: Any, pool: asyncpg.Pool, handler: anyio.Event
 ) -> None:
     world = World()
     world.key["admin"] = (await api_keys.create(stores.pg, "admin", list(SCOPES))).key
@@ -452,8 +544,8 @@ async def test_a_tenant_key_sees_and_acts_on_its_own_tenant_only_on_every_route(
         ScheduleSettings(name=f"{t}-nightly", cron="0 3 * * *", task="report.build", tenant_id=t) for t in TENANTS
     ]
     # The walk makes more admin calls per second than the default budget of 10.
-    limits = {"rate_limit_admin_per_second": 1000.0}
-    async with start_instance(workers_enabled=False, schedules=nightly, **limits) as inst, http(inst) as client:
+    settings = {"rate_limit_admin_per_second": 1000.0, "queue_names": [LIMITED], "worker_concurrency": 8}
+    async with start_instance(schedules=nightly, limits=LIMITS, **settings) as inst, http(inst) as client:
         await seed(client, pool, world)
         documented = {
             (method.upper(), path)
@@ -462,12 +554,15 @@ async def test_a_tenant_key_sees_and_acts_on_its_own_tenant_only_on_every_route(
             for method in operations
         }
         assert documented == set(ROUTES), f"routes without a tenancy check: {documented - set(ROUTES)}"
-        for route, checks in ROUTES.items():
-            for check in checks:
-                try:
-                    await check(client, world)
-                except AssertionError as exc:
-                    raise AssertionError(f"{route}: {check.__qualname__}: {exc}") from exc
+        try:
+            for route, checks in ROUTES.items():
+                for check in checks:
+                    try:
+                        await check(client, world)
+                    except AssertionError as exc:
+                        raise AssertionError(f"{route}: {check.__qualname__}: {exc}") from exc
+        finally:
+            handler.set()  # the held runs end before the instance stops
 
 
 async def test_a_bulk_action_of_a_tenant_key_acts_on_its_tenant_only(

@@ -57,12 +57,15 @@ def test_times_print_in_utc_to_the_second_and_ages_in_their_largest_unit() -> No
 
 
 def test_the_cli_keeps_the_apis_rules_without_importing_them() -> None:
+    from taskmesh.cli.api import LIMIT_NAME_REGEX
     from taskmesh.cli.api import NAME_REGEX as CLI_NAME_REGEX
     from taskmesh.cli.common import SINGLE_FILTERS
+    from taskmesh.limits.settings import LIMIT_NAME
     from taskmesh.tasks.search import FILTERS
     from taskmesh.tasks.validation import NAME_REGEX
 
     assert CLI_NAME_REGEX == NAME_REGEX
+    assert LIMIT_NAME_REGEX == LIMIT_NAME.pattern
     assert SINGLE_FILTERS == tuple(f for f in FILTERS if f not in ("status", "order", "limit", "cursor"))
 
 

@@ -41,6 +41,10 @@ OPERATIONS = {
     "GET /api/v1/history": ("getHistory", "queues"),
     "GET /api/v1/queues/{queue}/dlq": ("listDeadLetters", "dlq"),
     "POST /api/v1/queues/{queue}/dlq/replay": ("replayDeadLetters", "dlq"),
+    "GET /api/v1/limits": ("listLimits", "limits"),
+    "GET /api/v1/limits/{limit}": ("getLimit", "limits"),
+    "PUT /api/v1/limits/{limit}": ("setLimit", "limits"),
+    "DELETE /api/v1/limits/{limit}": ("unsetLimit", "limits"),
     "GET /api/v1/schedules": ("listSchedules", "schedules"),
     "GET /api/v1/schedules/{name}": ("getSchedule", "schedules"),
     "POST /api/v1/schedules/{name}/trigger": ("triggerSchedule", "schedules"),
@@ -58,7 +62,7 @@ OPERATIONS = {
 }
 """Every operation's id and tag: a generated client's method names and modules, which must not change."""
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
-SHARED_SCHEMAS = {"Task", "TaskSummary", "Run", "Queue", "Schedule", "Key", "Problem", "TaskPage", "AuditPage"}
+SHARED_SCHEMAS = {"Task", "TaskSummary", "Run", "Queue", "Schedule", "Key", "Problem", "TaskPage", "AuditPage", "Limit"}
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ TAGS: list[dict[str, str]] = [
     {"name": "operations", "description": "Bulk actions over the tasks a filter matches, and their progress."},
     {"name": "queues", "description": "Queue depths and history; pausing and resuming a queue."},
     {"name": "dlq", "description": "Dead-lettered tasks of a queue, and replaying them."},
+    {"name": "limits", "description": "Task limits: what each holds now; setting one at run time, on every instance."},
     {"name": "schedules", "description": "Cron schedules: read, fire now, pause, resume."},
     {"name": "workers", "description": "The registered instances and the queues none of them serves."},
     {"name": "keys", "description": "API keys: list, make, revoke, rotate."},

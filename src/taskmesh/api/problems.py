@@ -44,7 +44,7 @@ ERROR_STATUSES: dict[int, str] = {
     400: "Malformed JSON (`Malformed JSON`), or a `Host` not in `allowed_hosts` (`Host not allowed`)",
     401: "No usable API key: none, malformed, unknown, revoked or expired (`Unauthorized`, with `WWW-Authenticate`)",
     403: "The key lacks the route's scope (`Forbidden`, naming the `scope`), or a field is beyond its tenant or queues",
-    404: "No such task, operation, schedule or key (a problem naming it)",
+    404: "No such task, operation, schedule, workflow, key or limit (a problem naming it)",
     409: "The task's state does not allow this (`Task state conflict`, saying what would); or, during an upgrade "
     "before its contract step, another tenant's task has the dedup key (`Dedup key in use`)",
     413: "The body is over the size limit (`http_max_body_bytes`)",

@@ -24,6 +24,9 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 NAME_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
 """The API's rule for queue names (``taskmesh.tasks.validation.NAME_REGEX``; a test keeps them equal)."""
 _QUEUE = re.compile(NAME_REGEX)
+LIMIT_NAME_REGEX = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+"""The API's rule for limit names (``taskmesh.limits.settings.LIMIT_NAME``; a test keeps them equal)."""
+_LIMIT = re.compile(LIMIT_NAME_REGEX)
 PROXY_OUTAGES = (502, 503, 504)
 """Statuses a proxy in front of an instance answers while it is down: transient, whatever the body."""
 TIMEOUT_SECONDS = 15.0
@@ -95,6 +98,10 @@ class Api:
     def post(self, path: str, body: Mapping[str, Any] | None = None) -> Answer:
         """``POST path`` with a JSON body (none when ``body`` is ``None``)."""
         return self.request("POST", path, body=body)
+
+    def put(self, path: str, body: Mapping[str, Any]) -> Answer:
+        """``PUT path`` with a JSON body."""
+        return self.request("PUT", path, body=body)
 
     def delete(self, path: str, params: Params | None = None) -> Answer:
         """``DELETE path``, with ``params`` in its query (a destructive action's ``reason``)."""
@@ -242,6 +249,17 @@ def queue_path(queue: str, suffix: str = "") -> str:
         pattern = NAME_REGEX.strip("^$")
         raise ApiError(f"Invalid request: queue: must match {pattern} (got {queue!r})", ExitCode.USAGE, 422)
     return f"/api/v1/queues/{segment(queue)}{suffix}"
+
+
+def limit_path(name: str) -> str:
+    """``/api/v1/limits/{name}``, once ``name`` is a valid limit name.
+
+    :raises ApiError: not a valid name (exit 2), with the API's own message.
+    """
+    if not _LIMIT.fullmatch(name):
+        pattern = LIMIT_NAME_REGEX.strip("^$")
+        raise ApiError(f"Invalid request: limit: must match {pattern} (got {name!r})", ExitCode.USAGE, 422)
+    return f"/api/v1/limits/{name}"
 
 
 def _problem(response: httpx.Response) -> str:

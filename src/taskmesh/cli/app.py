@@ -1,7 +1,7 @@
 """The command line's commands: ``taskmesh`` (or ``python -m taskmesh``), built on Typer.
 
 ``run`` (the default), ``dev`` and ``migrate`` run the platform; ``tasks``,
-``workflows``, ``queues``, ``dlq``, ``workers`` and ``bulk`` are the operator's verbs, which
+``workflows``, ``queues``, ``limits``, ``dlq``, ``workers`` and ``bulk`` are the operator's verbs, which
 talk to an instance's HTTP API (``--url`` or ``TASKMESH_URL``, default
 ``http://127.0.0.1:8080``, with the key of ``--api-key`` or ``TASKMESH_API_KEY``;
 both flags before or after the command); ``schedules`` and ``keys`` talk to that
@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 
 from taskmesh import __version__
-from taskmesh.cli import bulk, common, dlq, exits, instance, keys, queues, schedules, tasks, workflows
+from taskmesh.cli import bulk, common, dlq, exits, instance, keys, limits, queues, schedules, tasks, workflows
 from taskmesh.cli.api import ApiError
 from taskmesh.cli.apps import App
 from taskmesh.cli.exit_codes import EPILOG
@@ -67,7 +67,7 @@ def root(
     """taskmesh: a distributed task platform, durable in PostgreSQL, dispatched through Redis.
 
     Run the platform (run, dev, migrate), and operate it from a terminal: the operator verbs
-    (tasks, workflows, queues, dlq, workers, bulk) talk to an instance's HTTP API at --url or
+    (tasks, workflows, queues, limits, dlq, workers, bulk) talk to an instance's HTTP API at --url or
     TASKMESH_URL, with the key of --api-key or TASKMESH_API_KEY (both given before or after the command);
     schedules and keys do too when given a URL, and talk to the stores directly without one.
     Without a command, runs an instance (as `taskmesh run`). `taskmesh COMMAND --help` tells more.
@@ -104,8 +104,9 @@ def _refuse_connection_flags(ctx: typer.Context, command: str) -> None:
         source = ctx.get_parameter_source(name)
         if source is not None and source.name == "COMMANDLINE":
             raise typer.BadParameter(
-                f"{flag} is for the commands that talk to an instance's API (tasks, workflows, queues, dlq, workers, "
-                f"bulk, schedules, keys); `taskmesh {command}` runs the platform on the stores of its configuration",
+                f"{flag} is for the commands that talk to an instance's API (tasks, workflows, queues, limits, dlq, "
+                f"workers, bulk, schedules, keys); `taskmesh {command}` runs the platform on the stores of its "
+                "configuration",
                 param_hint=f"'{flag}'",
             )
 
@@ -118,6 +119,7 @@ app.add_typer(schedules.app, name="schedules")
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(workflows.app, name="workflows")
 app.add_typer(queues.app, name="queues")
+app.add_typer(limits.app, name="limits")
 app.add_typer(dlq.app, name="dlq")
 app.command("workers")(queues.workers)
 app.add_typer(bulk.app, name="bulk")

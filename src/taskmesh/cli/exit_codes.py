@@ -10,7 +10,7 @@ status  meaning
 2       bad usage: an unknown flag, a bad value (also when the API answers
         400, 413 or 422 for it), or invalid configuration (the message names
         the key)
-3       not found: no such task, queue, schedule or operation (404)
+3       not found: no such task, queue, schedule, operation or limit (404)
 4       conflict: the task's state does not allow the action (409); the
         message says what would
 5       unavailable: the API could not be reached, timed out or answered 5xx;

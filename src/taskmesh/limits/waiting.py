@@ -3,9 +3,10 @@
 Each reason is one object: ``{"reason": "workflow", "workflow_id"}`` (a workflow's task waiting for its
 deps), ``{"reason": "delay", "until"}`` (due later, or waiting out a retry's backoff),
 ``{"reason": "queue_paused"}``, ``{"reason": "limit", "limit", "key", "holds"}`` (parked until its
-limit key has room: ``holds`` is ``concurrency``, ``rate`` or ``back_off``, with ``until`` for a
-back-off). A queued task with no reason is ready: it waits for a free executor. A task that is not
-waiting (running, or over) has ``null``.
+limit key has room: ``holds`` is ``concurrency``, ``rate`` or ``back_off``, with ``until_ms`` for a
+back-off: ms since the Unix epoch, as ``backing_off_until_ms`` of ``GET /api/v1/limits``). A queued
+task with no reason is ready: it waits for a free executor. A task that is not waiting (running, or
+over) has ``null``.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from taskmesh.api.schemas import Limit, LimitList
 from taskmesh.errors import LimitNotFoundError, PermissionDeniedError
 from taskmesh.limits import live
 from taskmesh.limits.book import key_value
-from taskmesh.limits.settings import LimitSettings, check_limit
+from taskmesh.limits.settings import LIMIT_NAME, LimitSettings, check_limit
 from taskmesh.limits.usage import describe, usage
 from taskmesh.observability.logs import get_logger
 from taskmesh.security import audit
@@ -33,7 +33,14 @@ log = get_logger("taskmesh.api")
 
 router = APIRouter()
 
-LimitPath = Annotated[str, Path(description="The limit's name: lowercase letters, digits, _ and -, at most 64.")]
+LimitPath = Annotated[
+    str,
+    Path(
+        description="The limit's name: lowercase letters, digits, _ and -, at most 64.",
+        json_schema_extra={"pattern": LIMIT_NAME.pattern},
+    ),
+]
+"""A limit's name in the path: typed for the OpenAPI document, checked by :func:`check_limit` (exact 422)."""
 
 
 async def _answer(request: Request, stores: Stores, tasks: Tasks, name: str) -> dict[str, Any]:
