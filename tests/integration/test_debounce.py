@@ -118,7 +118,16 @@ def test_a_throttle_key_changes_with_its_window() -> None:
             "debounce decides when the task runs: give no delay_seconds or run_at",
         ),
         ({"debounce": {"key": "k", "seconds": 2, "max_wait": 1}}, "debounce", "max_wait must be at least seconds"),
-        ({"debounce": {"key": "k", "seconds": 0}}, "debounce.seconds", "Input should be greater than 0"),
+        (
+            {"debounce": {"key": "k", "seconds": 0}},
+            "debounce.seconds",
+            "Input should be greater than or equal to 0.001",
+        ),
+        (
+            {"throttle": {"key": "k", "seconds": 2e-224}},
+            "throttle.seconds",
+            "Input should be greater than or equal to 0.001",
+        ),
         ({"throttle": {"key": "", "seconds": 1}}, "throttle.key", "String should have at least 1 character"),
     ],
 )

@@ -140,6 +140,8 @@ def _no_documented_default(schema: dict[str, Any]) -> None:
 
 DEBOUNCE_MAX_SECONDS = 86_400.0
 """The longest a debounce or throttle window may be (a day); a debounce's ``max_wait`` at most a week."""
+DEBOUNCE_MIN_SECONDS = 0.001
+"""The shortest: a millisecond (a window is counted in whole milliseconds)."""
 
 
 class Debounce(BaseModel):
@@ -149,8 +151,10 @@ class Debounce(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     key: str = Field(min_length=1, max_length=200)
-    seconds: float = Field(gt=0, le=DEBOUNCE_MAX_SECONDS, allow_inf_nan=False)
-    max_wait: float | None = Field(default=None, gt=0, le=7 * DEBOUNCE_MAX_SECONDS, allow_inf_nan=False)
+    seconds: float = Field(ge=DEBOUNCE_MIN_SECONDS, le=DEBOUNCE_MAX_SECONDS, allow_inf_nan=False)
+    max_wait: float | None = Field(
+        default=None, ge=DEBOUNCE_MIN_SECONDS, le=7 * DEBOUNCE_MAX_SECONDS, allow_inf_nan=False
+    )
 
     @model_validator(mode="after")
     def _wait_at_least_seconds(self) -> Debounce:
@@ -166,7 +170,7 @@ class Throttle(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     key: str = Field(min_length=1, max_length=200)
-    seconds: float = Field(gt=0, le=DEBOUNCE_MAX_SECONDS, allow_inf_nan=False)
+    seconds: float = Field(ge=DEBOUNCE_MIN_SECONDS, le=DEBOUNCE_MAX_SECONDS, allow_inf_nan=False)
 
 
 class TaskSpec(BaseModel):
