@@ -62,6 +62,9 @@ CONTRACT: dict[str, Family] = {
     "taskmesh_workflows_ended_total": Family("counter", ("workflow", "outcome")),
     "taskmesh_workflow_duration_seconds": Family("histogram", ("workflow",)),
     "taskmesh_workflow_repairs_total": Family("counter", ()),
+    "taskmesh_limit_in_use": Family("gauge", ("limit",)),
+    "taskmesh_limit_waiting": Family("gauge", ("limit",)),
+    "taskmesh_limit_refused_total": Family("counter", ("limit",)),
     "taskmesh_http_requests_total": Family("counter", ("route", "method", "status")),
     "taskmesh_http_request_duration_seconds": Family("histogram", ("route", "method")),
     "taskmesh_store_errors_total": Family("counter", ("store",)),
@@ -117,6 +120,8 @@ CLUSTER_WIDE = (
     "taskmesh_queue_oldest_ready_age_seconds",
     "taskmesh_queue_paused",
     "taskmesh_workers",
+    "taskmesh_limit_in_use",
+    "taskmesh_limit_waiting",
 )
 """Gauges every instance samples from the stores: aggregate with ``max``, never ``sum``."""
 

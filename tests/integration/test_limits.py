@@ -401,3 +401,19 @@ async def test_a_run_longer_than_its_lease_keeps_its_slot_while_its_heartbeat_be
         await wait_for(lambda: all_completed(pool, ids), timeout=20)
     assert await spent(pool, ids) == (1, 0)  # no lease was lost on the way
     assert ledger.most["*"] == 1
+
+
+async def test_the_counters_tasks_name_by_concurrency_key_show_in_the_limits_usage(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    ledger = Ledger()
+    register(registry, ledger, seconds=1.0)
+    async with start_instance(worker_concurrency=4, limits={"customer": {"concurrency": 1}}) as inst, http(inst) as c:
+        await create(c, [{"name": "lim.job", "concurrency_key": "customer:42"} for _ in range(3)])
+
+        async def usage() -> list[dict[str, Any]] | None:
+            found: list[dict[str, Any]] = (await c.get("/api/v1/limits/customer")).json()["usage"]
+            return found if any(u["key"] == "customer:42" and u["waiting"] == 2 for u in found) else None
+
+        found = await wait_for(usage, timeout=10)
+    assert [(u["key"], u["in_use"], u["waiting"]) for u in found] == [("customer:42", 1, 2)]

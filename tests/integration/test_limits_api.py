@@ -93,6 +93,7 @@ async def test_every_bad_input_answers_its_exact_problem_and_sets_nothing(
         ({"rate": "20 per second"}, "rate", "rate '20 per second' must look like 20/s, 600/m or 5/h"),
         ({"rate": "0/s"}, "rate", "rate '0/s' must be above 0 and at most 100000/s"),
         ({"rate": "20/s", "burst": 0}, "burst", "Input should be greater than or equal to 1"),
+        ({"concurrency": 2, "burst": 5}, "body", "burst counts starts of a rate: give rate too, or no burst"),
         ({"queue": "default", "task": "send"}, "body", "a limit needs concurrency, rate, or both"),
         ({}, "body", "a limit needs concurrency, rate, or both"),
         (

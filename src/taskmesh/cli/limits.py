@@ -36,8 +36,14 @@ SETTINGS = ("concurrency", "rate", "burst", "queue", "task", "key")
 """A limit's fields as ``set`` takes them and its answer shows them, in that order."""
 
 
-def _any(value: Any) -> Any:
-    """A selector left unset selects every queue or task."""
+NAMED_ONLY = "only tasks naming it"
+"""What a limit with no queue, task or key selects: the tasks whose ``concurrency_key`` names it."""
+
+
+def _any(value: Any, limit: dict[str, Any] | None = None) -> Any:
+    """A selector left unset selects every queue or task; a limit with none set selects only tasks naming it."""
+    if limit is not None and limit["queue"] is None and limit["task"] is None and limit["key"] is None:
+        return NAMED_ONLY
     return "any" if value is None else value
 
 
@@ -75,8 +81,8 @@ def list_limits(url: common.Url = None, api_key: common.ApiKey = None, json: com
         (
             x["name"],
             x["source"],
-            _any(x["queue"]),
-            _any(x["task"]),
+            _any(x["queue"], x),
+            _any(x["task"], x),
             x["key"],
             x["concurrency"],
             x["rate"],
@@ -111,8 +117,8 @@ def show(name: LimitName, url: common.Url = None, api_key: common.ApiKey = None,
         [
             ("limit", x["name"]),
             ("source", x["source"]),
-            ("queue", _any(x["queue"])),
-            ("task", _any(x["task"])),
+            ("queue", _any(x["queue"], x)),
+            ("task", _any(x["task"], x)),
             ("key", x["key"]),
             ("concurrency", x["concurrency"]),
             ("rate", x["rate"]),
@@ -145,7 +151,14 @@ def set_limit(
         ),
     ] = None,
     queue: Annotated[
-        str | None, typer.Option("--queue", "-q", help="Only tasks of this queue (default: any).", metavar="QUEUE")
+        str | None,
+        typer.Option(
+            "--queue",
+            "-q",
+            help="Only tasks of this queue (default: any; with no --queue, --task or --key, only tasks naming the "
+            "limit in their concurrency_key).",
+            metavar="QUEUE",
+        ),
     ] = None,
     task: Annotated[
         str | None, typer.Option("--task", "-t", help="Only tasks of this task name (default: any).", metavar="TASK")
@@ -184,6 +197,8 @@ def set_limit(
         return
     shown = {**x, "burst": _burst(x)}
     say(f"{name}: set (" + ", ".join(f"{k} {shown[k]}" for k in SETTINGS if shown[k] is not None) + ")")
+    if _any(None, x) == NAMED_ONLY:
+        say(f"{name} selects no queue, task or key: it holds only tasks created with concurrency_key {name}[:VALUE]")
 
 
 @app.command("unset")

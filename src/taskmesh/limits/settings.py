@@ -44,9 +44,11 @@ def parse_rate(text: str) -> float:
 
 
 class LimitSettings(BaseModel):
-    """One limit (see module docs)."""
+    """A limit: ``concurrency`` (runs at once) and/or ``rate`` (starts per second, minute or hour, ``burst`` at
+    once), over the tasks its ``queue`` and ``task`` select, one counter per value of its ``key``. With no
+    queue, task or key it holds only tasks that name it in their ``concurrency_key``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     queue: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
     """The queue whose tasks it applies to (unset: any queue)."""
@@ -79,6 +81,8 @@ class LimitSettings(BaseModel):
     def _holds_something(self) -> LimitSettings:
         if self.concurrency is None and self.rate is None:
             raise ValueError("a limit needs concurrency, rate, or both")
+        if self.rate is None and self.burst != 1:
+            raise ValueError("burst counts starts of a rate: give rate too, or no burst")
         return self
 
     @property

@@ -1,8 +1,9 @@
 """What a limit holds now, per queue and key: runs in its slots, ids parked waiting for it, a back-off.
 
 Read from Redis for ``GET /api/v1/limits``, the CLI and the console. A limit without a ``key`` has one
-counter per queue; one with a ``key`` is shown by the keys that have ids parked (the busiest first,
-at most :data:`KEYS_SHOWN` per queue), or by the one key a tenant-bound caller may see.
+counter per queue, and more named by tasks' ``concurrency_key``; the counters of values (of its ``key``,
+or named by a ``concurrency_key``) are shown when they have ids parked (at most :data:`KEYS_SHOWN` per
+queue), or the one key a tenant-bound caller may see.
 """
 
 from __future__ import annotations
@@ -45,11 +46,9 @@ async def usage(
     for queue in [settings.queue] if settings.queue is not None else queues:
         if only_key is not None:
             keys = [only_key]
-        elif settings.key is None:
-            keys = [name]
-        else:
+        else:  # a limit's own counter, and those named by tasks' concurrency_key or its key with tasks waiting
             waiting = await redis.limits.waiting_keys(queue, f"{name}:", KEYS_SHOWN)
-            keys = sorted(waiting)
+            keys = ([name] if settings.key is None else []) + sorted(waiting)
         for key, (in_use, parked, until) in (await redis.limits.in_use(queue, keys)).items():
             if in_use or parked or until or (settings.key is None and settings.queue is not None):
                 out.append(

@@ -304,12 +304,14 @@ class Metrics:
         # Task limits (limits/): labelled by a configured limit's name, never by a key's value.
         self.limit_in_use = g(
             "taskmesh_limit_in_use",
-            "Runs holding a limit's slots, over its keys and this instance's queues, by limit.",
+            "Runs holding a limit's slots, over its keys and this instance's queues, by limit; sampled from Redis, "
+            "so every instance serving the queues reports it: aggregate with max, not sum.",
             "limit",
         )
         self.limit_waiting = g(
             "taskmesh_limit_waiting",
-            "Tasks parked until a limit's key has room, over its keys and this instance's queues, by limit.",
+            "Tasks parked until a limit's key has room, over its keys and this instance's queues, by limit; sampled "
+            "from Redis, so every instance serving the queues reports it: aggregate with max, not sum.",
             "limit",
         )
         self.limit_refused = c(
