@@ -312,7 +312,12 @@ async def test_priority_aging_starts_low_priority_work_within_its_bound_under_a_
 
 
 async def test_a_client_holds_the_instances_limits_and_passes_keys_debounce_and_throttle(
-    database_url: str, redis_url: str, prefix: str, pool: asyncpg.Pool, make_settings: Any
+    database_url: str,
+    redis_url: str,
+    prefix: str,
+    pool: asyncpg.Pool,
+    make_settings: Any,
+    redis_client: aioredis.Redis,  # its teardown sweeps the prefix's keys the client pushed
 ) -> None:
     settings = make_settings(
         limits={"per_customer": {"key": "payload.customer", "concurrency": 1}, "vendor": {"concurrency": 2}}
