@@ -1,14 +1,17 @@
 """Task limits on one instance, real stores: runs at once and starts per second held, waiting ids parked
-(no attempt, no retry spent), a handler's ``RateLimited`` holding its whole key, a Redis flush mid-run
-keeping the limit, and a ``concurrency_key`` naming no limit refused.
+(no attempt, no retry spent), a handler's ``RateLimited`` holding its whole key (an async handler's, and a ``def``
+handler's raised in a handler process), a Redis flush mid-run keeping the limit, and a ``concurrency_key`` naming
+no limit refused.
 
 The limits across several instances, real processes and ``kill -9`` are in ``tests/chaos/test_limits_processes.py``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,6 +24,7 @@ from taskmesh.store.keys import Keys
 from taskmesh.tasks.registry import Registry
 from tests.conftest import REDIS_MODE, http, wait_for
 from tests.integration.test_metrics_exposed import sample
+from tests.process_pool import handlers
 
 pytestmark = pytest.mark.anyio
 
@@ -151,6 +155,38 @@ async def test_rate_limited_from_a_handler_holds_the_whole_key_and_spends_no_ret
     for n in ("later0", "later1", "later2"):
         assert starts[n][0] - held_from >= 1.9, (n, starts[n][0] - held_from)
     assert starts["first"][1] - raised[0] >= 1.9
+    row = await pool.fetchrow("SELECT attempts, retries FROM tasks WHERE id = $1", first)
+    assert row is not None
+    assert (row["attempts"], row["retries"]) == (2, 0)
+    error = await pool.fetchval("SELECT error FROM task_runs WHERE task_id = $1 AND attempt = 1", first)
+    assert error == "RateLimited: rate limited (waits 2 s, no retry spent)"
+
+
+async def test_rate_limited_from_a_def_handler_in_a_handler_process_holds_the_whole_key_and_spends_no_retry(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # Importable by name: it runs in a handler process (sync_pool "process", the default), and its
+    # RateLimited crosses the pipe as the child's outcome.
+    registry.task("lim.sync")(handlers.rate_limited_first)
+    limits = {"provider": {"task": "lim.sync", "rate": "100/s", "burst": 1}}
+
+    def stamp(n: str, attempt: int) -> tuple[int, float]:
+        pid, at = (tmp_path / f"{n}.{attempt}").read_text().split()
+        return int(pid), float(at)
+
+    async with start_instance(worker_concurrency=4, limits=limits) as inst, http(inst) as client:
+        [first] = await create(client, [{"name": "lim.sync", "payload": {"n": "first", "dir": str(tmp_path)}}])
+        await wait_for(lambda: _run_written(pool, first))  # the back-off starts with the run's result
+        held_from = time.monotonic()
+        later = await create(
+            client, [{"name": "lim.sync", "payload": {"n": f"later{i}", "dir": str(tmp_path)}} for i in range(3)]
+        )
+        await wait_for(lambda: all_completed(pool, [first, *later]), timeout=15)
+    raised_by, raised_at = stamp("first", 1)
+    assert raised_by != os.getpid()  # it ran in a handler process, not in a thread of this one
+    for n in ("later0", "later1", "later2"):
+        assert stamp(n, 1)[1] - held_from >= 1.9, (n, stamp(n, 1)[1] - held_from)
+    assert stamp("first", 2)[1] - raised_at >= 1.9
     row = await pool.fetchrow("SELECT attempts, retries FROM tasks WHERE id = $1", first)
     assert row is not None
     assert (row["attempts"], row["retries"]) == (2, 0)
