@@ -216,6 +216,73 @@ async def test_a_redis_flush_mid_run_keeps_the_limit(
     assert len(ledger.starts) == 6
 
 
+async def test_a_task_retried_into_another_queue_holds_that_queues_limits_and_leaves_nothing_behind(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    spans: dict[str, list[float]] = {}
+
+    @registry.task("lim.move")
+    async def move(payload: Any, ctx: Any) -> None:
+        if ctx.queue == "qa":
+            await anyio.sleep(0.6 if payload["n"] == "h0" else 0)  # h0 holds in_a's slot a while
+            raise ValueError("fails in qa")  # created with max_retries 0: failed, for an operator to retry
+        spans[payload["n"]] = [time.monotonic()]
+        await anyio.sleep(0.5)
+        spans[payload["n"]].append(time.monotonic())
+
+    limits = {
+        "in_a": {"queue": "qa", "task": "lim.move", "concurrency": 1},  # must not hold a task that runs in qb
+        "in_b": {"queue": "qb", "task": "lim.move", "key": "payload.customer", "concurrency": 1},  # must hold it there
+        "any_queue": {"task": "lim.move", "concurrency": 2},  # counted in each queue: holds it in qb too
+    }
+    parked_in_a = keys.limit_base("qa") + "parked:in_a"
+
+    def body(n: str, queue: str) -> dict[str, Any]:
+        return {"name": "lim.move", "queue_name": queue, "max_retries": 0, "payload": {"n": n, "customer": n[0]}}
+
+    async def retry_into_qb(client: Any, ids: list[str]) -> None:
+        for task_id in ids:
+            r = await client.post(f"{TASKS}/{task_id}/retry", json={"queue_name": "qb"})
+            assert r.status_code == 200, r.text
+
+    async with start_instance(queue_names=["qa", "qb"], worker_concurrency=4, limits=limits) as inst:
+        async with http(inst) as client:
+            [holder] = await create(client, [body("h0", "qa")])
+            await wait_for(lambda: _running(pool, 1))
+            [parked] = await create(client, [body("p0", "qa")])  # parked under in_a, then cancelled there
+            await wait_for(lambda: redis_client.zscore(parked_in_a, parked))
+            assert (await client.post(f"{TASKS}/{parked}/cancel")).json()["status"] == "cancelled"
+            moved = await create(client, [body(n, "qa") for n in ("x1", "y1", "z1", "x3")])
+            await wait_for(lambda: _all_failed(pool, [holder, *moved]))
+            await retry_into_qb(client, moved[:3])
+            await wait_for(lambda: all_completed(pool, moved[:3]), timeout=10)
+            [direct] = await create(client, [body("x2", "qb")])
+            await wait_for(lambda: _began(spans, "x2"))  # customer x's task created in qb runs...
+            await retry_into_qb(client, [moved[3], parked])  # ...when customer x's moved task comes
+            await wait_for(lambda: all_completed(pool, [*moved, parked, direct]), timeout=10)
+    in_qb = [spans[n] for n in ("x1", "y1", "z1")]
+    at_once = max(sum(1 for s, e in in_qb if s <= t < e) for t, _ in in_qb)
+    assert at_once == 2, in_qb  # in_a (1 at once) no longer held them; any_queue (2 at once) did
+    assert spans["x3"][0] >= spans["x2"][1], (spans["x2"], spans["x3"])  # in_b held customer x's second
+    found = await pool.fetch("SELECT queue, limit_keys FROM tasks WHERE id = ANY($1::uuid[])", [*moved, parked])
+    assert sorted((r["queue"], *r["limit_keys"]) for r in found) == [("qb", "any_queue", f"in_b:{c}") for c in "pxxyz"]
+    for queue in ("qa", "qb"):
+        base = keys.limit_base(queue)
+        left = {str(k)[len(base) :] async for k in redis_client.scan_iter(match=f"{base}*")}
+        assert left <= {"inuse"}, (queue, sorted(left))  # no slot, parked id, wake or back-off left
+        held = await redis_client.hgetall(f"{base}inuse")
+        assert all(int(v) == 0 for v in held.values()), (queue, held)
+
+
+async def _began(spans: dict[str, list[float]], n: str) -> bool:
+    return n in spans
+
+
+async def _all_failed(pool: asyncpg.Pool, ids: list[str]) -> bool:
+    n = await pool.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) AND status = 'failed'", ids)
+    return bool(n == len(ids))
+
+
 async def _running(pool: asyncpg.Pool, n: int) -> bool:
     return bool(await pool.fetchval("SELECT count(*) FROM tasks WHERE status = 'running'") >= n)
 
