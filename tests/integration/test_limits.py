@@ -1,14 +1,17 @@
 """Task limits on one instance, real stores: runs at once and starts per second held, waiting ids parked
-(no attempt, no retry spent), a handler's ``RateLimited`` holding its whole key, a Redis flush mid-run
-keeping the limit, and a ``concurrency_key`` naming no limit refused.
+(no attempt, no retry spent), a handler's ``RateLimited`` holding its whole key (an async handler's, and a ``def``
+handler's raised in a handler process), a Redis flush mid-run keeping the limit, and a ``concurrency_key`` naming
+no limit refused.
 
 The limits across several instances, real processes and ``kill -9`` are in ``tests/chaos/test_limits_processes.py``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,6 +24,7 @@ from taskmesh.store.keys import Keys
 from taskmesh.tasks.registry import Registry
 from tests.conftest import REDIS_MODE, http, wait_for
 from tests.integration.test_metrics_exposed import sample
+from tests.process_pool import handlers
 
 pytestmark = pytest.mark.anyio
 
@@ -158,6 +162,38 @@ async def test_rate_limited_from_a_handler_holds_the_whole_key_and_spends_no_ret
     assert error == "RateLimited: rate limited (waits 2 s, no retry spent)"
 
 
+async def test_rate_limited_from_a_def_handler_in_a_handler_process_holds_the_whole_key_and_spends_no_retry(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # Importable by name: it runs in a handler process (sync_pool "process", the default), and its
+    # RateLimited crosses the pipe as the child's outcome.
+    registry.task("lim.sync")(handlers.rate_limited_first)
+    limits = {"provider": {"task": "lim.sync", "rate": "100/s", "burst": 1}}
+
+    def stamp(n: str, attempt: int) -> tuple[int, float]:
+        pid, at = (tmp_path / f"{n}.{attempt}").read_text().split()
+        return int(pid), float(at)
+
+    async with start_instance(worker_concurrency=4, limits=limits) as inst, http(inst) as client:
+        [first] = await create(client, [{"name": "lim.sync", "payload": {"n": "first", "dir": str(tmp_path)}}])
+        await wait_for(lambda: _run_written(pool, first))  # the back-off starts with the run's result
+        held_from = time.monotonic()
+        later = await create(
+            client, [{"name": "lim.sync", "payload": {"n": f"later{i}", "dir": str(tmp_path)}} for i in range(3)]
+        )
+        await wait_for(lambda: all_completed(pool, [first, *later]), timeout=15)
+    raised_by, raised_at = stamp("first", 1)
+    assert raised_by != os.getpid()  # it ran in a handler process, not in a thread of this one
+    for n in ("later0", "later1", "later2"):
+        assert stamp(n, 1)[1] - held_from >= 1.9, (n, stamp(n, 1)[1] - held_from)
+    assert stamp("first", 2)[1] - raised_at >= 1.9
+    row = await pool.fetchrow("SELECT attempts, retries FROM tasks WHERE id = $1", first)
+    assert row is not None
+    assert (row["attempts"], row["retries"]) == (2, 0)
+    error = await pool.fetchval("SELECT error FROM task_runs WHERE task_id = $1 AND attempt = 1", first)
+    assert error == "RateLimited: rate limited (waits 2 s, no retry spent)"
+
+
 async def _run_written(pool: asyncpg.Pool, task_id: str) -> bool:
     status = await pool.fetchval("SELECT status FROM task_runs WHERE task_id = $1 AND attempt = 1", task_id)
     return bool(status == "retrying")
@@ -178,6 +214,73 @@ async def test_a_redis_flush_mid_run_keeps_the_limit(
         await wait_for(lambda: all_completed(pool, ids), timeout=30)
     assert ledger.most["*"] == 2
     assert len(ledger.starts) == 6
+
+
+async def test_a_task_retried_into_another_queue_holds_that_queues_limits_and_leaves_nothing_behind(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    spans: dict[str, list[float]] = {}
+
+    @registry.task("lim.move")
+    async def move(payload: Any, ctx: Any) -> None:
+        if ctx.queue == "qa":
+            await anyio.sleep(0.6 if payload["n"] == "h0" else 0)  # h0 holds in_a's slot a while
+            raise ValueError("fails in qa")  # created with max_retries 0: failed, for an operator to retry
+        spans[payload["n"]] = [time.monotonic()]
+        await anyio.sleep(0.5)
+        spans[payload["n"]].append(time.monotonic())
+
+    limits = {
+        "in_a": {"queue": "qa", "task": "lim.move", "concurrency": 1},  # must not hold a task that runs in qb
+        "in_b": {"queue": "qb", "task": "lim.move", "key": "payload.customer", "concurrency": 1},  # must hold it there
+        "any_queue": {"task": "lim.move", "concurrency": 2},  # counted in each queue: holds it in qb too
+    }
+    parked_in_a = keys.limit_base("qa") + "parked:in_a"
+
+    def body(n: str, queue: str) -> dict[str, Any]:
+        return {"name": "lim.move", "queue_name": queue, "max_retries": 0, "payload": {"n": n, "customer": n[0]}}
+
+    async def retry_into_qb(client: Any, ids: list[str]) -> None:
+        for task_id in ids:
+            r = await client.post(f"{TASKS}/{task_id}/retry", json={"queue_name": "qb"})
+            assert r.status_code == 200, r.text
+
+    async with start_instance(queue_names=["qa", "qb"], worker_concurrency=4, limits=limits) as inst:
+        async with http(inst) as client:
+            [holder] = await create(client, [body("h0", "qa")])
+            await wait_for(lambda: _running(pool, 1))
+            [parked] = await create(client, [body("p0", "qa")])  # parked under in_a, then cancelled there
+            await wait_for(lambda: redis_client.zscore(parked_in_a, parked))
+            assert (await client.post(f"{TASKS}/{parked}/cancel")).json()["status"] == "cancelled"
+            moved = await create(client, [body(n, "qa") for n in ("x1", "y1", "z1", "x3")])
+            await wait_for(lambda: _all_failed(pool, [holder, *moved]))
+            await retry_into_qb(client, moved[:3])
+            await wait_for(lambda: all_completed(pool, moved[:3]), timeout=10)
+            [direct] = await create(client, [body("x2", "qb")])
+            await wait_for(lambda: _began(spans, "x2"))  # customer x's task created in qb runs...
+            await retry_into_qb(client, [moved[3], parked])  # ...when customer x's moved task comes
+            await wait_for(lambda: all_completed(pool, [*moved, parked, direct]), timeout=10)
+    in_qb = [spans[n] for n in ("x1", "y1", "z1")]
+    at_once = max(sum(1 for s, e in in_qb if s <= t < e) for t, _ in in_qb)
+    assert at_once == 2, in_qb  # in_a (1 at once) no longer held them; any_queue (2 at once) did
+    assert spans["x3"][0] >= spans["x2"][1], (spans["x2"], spans["x3"])  # in_b held customer x's second
+    found = await pool.fetch("SELECT queue, limit_keys FROM tasks WHERE id = ANY($1::uuid[])", [*moved, parked])
+    assert sorted((r["queue"], *r["limit_keys"]) for r in found) == [("qb", "any_queue", f"in_b:{c}") for c in "pxxyz"]
+    for queue in ("qa", "qb"):
+        base = keys.limit_base(queue)
+        left = {str(k)[len(base) :] async for k in redis_client.scan_iter(match=f"{base}*")}
+        assert left <= {"inuse"}, (queue, sorted(left))  # no slot, parked id, wake or back-off left
+        held = await redis_client.hgetall(f"{base}inuse")
+        assert all(int(v) == 0 for v in held.values()), (queue, held)
+
+
+async def _began(spans: dict[str, list[float]], n: str) -> bool:
+    return n in spans
+
+
+async def _all_failed(pool: asyncpg.Pool, ids: list[str]) -> bool:
+    n = await pool.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) AND status = 'failed'", ids)
+    return bool(n == len(ids))
 
 
 async def _running(pool: asyncpg.Pool, n: int) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel
 
-from taskmesh.errors import NonRetryableError, Retry
+from taskmesh.errors import NonRetryableError, RateLimited, Retry
 from taskmesh.tasks.models import TaskContext
 
 
@@ -116,6 +116,15 @@ def sleep_then_mark(payload: dict[str, Any], ctx: TaskContext) -> None:
     (folder / f"pid.{ctx.attempt}").write_text(str(os.getpid()))
     time.sleep(float(payload["seconds"]))
     (folder / f"done.{ctx.attempt}").write_text(str(os.getpid()))
+
+
+def rate_limited_first(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Writes ``<pid> <time.monotonic()>`` to ``<n>.<attempt>`` in ``payload["dir"]`` as it starts (CLOCK_MONOTONIC:
+    one clock for every process of the host), then raises ``RateLimited(retry_after=2)`` on the first attempt of
+    the task whose ``n`` is ``first``."""
+    (Path(payload["dir"]) / f"{payload['n']}.{ctx.attempt}").write_text(f"{os.getpid()} {time.monotonic()!r}")
+    if payload["n"] == "first" and ctx.attempt == 1:
+        raise RateLimited(retry_after=2)
 
 
 def ignore_sigterm_and_sleep(payload: dict[str, Any]) -> None:

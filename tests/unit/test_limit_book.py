@@ -50,6 +50,27 @@ def test_a_task_of_a_queue_with_fair_shares_holds_its_fairness_key_last() -> Non
     assert b.fair_args("default") == [1.0, 1, "big", 3.0] and b.fair_args("other") is None
 
 
+def test_a_task_moved_into_another_queue_drops_the_old_queues_keys_and_takes_the_new_ones() -> None:
+    fair = {"a": FairnessSettings(key="tenant_id"), "b": FairnessSettings(key="payload.account")}
+    b = LimitBook(
+        {
+            "in_a": LimitSettings(queue="a", concurrency=1),
+            "in_b": LimitSettings(queue="b", key="payload.account", concurrency=1),
+            "grade": LimitSettings(task="grade", concurrency=2),  # of any queue: stays
+            "vendor": LimitSettings(concurrency=1),  # named by a concurrency_key: stays
+            "all_a": LimitSettings(queue="a", rate="5/s"),  # every task of a
+        },
+        fair,
+    )
+    held = b.keys_for(queue="a", name="grade", tenant_id="acme", payload={"account": 7}, concurrency_key="vendor:x")
+    assert held == ["all_a", "grade", "in_a", "@acme", "vendor:x"]
+    held = [*held, "in_a:y", "gone"]  # a counter of in_a a concurrency_key named; a limit no longer in force
+    moved = b.keys_moved(held, queue="b", name="grade", tenant_id="acme", payload={"account": 7})
+    assert moved == ["gone", "grade", "in_b:7", "vendor:x", "@7"]
+    assert b.keys_moved(["in_a", "@acme"], queue="c", name="export", tenant_id="acme", payload={}) is None
+    assert b.keys_moved(None, queue="b", name="export", tenant_id=None, payload={}) == ["in_b:", "@"]
+
+
 def test_a_concurrency_key_naming_no_limit_is_refused_on_its_field() -> None:
     with pytest.raises(InvalidTaskError) as info:
         book(customer={"concurrency": 1}).keys_for(

@@ -2,7 +2,8 @@
 
 A **limit key** names one counter: ``<limit>`` for a limit without a ``key``, ``<limit>:<value>``
 for one with (``per_customer:42``). A task's limit keys are decided once, at enqueue, from the
-limits then in force, and stored with it (``tasks.limit_keys``); the admission stage
+limits then in force (an operator's retry into another queue decides their queue's part again:
+:meth:`LimitBook.keys_moved`), and stored with it (``tasks.limit_keys``); the admission stage
 (``store/lua/limits_admit.lua``) holds each key to its limit's numbers as they are at that moment,
 so a changed number applies at once to queued tasks, and a limit declared later applies to tasks
 enqueued after it.
@@ -11,7 +12,7 @@ enqueued after it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -169,6 +170,31 @@ class LimitBook:
             if key not in keys:
                 keys.append(key)
         return keys or None
+
+    def keys_moved(
+        self, keys: Sequence[str] | None, *, queue: str, name: str, tenant_id: str | None, payload: Any
+    ) -> list[str] | None:
+        """The limit keys of a task that moves into ``queue`` (an operator's retry into another queue), from the
+        ``keys`` it held; ``None`` when it holds none there.
+
+        A key of a limit scoped to another queue goes (that limit holds the tasks of its queue only); the keys of
+        the limits scoped to ``queue`` that select the task come (by its name, tenant and payload, as
+        :meth:`keys_for` decides them); its fairness key is ``queue``'s (none in a queue without fair shares).
+        Every other key stays as the create decided it: a limit of any queue, a counter its ``concurrency_key``
+        named, a limit no longer in force (which holds nothing). Limit keys by name, then the fairness key.
+        """
+        kept = set()
+        for lk in keys or ():
+            s = self.limits.get(limit_name(lk))
+            if not lk.startswith(FAIR_MARK) and (s is None or s.queue is None or s.queue == queue):
+                kept.add(lk)
+        fair: list[str] = []
+        for lk in self.keys_for(queue=queue, name=name, tenant_id=tenant_id, payload=payload) or ():
+            if lk.startswith(FAIR_MARK):
+                fair.append(lk)
+            elif self.limits[limit_name(lk)].queue == queue:
+                kept.add(lk)
+        return sorted(kept) + fair or None
 
     def priority_step(self, queue: str) -> int:
         """The ready-score distance between two priorities in ``queue``, ms: its aging's seconds per level (a task

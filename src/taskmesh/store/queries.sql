@@ -347,6 +347,15 @@ FOR UPDATE SKIP LOCKED;
 -- The task's status and queue, its row locked until the transaction ends (retry, delete).
 SELECT status, queue FROM tasks WHERE id = $1 FOR UPDATE;
 
+-- name: task_get_limit_inputs
+-- What a task's limit keys are decided by (name, tenant, payload as JSON text) and the keys it holds: a retry
+-- into another queue decides them again (limits/book.py LimitBook.keys_moved).
+SELECT name, tenant_id, payload::text AS payload, limit_keys FROM tasks WHERE id = $1;
+
+-- name: task_set_limit_keys
+-- The limit keys a task holds from now on (NULL: none), decided again as it moved into another queue.
+UPDATE tasks SET limit_keys = $2::text[] WHERE id = $1;
+
 -- name: task_delete_one_finished
 -- Delete one finished task (completed, failed or cancelled) and, by the foreign key, its runs.
 DELETE FROM tasks WHERE id = $1 AND status IN ('completed', 'failed', 'cancelled')

@@ -156,6 +156,15 @@ class TaskQueries(Queries):
         """``task_lock_status``: ``status, queue`` with the row locked; ``None`` when no task has the id."""
         return await self._fetchrow("task_lock_status", task_id)
 
+    async def get_limit_inputs(self, task_id: uuid.UUID) -> asyncpg.Record | None:
+        """``task_get_limit_inputs``: ``name, tenant_id, payload`` (JSON text) ``, limit_keys`` of a task;
+        ``None`` when no task has the id."""
+        return await self._fetchrow("task_get_limit_inputs", task_id)
+
+    async def set_limit_keys(self, task_id: uuid.UUID, limit_keys: Sequence[str] | None) -> None:
+        """``task_set_limit_keys``: the limit keys the task holds from now on (``None``: none)."""
+        await self._execute("task_set_limit_keys", task_id, None if limit_keys is None else list(limit_keys))
+
     async def delete_one_finished(self, task_id: uuid.UUID) -> asyncpg.Record | None:
         """``task_delete_one_finished``: ``status, queue`` of the deleted task, ``None`` if it was not finished."""
         return await self._fetchrow("task_delete_one_finished", task_id)

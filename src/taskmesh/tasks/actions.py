@@ -13,7 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from taskmesh.errors import StoreError, TaskFinishedError, TaskNotFoundError, TaskStateError
+from taskmesh.limits.book import LimitBook
 from taskmesh.observability.logs import get_logger
 from taskmesh.store import PgStore, RedisStore
 from taskmesh.tasks.models import PushTarget
@@ -57,6 +60,11 @@ class TaskActions:
 
     pg: PgStore
     redis: RedisStore
+    limits: LimitBook
+
+    async def learn(self) -> None:
+        """Read the limits set at run time when stale (:meth:`taskmesh.tasks.tasks.Tasks.learn` does it)."""
+        raise NotImplementedError
 
     async def push(self, targets: Sequence[PushTarget]) -> None:
         """Push ids into Redis (:meth:`taskmesh.tasks.tasks.Tasks.push` does it)."""
@@ -96,12 +104,16 @@ class TaskActions:
         """Move one failed or cancelled task back to queued, due now, with a fresh retry budget.
 
         Its next run is a new attempt (``attempts`` goes on counting); a failed task leaves
-        its queue's DLQ mirror. ``priority`` and ``queue`` change the task when given.
+        its queue's DLQ mirror. ``priority`` and ``queue`` change the task when given; in another queue
+        its limit keys are decided again for that queue (:meth:`LimitBook.keys_moved`): a limit scoped
+        to the queue it leaves no longer holds it, one scoped to the queue it enters does.
 
         :raises TaskNotFoundError: no task has this id.
         :raises TaskStateError: it is queued, running or completed (only a failed or
             cancelled task is retried; a queued or running one is retried by itself).
         """
+        if queue is not None:
+            await self.learn()  # the limits of the queue it may enter, as they are now
         async with self.pg.transaction() as tx:
             row = await tx.tasks.lock_status(task_id)
             if row is None:
@@ -111,13 +123,32 @@ class TaskActions:
                     str(task_id), row["status"], "retry", "only a failed or cancelled task can be retried"
                 )
             [moved] = await tx.tasks.requeue([task_id], RETRYABLE, priority=priority, to_queue=queue)  # row locked
+            limit_keys = moved["limit_keys"]
+            if moved["queue"] != row["queue"]:
+                limit_keys = await self._keys_moved(tx, task_id, moved["queue"])
         try:
             await self.redis.forget(row["queue"], str(task_id))
-            await self.push([PushTarget(task_id, moved["queue"], moved["priority"], None, moved["limit_keys"])])
+            await self.push([PushTarget(task_id, moved["queue"], moved["priority"], None, limit_keys)])
         except StoreError as exc:  # the reconciler pushes it; a stray DLQ entry is dropped by its sweep
             log.warning("redis_push_failed", tasks=1, error=str(exc))
         log.info("task_retried", task_id=str(task_id), queue=moved["queue"], priority=moved["priority"])
         return Retried(task_id, TaskStatus.QUEUED, moved["queue"], moved["priority"], row["status"])
+
+    async def _keys_moved(self, tx: PgStore, task_id: uuid.UUID, queue: str) -> list[str] | None:
+        """Decide again, and write, the limit keys of a task (its row locked in ``tx``) that moved into ``queue``."""
+        found = await tx.tasks.get_limit_inputs(task_id)
+        assert found is not None  # the row is locked
+        try:
+            payload = orjson.loads(found["payload"])
+        except orjson.JSONDecodeError:  # its run fails on it anyway (ClaimedTask.defect); no payload key then
+            payload = None
+        before = found["limit_keys"]
+        keys = self.limits.keys_moved(
+            before, queue=queue, name=found["name"], tenant_id=found["tenant_id"], payload=payload
+        )
+        if keys != before:
+            await tx.tasks.set_limit_keys(task_id, keys)
+        return keys
 
     async def delete(self, task_id: uuid.UUID) -> str:
         """Delete one finished task (completed, failed or cancelled) and its runs.
