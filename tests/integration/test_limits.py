@@ -342,7 +342,7 @@ async def test_a_tenant_arriving_behind_another_tenants_backlog_starts_within_a_
     print(f"\nfairness: the 10 tasks arriving behind 10,000 all started within {last - arrived_at} starts")
 
 
-async def test_weights_of_three_to_one_share_the_starts_three_to_one_under_contention(
+async def test_weights_of_three_to_one_share_the_executors_three_to_one_under_contention(
     start_instance: Any, registry: Registry, pool: asyncpg.Pool
 ) -> None:
     order = register_order(registry)
@@ -359,6 +359,72 @@ async def test_weights_of_three_to_one_share_the_starts_three_to_one_under_conte
     ratio = first.count("gold") / first.count("basic")
     print(f"\nfairness: weights 3:1 gave {first.count('gold')}:{first.count('basic')} = {ratio:.2f}")
     assert 2.7 <= ratio <= 3.3
+
+
+async def test_fair_shares_count_running_slots_so_a_key_of_long_tasks_holds_its_share_of_executors(
+    start_instance: Any, registry: Registry
+) -> None:
+    running: Counter[str] = Counter()
+    done: Counter[str] = Counter()
+
+    @registry.task("share.job")
+    async def job(payload: Any, ctx: Any) -> None:
+        tenant = str(ctx.tenant_id)
+        running[tenant] += 1
+        try:
+            await anyio.sleep(0.4 if tenant == "long" else 0.02)
+        finally:
+            running[tenant] -= 1
+            done[tenant] += 1
+
+    queues = {"default": {"concurrency": 8, "fairness": {"key": "tenant_id"}}}
+    async with start_instance(queues=queues) as inst, http(inst) as client:
+        assert (await client.post("/api/v1/queues/default/pause")).status_code == 200
+        await create(client, [{"name": "share.job", "tenant_id": "long"} for _ in range(200)])
+        await create(client, [{"name": "share.job", "tenant_id": "short"} for _ in range(1000)])
+        assert (await client.post("/api/v1/queues/default/resume")).status_code == 200
+        await wait_for(lambda: _ran(done, 8), timeout=20)
+        samples: list[tuple[int, int]] = []
+        for _ in range(60):  # 3 s, both keys backlogged throughout
+            samples.append((running["long"], running["short"]))
+            await anyio.sleep(0.05)
+        assert (await client.post("/api/v1/queues/default/pause")).status_code == 200
+    assert done["short"] < 1000 and done["long"] < 200, done  # neither ran out of work
+    long_share = sum(a for a, _ in samples) / max(1, sum(a + b for a, b in samples))
+    print(f"\nfairness: long tasks held {long_share:.0%} of the busy executors ({dict(done)})")
+    # counting starts, the key of 0.4 s tasks would hold ~95% of them (one start each in turn)
+    assert 0.3 <= long_share <= 0.7, (long_share, samples)
+
+
+async def test_a_task_waiting_its_fairness_keys_turn_says_so_in_blocked_by(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    release = anyio.Event()
+
+    @registry.task("turn.job")
+    async def job(payload: Any) -> None:
+        await release.wait()
+
+    queues = {"default": {"concurrency": 1, "prefetch": 0, "fairness": {"key": "tenant_id"}}}
+    async with start_instance(queues=queues) as inst, http(inst) as client:
+        try:
+            [running] = await create(client, [{"name": "turn.job", "tenant_id": "acme"}])
+            await wait_for(lambda: _status(pool, running, "running"))
+            waiting = await create(client, [{"name": "turn.job", "tenant_id": "acme"} for _ in range(3)])
+            said = [(await client.get(f"{TASKS}/{t}")).json()["task"]["blocked_by"] for t in waiting]
+        finally:
+            release.set()
+    # one fetch's worth waits in the ready set (an executor frees: it is popped), the rest their key's turn
+    turn = [{"reason": "fair_share", "key": "acme"}]
+    assert sorted(said, key=len) == [[], turn, turn]
+
+
+async def _status(pool: asyncpg.Pool, task_id: str, status: str) -> bool:
+    return bool(await pool.fetchval("SELECT status = $2 FROM tasks WHERE id = $1", task_id, status))
+
+
+async def _ran(done: Counter[str], n: int) -> bool:
+    return sum(done.values()) >= n
 
 
 async def _started(order: list[str], n: int) -> bool:

@@ -195,6 +195,10 @@ async def waiting(api: ConsoleApi, task: dict[str, Any]) -> list[dict[str, Any]]
             said.append({"text": "Delayed until", "until": reason.get("until"), "tail": tail})
         elif kind == "queue_paused":
             said.append({"text": "Queue paused", "tail": ": no instance claims its tasks until it is resumed"})
+        elif kind == "fair_share":
+            key = reason.get("key") or "(none)"
+            text = f"Waiting its turn: fair shares, key {key}"
+            said.append({"text": text, "tail": " (keys with fewer running go first)"})
         elif kind == "limit":
             said.append(await _limit_words(api, task, reason))
         else:  # a reason of a newer API: said as it is

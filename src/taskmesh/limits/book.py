@@ -120,8 +120,9 @@ class LimitBook:
         return bool(self.limits or self.fairness)
 
     def applies_in(self, queue: str) -> bool:
-        """Whether any limit may hold a task of ``queue`` (then its fetcher admits what it pops)."""
-        return any(s.queue is None or s.queue == queue for s in self.limits.values())
+        """Whether any limit may hold a task of ``queue``, or it has fair shares (then its fetcher admits what
+        it pops: the admission also feeds a fair queue's ready set)."""
+        return queue in self.fairness or any(s.queue is None or s.queue == queue for s in self.limits.values())
 
     def keys_for(
         self,

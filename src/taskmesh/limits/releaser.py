@@ -17,7 +17,7 @@ import uuid
 import anyio
 
 from taskmesh.errors import StoreError
-from taskmesh.limits.book import FAIR_MARK, LimitBook
+from taskmesh.limits.book import LimitBook
 from taskmesh.observability.logs import get_logger
 from taskmesh.store.redis_limits import RedisLimits, Release
 
@@ -54,7 +54,7 @@ class SlotReleaser:
     def ended(self, task_id: uuid.UUID, limit_keys: list[str] | None) -> None:
         """The run of ``task_id`` ended: give its slots back at the next call."""
         until = self.until.pop(task_id, None)
-        keys = [k for k in limit_keys or () if not k.startswith(FAIR_MARK)]
+        keys = list(limit_keys or ())
         if until is None or not keys:
             return
         self._ended.append(Release(str(task_id), keys, fence=until))
@@ -70,7 +70,12 @@ class SlotReleaser:
         if not given:
             return
         try:
-            await self.limits.release(self.queue, given, self.book.script_args())
+            await self.limits.release(
+                self.queue,
+                given,
+                self.book.script_args(),
+                fair=self.book.fair_args(self.queue),
+            )
         except StoreError as exc:
             log.warning("limit_release_failed", queue=self.queue, runs=len(given), error=str(exc))
 

@@ -113,10 +113,11 @@ WEIGHT_MAX = 1000.0
 class FairnessSettings(BaseModel):
     """Fair shares between the keys of one queue (``[queues.<q>] fairness = {key = "tenant_id", weights = {...}}``).
 
-    Each task of the queue counts for its value of ``key``; keys with tasks waiting are served in turn,
-    each in proportion to its weight (default ``default_weight``), so that one key's backlog does not
-    hold another key's first task back by more than one dispatch round, and a key alone gets every
-    executor.
+    Each task of the queue counts for its value of ``key``; keys with tasks waiting share the running
+    slots in proportion to their weights (default ``default_weight``): each free executor goes to the key
+    with the fewest runs for its weight (deficit round robin, ``store/lua/fair_lib.lua``), so that one
+    key's backlog does not hold another key's first task back by more than one dispatch round, a key of
+    long tasks does not take every executor, and a key alone gets every executor.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

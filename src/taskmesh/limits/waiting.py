@@ -2,7 +2,9 @@
 
 Each reason is one object: ``{"reason": "workflow", "workflow_id"}`` (a workflow's task waiting for its
 deps), ``{"reason": "delay", "until"}`` (due later, or waiting out a retry's backoff),
-``{"reason": "queue_paused"}``, ``{"reason": "limit", "limit", "key", "holds"}`` (parked until its
+``{"reason": "queue_paused"}``, ``{"reason": "fair_share", "key"}`` (in a queue with fair shares, waiting
+its fairness key's turn: ``key`` is the key's value, a tenant or a payload field's), ``{"reason": "limit",
+"limit", "key", "holds"}`` (parked until its
 limit key has room: ``holds`` is ``concurrency``, ``rate`` or ``back_off``, with ``until_ms`` for a
 back-off: ms since the Unix epoch, as ``backing_off_until_ms`` of ``GET /api/v1/limits``). A queued
 task with no reason is ready: it waits for a free executor. A task that is not waiting (running, or
@@ -15,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from taskmesh.errors import StoreError
-from taskmesh.limits.book import LimitBook, limit_name
+from taskmesh.limits.book import FAIR_MARK, LimitBook, limit_name
 from taskmesh.observability.logs import get_logger
 from taskmesh.store import RedisStore
 from taskmesh.tasks.states import TaskStatus
@@ -52,6 +54,8 @@ async def _limit(redis: RedisStore, book: LimitBook, queue: str, task_id: str, k
     parked = await redis.limits.parked_under(queue, task_id, keys)
     if parked is None:
         return []
+    if parked.startswith(FAIR_MARK):
+        return [{"reason": "fair_share", "key": parked.removeprefix(FAIR_MARK)}]
     name = limit_name(parked)
     [(in_use, _, until)] = (await redis.limits.in_use(queue, [parked])).values()
     settings = book.limits.get(name)

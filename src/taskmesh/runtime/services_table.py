@@ -95,7 +95,7 @@ class Serving:
         until = self.stores.redis.now_ms() + round(lease_seconds * 1000)
         for pool in self.pools:
             claimed = list(pool.claimed.values())
-            runs = [(t.task_id, [k for k in t.limit_keys if not k.startswith("@")]) for t in claimed if t.limit_keys]
+            runs = [(t.task_id, list(t.limit_keys)) for t in claimed if t.limit_keys]
             await self.stores.redis.limits.hold(pool.queue, runs, until)
             pool.releaser.extend([task_id for task_id, _ in runs], until)
 

@@ -182,7 +182,13 @@ class QueueWorkers:
         self.popped.update(ids)
         try:
             admission = await self.tasks.redis.limits.admit(
-                self.queue, popped, limits.script_args(), round(self.lease_seconds * 1000)
+                self.queue,
+                popped,
+                limits.script_args(),
+                round(self.lease_seconds * 1000),
+                fair=limits.fair_args(self.queue),
+                batch=self.batch_max,
+                step=limits.priority_step(self.queue),
             )
         finally:
             self.popped.difference_update(ids)

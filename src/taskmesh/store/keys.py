@@ -107,13 +107,13 @@ class Keys:
         """Sorted set of the queue's limit keys with parked ids, scored by when to look at them again (ms)."""
         return f"{self.prefix}:{{{queue}}}:lim:wake"
 
-    def fair_clock(self, queue: str) -> str:
-        """Hash of the queue's fair virtual time per priority (``lua/fair_lib.lua``)."""
-        return f"{self.prefix}:{{{queue}}}:lim:fair:clock"
+    def fair_state(self, queue: str) -> str:
+        """Hash of a queue with fair shares: the size its ready set is fed to, a slot's lease (``lua/fair_lib.lua``)."""
+        return f"{self.prefix}:{{{queue}}}:lim:fair:state"
 
-    def fair_last(self, queue: str) -> str:
-        """Sorted set fairness key -> the score of its last id, of a queue with fair shares."""
-        return f"{self.prefix}:{{{queue}}}:lim:fair:last"
+    def fair_keys(self, queue: str) -> str:
+        """Sorted set fairness key -> its dispatched ids per weight, over the keys with ids waiting their turn."""
+        return f"{self.prefix}:{{{queue}}}:lim:fair:keys"
 
     def rate_limit(self, bucket: str) -> str:
         """A rate-limit bucket (``{class}:{key id}``): a GCRA arrival time, its TTL its own end."""

@@ -119,7 +119,7 @@ class RedisStore:
         self.keys = keys
         self.now_ms = now_ms
         self._move = client.register_script(lua("limits_lib") + lua("fair_lib") + lua("delayed_move"))
-        self._fair_push = client.register_script(lua("fair_lib") + lua("fair_push"))
+        self._fair_push = client.register_script(lua("limits_lib") + lua("fair_lib") + lua("fair_push"))
         self.fair_args: Callable[[str], list[str | float] | None] = lambda _queue: None
         self.priority_step: Callable[[str], int] = lambda _queue: PRIORITY_STEP
         """A queue's ready-score step between priorities (``LimitBook.priority_step``; the task facade sets it)."""
@@ -255,10 +255,9 @@ class RedisStore:
         fair: dict[str, list[PushTarget]] = {}
         for t in targets:
             due = None if t.due_at is None else due_ms(t.due_at)
-            if due is None and t.limit_keys and any(k.startswith("@") for k in t.limit_keys):
-                if self.fair_args(t.queue) is not None:
-                    fair.setdefault(t.queue, []).append(t)
-                    continue
+            if due is None and self.fair_args(t.queue) is not None:
+                fair.setdefault(t.queue, []).append(t)
+                continue
             if due is None:
                 ready.setdefault(t.queue, {})[str(t.task_id)] = t.priority
             else:
@@ -271,18 +270,24 @@ class RedisStore:
         return pushed
 
     async def _push_fair(self, queue: str, targets: Sequence[PushTarget]) -> int:
-        """Push ready ids of a queue with fair shares, each scored by its fairness key (``lua/fair_push.lua``).
+        """Push ready ids of a queue with fair shares: each waits its key's turn, and the ready set is fed
+        (``lua/fair_push.lua``).
 
         :returns: how many were given.
         :raises StoreError: Redis failed.
         """
-        args: list[Any] = [self.now_ms() - EPOCH_MS, PRIORITY_STEP, *(self.fair_args(queue) or [0])]
+        args: list[Any] = [
+            self.now_ms() - EPOCH_MS,
+            PRIORITY_STEP,
+            self.keys.limit_base(queue),
+            *(self.fair_args(queue) or [0]),
+        ]
         for t in targets:
             args += [str(t.task_id), t.priority, LIMIT_KEY_SEPARATOR.join(t.limit_keys or ())]
         keys = [
             self.keys.ready(queue),
-            self.keys.fair_clock(queue),
-            self.keys.fair_last(queue),
+            self.keys.fair_state(queue),
+            self.keys.fair_keys(queue),
             self.keys.limit_tasks(queue),
         ]
         with redis_call("push"):
@@ -513,8 +518,8 @@ class RedisStore:
                     self.keys.priorities(queue),
                     self.keys.limit_wake(queue),
                     self.keys.limit_tasks(queue),
-                    self.keys.fair_clock(queue),
-                    self.keys.fair_last(queue),
+                    self.keys.fair_state(queue),
+                    self.keys.fair_keys(queue),
                 ],
                 args=[
                     self.now_ms(),

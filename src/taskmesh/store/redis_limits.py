@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskmesh.store.classify import redis_call
-from taskmesh.store.keys import Keys
+from taskmesh.store.keys import PRIORITY_STEP, Keys
 from taskmesh.store.redis_types import RedisClient
 from taskmesh.store.scripts import lua
 
 LimitArgs = Sequence[str | int | float]
 """The limits in force as the scripts read them (``LimitBook.script_args``)."""
+FairArgs = Sequence[str | int | float]
+"""A queue's fair shares as the scripts read them (``LimitBook.fair_args``)."""
 SEPARATOR = "\n"
 
 
@@ -93,8 +95,8 @@ class RedisLimits:
         self.now_ms = now_ms
         self._release = client.register_script(lua("lock_release"))
         self._rate = client.register_script(lua("rate_limit"))
-        self._admit = client.register_script(lua("limits_lib") + lua("limits_admit"))
-        self._give_back = client.register_script(lua("limits_lib") + lua("limits_release"))
+        self._admit = client.register_script(lua("limits_lib") + lua("fair_lib") + lua("limits_admit"))
+        self._give_back = client.register_script(lua("limits_lib") + lua("fair_lib") + lua("limits_release"))
 
     async def try_lock(self, key: str, ttl_ms: int) -> str | None:
         """Take a short singleton lock (``SET key token NX PX ttl``).
@@ -139,22 +141,41 @@ class RedisLimits:
     # -- the admission of task limits -------------------------------------------
 
     async def admit(
-        self, queue: str, popped: Sequence[tuple[str, float]], limits: LimitArgs, lease_ms: int
+        self,
+        queue: str,
+        popped: Sequence[tuple[str, float]],
+        limits: LimitArgs,
+        lease_ms: int,
+        *,
+        fair: FairArgs | None = None,
+        batch: int = 0,
+        step: int = PRIORITY_STEP,
     ) -> Admission:
         """Decide which popped ids may start (``lua/limits_admit.lua``; see module docs).
 
         :param popped: ``(task id, ready score)`` as popped, best first.
         :param limits: the limits in force (``LimitBook.script_args``).
         :param lease_ms: how long a slot holds unless its run's heartbeat extends it.
+        :param fair: the queue's fair shares (``LimitBook.fair_args``), ``None`` without; then the popped
+            ids only count how many may start, which ids start is the keys' turns', and the ready set is
+            fed to ``batch`` ids (``lua/fair_lib.lua``). The started ids need not be among those popped.
+        :param step: the queue's ready-score step between priorities (``LimitBook.priority_step``).
         :raises StoreError: Redis failed; nothing was decided (the popped ids are still queued in
             PostgreSQL, and the reconciler pushes them again).
         """
-        args: list[Any] = [lease_ms, self.keys.limit_base(queue), *limits]
+        args: list[Any] = [lease_ms, self.keys.limit_base(queue), batch, step, *limits, *(fair or [0])]
         for task_id, score in popped:
             args += [task_id, f"{score:.3f}"]
-        keys = [self.keys.ready(queue), self.keys.limit_tasks(queue), self.keys.limit_wake(queue)]
+        keys = [
+            self.keys.ready(queue),
+            self.keys.limit_tasks(queue),
+            self.keys.limit_wake(queue),
+            self.keys.marker(queue),
+            self.keys.fair_state(queue),
+            self.keys.fair_keys(queue),
+        ]
         with redis_call("limits_admit"):
-            reply = await self._admit(keys=[*keys, self.keys.marker(queue)], args=args)
+            reply = await self._admit(keys=keys, args=args)
         out = Admission(until_ms=int(_text(reply[-1])))
         for i in range(0, len(reply) - 1, 2):
             task_id, verdict = _text(reply[i]), _text(reply[i + 1])
@@ -164,14 +185,17 @@ class RedisLimits:
                 out.started.append((task_id, verdict.split(SEPARATOR) if verdict else []))
         return out
 
-    async def release(self, queue: str, runs: Iterable[Release], limits: LimitArgs) -> int:
+    async def release(
+        self, queue: str, runs: Iterable[Release], limits: LimitArgs, *, fair: FairArgs | None = None
+    ) -> int:
         """Give slots back and move back to ready what may start of the freed keys' parked ids
-        (``lua/limits_release.lua``).
+        (``lua/limits_release.lua``); in a queue with fair shares (``fair``, as :meth:`admit`) a fairness
+        key's slot given back moves its key up in the turns.
 
-        :returns: parked ids moved back.
+        :returns: parked ids moved back to ready.
         :raises StoreError: Redis failed; the slots lapse with their runs' leases.
         """
-        args: list[Any] = [self.keys.limit_base(queue), *limits]
+        args: list[Any] = [self.keys.limit_base(queue), *limits, *(fair or [0])]
         n = 0
         for run in runs:
             args += [
@@ -185,7 +209,13 @@ class RedisLimits:
             n += 1
         if not n:
             return 0
-        keys = [self.keys.ready(queue), self.keys.limit_tasks(queue), self.keys.limit_wake(queue)]
+        keys = [
+            self.keys.ready(queue),
+            self.keys.limit_tasks(queue),
+            self.keys.limit_wake(queue),
+            self.keys.fair_keys(queue),
+            self.keys.fair_state(queue),
+        ]
         with redis_call("limits_release"):
             return int(await self._give_back(keys=keys, args=args))
 
@@ -226,7 +256,7 @@ class RedisLimits:
                 counts[name] = counts.get(name, 0) + int(n)
             async with self.client.pipeline(transaction=False) as pipe:
                 for name, n in counts.items():
-                    if n:
+                    if n and not name.startswith("@"):  # a fairness key's slots are no limit's
                         pipe.hincrby(f"{base}inuse", name, n)
                 await pipe.execute()
 
@@ -254,18 +284,23 @@ class RedisLimits:
         return out
 
     async def parked_count(self, queue: str) -> int:
-        """How many ids of ``queue`` are parked (every key with parked ids is in its wake set).
+        """How many ids of ``queue`` are parked: under a limit key (every one with parked ids is in its wake
+        set), or waiting their fairness key's turn (every such key is in the fair keys set).
 
         :raises StoreError: Redis failed.
         """
         base = self.keys.limit_base(queue)
         with redis_call("limits_parked"):
-            waiting = await self.client.zrange(self.keys.limit_wake(queue), 0, -1)
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.zrange(self.keys.limit_wake(queue), 0, -1)
+                pipe.zrange(self.keys.fair_keys(queue), 0, -1)
+                limited, fair = await pipe.execute()
+            waiting = [_text(k) for k in limited] + ["@" + _text(k) for k in fair]
             if not waiting:
                 return 0
             async with self.client.pipeline(transaction=False) as pipe:
                 for lk in waiting:
-                    pipe.zcard(f"{base}parked:{_text(lk)}")  # type: ignore[arg-type]  # bytes without WITHSCORES
+                    pipe.zcard(f"{base}parked:{lk}")
                 counts = await pipe.execute()
         return sum(int(c) for c in counts)
 

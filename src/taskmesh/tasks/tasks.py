@@ -586,7 +586,12 @@ class Tasks(TaskActions):
         if not releases:
             return
         try:
-            await self.redis.limits.release(queue, releases, self.limits.script_args())
+            await self.redis.limits.release(
+                queue,
+                releases,
+                self.limits.script_args(),
+                fair=self.limits.fair_args(queue),
+            )
         except StoreError as exc:
             log.warning("limit_release_failed", queue=queue, runs=len(releases), error=str(exc))
 
@@ -640,14 +645,15 @@ class Tasks(TaskActions):
         """What a task that left ``running`` (or a queued one cancelled) gives back; a ``RateLimited`` run's
         keys with a rate (else all its keys) wait ``back_off`` seconds."""
         seconds = (back_off or {}).get(task_id)
-        keys = [k for k in keys if not k.startswith(FAIR_MARK)]  # a fairness key holds no slot
+        limited = [k for k in keys if not k.startswith(FAIR_MARK)]  # a fairness key never backs off
         slow: list[str] = []
         if seconds:
-            slow = [k for k in keys if (s := self.limits.limits.get(limit_name(k))) is not None and s.rate is not None]
+            rated = {n for n, s in self.limits.limits.items() if s.rate is not None}
+            slow = [k for k in limited if limit_name(k) in rated]
         return Release(
             str(task_id),
-            keys,
-            back_off=slow or (list(keys) if seconds else []),
+            list(keys),
+            back_off=slow or (limited if seconds else []),
             until_ms=self.redis.now_ms() + round(seconds * 1000) if seconds else 0,
             ended=status in FINISHED_TASK_STATUSES,
         )

@@ -47,7 +47,8 @@ class Task(_TaskFields):
     blocked_by: list[dict[str, Any]] | None = Field(
         default=None,
         description="Why it is not running yet: each reason an object with `reason` (workflow, delay, "
-        "queue_paused, limit); empty: ready, waiting for a free executor; null: not waiting (running or over).",
+        "queue_paused, fair_share, limit); "
+        "empty: ready, waiting for a free executor; null: not waiting (running or over).",
     )
 
 

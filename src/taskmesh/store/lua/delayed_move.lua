@@ -11,9 +11,9 @@
 -- KEYS[4] the queue's limit wake zset, ARGV[7] its limit key base, ARGV[8..] the limits in force:
 -- the limit keys whose time came (on Redis's clock, as every limit decision) move back what may
 -- start now of their parked ids (after limits_lib, which this script is prepended with)
--- KEYS[5] the queue's limit keys hash, KEYS[6] its fair clock, KEYS[7] its fair last zset, then after
--- the limits the fair args (fair_lib, prepended too): in a queue with fair shares, an id that holds a
--- fairness key is scored as fair_push scores it
+-- KEYS[5] the queue's limit keys hash, KEYS[6] its fair state, KEYS[7] its fair keys zset, then after
+-- the limits the fair args (fair_lib, prepended too): in a queue with fair shares a due id waits under
+-- its fairness key as fair_push has it wait, and the ready set is fed
 -- Returns {the number of ids moved to ready, in how many ms the earliest limit key is to be looked at
 -- again (-1: none waits)}. ZADD NX: a task already in ready keeps its place.
 local now = tonumber(ARGV[1])
@@ -47,11 +47,11 @@ for i = 1, #due, 2 do
     local fifo = due_ms - epoch
     if fifo < 0 then fifo = 0 end
     local score = string.format('%.0f', (1000 - priority) * step + fifo)
-    local fk = fair and fair_key(redis.call('HGET', KEYS[5], id))
-    if fk and not redis.call('ZSCORE', KEYS[2], id) then
-      score = string.format('%.3f', fair_score(KEYS[2], KEYS[6], KEYS[7], fair, fk, priority, now - epoch, step))
+    if not fair then
+      redis.call('ZADD', KEYS[2], 'NX', score, id)
+    elseif not redis.call('ZSCORE', KEYS[2], id) then
+      fair_park(ARGV[7], KEYS[7], KEYS[6], fair, fair_key(redis.call('HGET', KEYS[5], id)), id, score, redis_now())
     end
-    redis.call('ZADD', KEYS[2], 'NX', score, id)
     redis.call('ZREM', KEYS[1], id)
     moved = moved + 1
   end
@@ -62,6 +62,9 @@ if #woken > 0 then
   for _, lk in ipairs(woken) do
     moved = moved + unpark(ARGV[7], KEYS[2], KEYS[4], lk, limits, lnow)
   end
+end
+if fair then
+  fair_feed(ARGV[7], KEYS[2], KEYS[7], KEYS[6], fair, lnow, step)  -- moved counts what left the delayed set
 end
 local soonest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 if soonest[2] == nil then

@@ -1,43 +1,55 @@
--- limits_admit: decide which popped ids may start now (after limits_lib). An id without limit keys
--- starts; one whose every key has room takes a slot (and a rate's interval) of each and starts;
+-- limits_admit: decide which popped ids may start now (after limits_lib and fair_lib). An id without limit
+-- keys starts; one whose every key has room takes a slot (and a rate's interval) of each and starts;
 -- any other is parked under the first key without room, and that key is looked at again when
 -- it could have room (wake). While the queue's marker is missing (Redis lost its keys and the
 -- reconciler has not rebuilt the slots yet) no limited id starts.
--- KEYS[1] ready zset, KEYS[2] tasks hash, KEYS[3] wake zset, KEYS[4] the queue's marker
--- ARGV[1] lease (ms), ARGV[2] the queue's limit key base, then the limits (see limits_lib), then
--- pairs: task id, its ready score
+-- In a queue with fair shares the popped ids only say how many may start: they wait under their fairness
+-- keys again, and as many are taken in the keys' turns (fair_lib), each then admitted as above; one that
+-- starts holds its fairness key's slot. The ready set is then fed again to the fetcher's batch.
+-- KEYS[1] ready zset, KEYS[2] tasks hash, KEYS[3] wake zset, KEYS[4] the queue's marker, KEYS[5] its fair
+-- state hash, KEYS[6] its fair keys zset
+-- ARGV[1] lease (ms), ARGV[2] the queue's limit key base, ARGV[3] the fetcher's batch, ARGV[4] the
+-- priority step, then the limits
+-- (see limits_lib), then the fair args (fair_lib), then pairs: task id, its ready score
 -- Returns pairs: task id, '' (no limit) | its limit keys (started) | '!' .. the key it waits for; then
 -- the lease end (ms) the slots it took hold, the fence of their release (limits/releaser.py)
 local now = redis_now()
 local lease = tonumber(ARGV[1])
 local base = ARGV[2]
-local limits, at = read_limits(ARGV, 3)
+local batch = tonumber(ARGV[3])
+local step = tonumber(ARGV[4])
+local limits, fair_at = read_limits(ARGV, 5)
+local fair, at = read_fair(ARGV, fair_at)
 local lost = redis.call('EXISTS', KEYS[4]) == 0
 local out = {}
-for i = at, #ARGV, 2 do
-  local id, score = ARGV[i], ARGV[i + 1]
+
+-- The limit key of `lks` without room for `id` now, and when to look at it again; nil: all have room.
+local function blocking(id, lks)
+  for _, lk in ipairs(lks) do
+    local def = limit_of(limits, lk)
+    if def then
+      local n, when = 0, now + 1000
+      if not lost then
+        n, when = room(base, lk, def, now)
+        local held = redis.call('ZSCORE', base .. 'slots:' .. lk, id)
+        if n > 0 and held then  -- a slot its last run did not give back: it lapses with that lease
+          n, when = 0, tonumber(held)
+        end
+      end
+      if n <= 0 then
+        return lk, when
+      end
+    end
+  end
+  return nil, nil
+end
+
+local function admit(id, score)
   local raw = redis.call('HGET', KEYS[2], id)
   local verdict = ''
   if raw then
     local lks = split(raw)
-    local blocked, wake_at = nil, nil
-    for _, lk in ipairs(lks) do
-      local def = limit_of(limits, lk)
-      if def then
-        local n, when = 0, now + 1000
-        if not lost then
-          n, when = room(base, lk, def, now)
-          local held = redis.call('ZSCORE', base .. 'slots:' .. lk, id)
-          if n > 0 and held then  -- a slot its last run did not give back: it lapses with that lease
-            n, when = 0, tonumber(held)
-          end
-        end
-        if n <= 0 then
-          blocked, wake_at = lk, when
-          break
-        end
-      end
-    end
+    local blocked, wake_at = blocking(id, lks)
     if blocked then
       redis.call('ZADD', base .. 'parked:' .. blocked, score, id)
       redis.call('ZADD', KEYS[3], 'LT', ms(wake_at), blocked)
@@ -47,6 +59,9 @@ for i = at, #ARGV, 2 do
         local def = limit_of(limits, lk)
         if def then
           take(base, lk, def, id, now, lease)
+        elseif fair and string.sub(lk, 1, 1) == '@' then
+          redis.call('ZADD', base .. 'slots:' .. lk, ms(now + lease), id)
+          fair_rank(base, KEYS[6], KEYS[5], fair, string.sub(lk, 2), now, true)
         end
       end
       verdict = raw
@@ -54,6 +69,28 @@ for i = at, #ARGV, 2 do
   end
   out[#out + 1] = id
   out[#out + 1] = verdict
+end
+
+if fair then
+  local n = 0
+  for i = at, #ARGV, 2 do
+    local fk = fair_key(redis.call('HGET', KEYS[2], ARGV[i]))
+    fair_park(base, KEYS[6], KEYS[5], fair, fk, ARGV[i], ARGV[i + 1], now)
+    n = n + 1
+  end
+  for _ = 1, n do
+    local id, score = fair_next(base, KEYS[6], fair, now)
+    if not id then
+      break
+    end
+    admit(id, score)
+  end
+  redis.call('HSET', KEYS[5], 'b', batch)
+  fair_feed(base, KEYS[1], KEYS[6], KEYS[5], fair, now, step)
+else
+  for i = at, #ARGV, 2 do
+    admit(ARGV[i], ARGV[i + 1])
+  end
 end
 out[#out + 1] = ms(now + lease)  -- the lease end the slots taken hold: the fence of their release
 return out

@@ -52,7 +52,7 @@ local function ms(x)
 end
 
 local function count_slots(base, lk, n)
-  if n ~= 0 then
+  if n ~= 0 and string.sub(lk, 1, 1) ~= '@' then  -- a fairness key's slots are no limit's
     redis.call('HINCRBY', base .. 'inuse', string.match(lk, '^[^:]+'), n)
   end
 end

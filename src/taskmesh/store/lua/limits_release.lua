@@ -1,7 +1,8 @@
 -- limits_release: runs that ended (or claims that failed) give their slots back, and each key they
 -- freed moves back what may start now of its parked ids (after limits_lib).
--- KEYS[1] ready zset, KEYS[2] tasks hash, KEYS[3] wake zset
--- ARGV[1] the queue's limit key base, then the limits (see limits_lib), then
+-- In a queue with fair shares a fairness key's slot given back ranks its key again (fair_lib).
+-- KEYS[1] ready zset, KEYS[2] tasks hash, KEYS[3] wake zset, KEYS[4] fair keys zset, KEYS[5] fair state
+-- ARGV[1] the queue's limit key base, then the limits (see limits_lib), then the fair args (fair_lib), then
 -- sextuples: task id, its limit keys (one per line), the keys to back off (one per line; a
 -- handler's RateLimited), until when (ms; 0: no back-off), ended (1: forget its keys: the task is over),
 -- fence (ms; 0: none): give a slot back only while it still holds this lease end, the last one this
@@ -10,7 +11,8 @@
 -- Returns how many parked ids went back to ready.
 local now = redis_now()
 local base = ARGV[1]
-local limits, at = read_limits(ARGV, 2)
+local limits, fair_at = read_limits(ARGV, 2)
+local fair, at = read_fair(ARGV, fair_at)
 local freed, order = {}, {}
 for i = at, #ARGV, 6 do
   local id, raw, slow, until_ms, ended = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4]
@@ -42,6 +44,10 @@ for i = at, #ARGV, 6 do
 end
 local moved = 0
 for _, lk in ipairs(order) do
-  moved = moved + unpark(base, KEYS[1], KEYS[3], lk, limits, now)
+  if string.sub(lk, 1, 1) ~= '@' then
+    moved = moved + unpark(base, KEYS[1], KEYS[3], lk, limits, now)
+  elseif fair then
+    fair_rank(base, KEYS[4], KEYS[5], fair, string.sub(lk, 2), now, false)
+  end
 end
 return moved
