@@ -147,6 +147,44 @@ async def test_tasks_claimed_ahead_of_a_full_key_take_its_slots_as_its_runs_end_
     assert await redis_client.hlen(keys.limit_tasks("default")) == 0
 
 
+async def test_a_limit_lowered_at_run_time_holds_though_tasks_were_claimed_ahead_of_it(
+    start_instance: Any, registry: Registry, pool: asyncpg.Pool
+) -> None:
+    ledger = Ledger()
+
+    @registry.task("lim.job")
+    async def job(payload: Any) -> None:
+        ledger.start("")
+        try:
+            await anyio.sleep(payload["seconds"])  # ends apart: tasks claimed ahead refill in between
+        finally:
+            ledger.end("")
+
+    limits = {"api": {"task": "lim.job", "concurrency": 4}}
+    queues = {"default": {"concurrency": 8, "prefetch": 4}}
+    async with start_instance(queues=queues, limits=limits) as inst, http(inst) as client:
+        ids = await create(client, [{"name": "lim.job", "payload": {"seconds": 0.2 + i % 5 * 0.05}} for i in range(40)])
+        await wait_for(lambda: _ran_at_once(ledger, 4), timeout=10)
+        lowered = await client.put("/api/v1/limits/api", json={"task": "lim.job", "concurrency": 2})
+        assert lowered.status_code == 200, lowered.text
+        lowered_at = time.monotonic()
+        await wait_for(lambda: all_completed(pool, ids), timeout=40)
+    # held by the instance within a second, and the runs then going take 0.4 s; its two tasks claimed
+    # ahead of the key would keep four running if the slots kept being handed over
+    after = lowered_at + 1.0 + 0.3
+    events = sorted([(t, 1) for t, _ in ledger.starts] + [(t, -1) for t in ledger.ends])
+    running, most = 0, 0
+    for t, step in events:
+        running += step
+        if t > after:
+            most = max(most, running)
+    assert most == 2, most
+
+
+async def _ran_at_once(ledger: Ledger, n: int) -> bool:
+    return ledger.most["*"] >= n
+
+
 async def test_a_task_claimed_ahead_when_its_instance_stops_is_handed_back_and_holds_no_slot(
     start_instance: Any, registry: Registry, pool: asyncpg.Pool, redis_client: aioredis.Redis, keys: Keys
 ) -> None:

@@ -139,6 +139,8 @@ class SlotReleaser:
         now = self.limits.now_ms()
         for key, until in done.backing_off.items():
             self.standbys.back_off(key, max(0, until - now) / 1000)
+        for key, stopped in done.stop.items():
+            self.standbys.stop(key, stopped)
         if done.started:
             started = self.standbys.take({uuid.UUID(i) for i in done.started})
             for task in started:

@@ -40,6 +40,7 @@ class Standbys:
     def __init__(self) -> None:
         self._by_key: dict[str, deque[ClaimedTask]] = {}
         self._backing_off: dict[str, float] = {}
+        self._stopped: set[str] = set()
         self.total = 0
         """Tasks waiting here."""
 
@@ -56,6 +57,14 @@ class Standbys:
         """Hand no slot of ``key`` over for ``seconds`` (a ``RateLimited``)."""
         self._backing_off[key] = max(self._backing_off.get(key, 0.0), time.monotonic() + seconds)
 
+    def stop(self, key: str, stopped: bool) -> None:
+        """Whether slots of ``key`` may be handed over (not while its slots exceed a limit lowered at run
+        time, or it has a rate: then they go back to Redis and those waiting here start as it has room)."""
+        if stopped:
+            self._stopped.add(key)
+        else:
+            self._stopped.discard(key)
+
     def next_for(self, ended: ClaimedTask) -> tuple[str, ClaimedTask] | None:
         """The task to hand the slot of ``ended``'s run to, and the key, if one waits and its key is not
         backing off; it is taken out of here."""
@@ -63,7 +72,7 @@ class Standbys:
         if key is None:
             return None
         waiting = self._by_key.get(key)
-        if not waiting or self._backing_off.get(key, 0.0) > time.monotonic():
+        if not waiting or key in self._stopped or self._backing_off.get(key, 0.0) > time.monotonic():
             return None
         self.total -= 1
         return key, waiting.popleft()

@@ -86,11 +86,14 @@ class HandedOver:
     :param until_ms: the lease end of the slots handed or taken (ms since the epoch).
     :param started: ids claimed ahead that took a slot and may start now.
     :param backing_off: ``{limit key: until ms}`` of the keys looked at that back off (a ``RateLimited``).
+    :param stop: ``{limit key: whether no slot of it may be handed over}`` of the keys looked at (its limit was
+        lowered below the slots held, or given a rate, at run time).
     """
 
     until_ms: int
     started: list[str]
     backing_off: dict[str, int]
+    stop: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,9 +293,13 @@ class RedisLimits:
             reply = await self._standby(keys=[self.keys.ready(queue), self.keys.limit_wake(queue)], args=args)
         n = int(reply[1])
         started = [_text(r) for r in reply[2 : 2 + n]]
-        rest = reply[3 + n :]
-        backing = {_text(rest[i]): int(_text(rest[i + 1])) for i in range(0, len(rest), 2)}
-        return HandedOver(until_ms=int(_text(reply[0])), started=started, backing_off=backing)
+        at = 2 + n
+        b = int(reply[at])
+        backing = {_text(reply[at + 1 + 2 * i]): int(_text(reply[at + 2 + 2 * i])) for i in range(b)}
+        at += 1 + 2 * b
+        k = int(reply[at])
+        stop = {_text(reply[at + 1 + 2 * i]): int(reply[at + 2 + 2 * i]) == 1 for i in range(k)}
+        return HandedOver(until_ms=int(_text(reply[0])), started=started, backing_off=backing, stop=stop)
 
     async def hold(self, queue: str, runs: Sequence[tuple[uuid.UUID | str, Sequence[str]]], until_ms: int) -> None:
         """Keep the slots of runs that still run until ``until_ms`` (the heartbeat; ``ZADD XX``: a slot that

@@ -8,13 +8,27 @@
 -- and quadruples: limit key, the id whose run ended, its fence (ms; 0: none), the id it was handed to;
 -- then a count and pairs: a standby id, its limit key (start it if its key has room now)
 -- Returns {the lease end (ms) of the slots handed or taken, the count of standby ids that may start,
--- those ids, the count of keys backing off, then pairs: limit key, until when (ms)}
+-- those ids, the count of keys backing off, then pairs: limit key, until when (ms), then the count of
+-- keys looked at, then pairs: limit key, 1 when no slot of it may be handed over any more (its limit
+-- was lowered below the slots held, or given a rate) else 0}
 local now = redis_now()
 local lease = tonumber(ARGV[1])
 local base = ARGV[2]
 local limits, at = read_limits(ARGV, 3)
 local until_ms = ms(now + lease)
 local backing = {}
+local seen, seen_order = {}, {}
+local function look(lk)
+  if seen[lk] == nil then
+    local def = limit_of(limits, lk)
+    local stop = 0
+    if def and (def.iv > 0 or def.c <= 0 or redis.call('ZCARD', base .. 'slots:' .. lk) > def.c) then
+      stop = 1
+    end
+    seen[lk] = stop
+    seen_order[#seen_order + 1] = lk
+  end
+end
 local function backoff_of(lk)
   local b = tonumber(redis.call('GET', base .. 'backoff:' .. lk) or '0')
   if b > now then
@@ -38,6 +52,7 @@ for _ = 1, n do
     count_slots(base, lk, redis.call('ZADD', slots, until_ms, new))
   end
   backoff_of(lk)
+  look(lk)
   -- a slot changed hands: one more of the key's waiting ids may be claimed ahead in its place
   local top = redis.call('ZPOPMIN', base .. 'parked:' .. lk)
   if top[1] then
@@ -54,6 +69,7 @@ for _ = 1, n do
   local id, lk = ARGV[at], ARGV[at + 1]
   at = at + 2
   local def = limit_of(limits, lk)
+  look(lk)
   if not def then  -- its limit is no longer in force: nothing holds it
     started[#started + 1] = id
   elseif not backoff_of(lk) and room(base, lk, def, now) > 0 then
@@ -73,5 +89,10 @@ end
 out[#out + 1] = #keys / 2
 for _, v in ipairs(keys) do
   out[#out + 1] = v
+end
+out[#out + 1] = #seen_order
+for _, lk in ipairs(seen_order) do
+  out[#out + 1] = lk
+  out[#out + 1] = seen[lk]
 end
 return out
