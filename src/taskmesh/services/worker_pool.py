@@ -43,6 +43,7 @@ import anyio
 
 from taskmesh.errors import StoreError
 from taskmesh.limits.releaser import SlotReleaser
+from taskmesh.limits.standby import Standbys
 from taskmesh.observability.logs import get_logger, run_keys
 from taskmesh.observability.metrics import Metrics
 from taskmesh.services.base import Outage
@@ -122,7 +123,17 @@ class QueueWorkers:
         self.popped: set[str] = set()
         """Ids popped from Redis whose claim has not answered yet (``reconciler.Popped``)."""
         self._outage = Outage(f"fetcher:{queue}")
-        self.releaser = SlotReleaser(queue, tasks.redis.limits, tasks.limits)
+        self.prefetch = prefetch
+        self.standbys = Standbys()
+        """Tasks claimed ahead of a full limit key (``limits/standby.py``): they hold slots of ``slots``."""
+        self.releaser = SlotReleaser(
+            queue,
+            tasks.redis.limits,
+            tasks.limits,
+            standbys=self.standbys,
+            start=self._start_standbys,
+            lease_seconds=lease_seconds,
+        )
         """Gives the limit slots of ended runs back as they end (``limits/releaser.py``)."""
 
     # -- the fetcher -------------------------------------------------------------
@@ -140,7 +151,7 @@ class QueueWorkers:
                     self.slots.release()
                 break
             try:
-                claimed = await self.fetch_once(taken)
+                claimed, stood_by = await self._fetch_batch(taken)
             except StoreError as exc:
                 for _ in range(taken):
                     self.slots.release()
@@ -155,7 +166,7 @@ class QueueWorkers:
                     self.slots.release()
                 raise
             self._outage.recovered()
-            for _ in range(taken - len(claimed)):
+            for _ in range(taken - len(claimed) - stood_by):
                 self.slots.release()
             for item in claimed:
                 self.claimed[item.run_id] = item
@@ -168,17 +179,23 @@ class QueueWorkers:
 
     async def fetch_once(self, count: int) -> list[ClaimedTask]:
         """Pop up to ``count`` ids, admit them under the task limits in force, and claim those admitted;
-        returns the claimed tasks.
+        returns the claimed tasks that may run (those claimed ahead of a full limit key wait in
+        ``standbys``, each holding one of ``count``).
 
         :raises StoreError: a store failed.
         """
+        claimed, _ = await self._fetch_batch(count)
+        return claimed
+
+    async def _fetch_batch(self, count: int) -> tuple[list[ClaimedTask], int]:
+        """:meth:`fetch_once`, and how many tasks were claimed ahead into ``standbys``."""
         popped = await self.tasks.redis.pop_scored(self.queue, count, POP_TIMEOUT_SECONDS)
         if not popped:
-            return []
+            return [], 0
         ids = [task_id for task_id, _ in popped]
         limits = self.tasks.limits  # as it is now: a limit set while the pop waited holds what it popped
         if not limits.applies_in(self.queue):  # the common case: no admission, no extra call
-            return await self._claim(ids)
+            return await self._claim(ids), 0
         self.popped.update(ids)
         try:
             admission = await self.tasks.redis.limits.admit(
@@ -189,19 +206,40 @@ class QueueWorkers:
                 fair=limits.fair_args(self.queue),
                 batch=self.batch_max,
                 step=limits.priority_step(self.queue),
+                ahead=max(0, self.prefetch - self.standbys.total),
+                ahead_per_key=self.prefetch,
+                standing=self.standbys.counts(),
             )
         finally:
             self.popped.difference_update(ids)
         if admission.parked and self.metrics is not None:
             self.metrics.limit_parked(admission.parked)
-        if not admission.started:
-            return []
-        claimed = await self._claim([i for i, _ in admission.started], dict(admission.started))
+        if not admission.started and not admission.standby:
+            return [], 0
+        ahead = dict(admission.standby)
+        claimed = await self._claim([i for i, _ in admission.started] + list(ahead), dict(admission.started))
+        runnable: list[ClaimedTask] = []
         for task in claimed:
+            key = ahead.get(str(task.task_id))
+            if key is not None:
+                self.claimed[task.run_id] = task  # its lease kept by the heartbeat while it waits
+                self.standbys.add(task, key)
+                continue
             if task.limit_keys:
                 self.releaser.held(task.task_id, admission.until_ms)
-        await self._count_unseen_slots(claimed, dict(admission.started))
-        return claimed
+            runnable.append(task)
+        await self._count_unseen_slots(runnable, dict(admission.started))
+        return runnable, len(claimed) - len(runnable)
+
+    def _start_standbys(self, tasks: list[ClaimedTask]) -> None:
+        """Hand tasks claimed ahead that now hold their slot to the executors (each holds a slot of
+        ``slots`` already, so the channel has room); after the fetcher stopped they stay claimed and are
+        handed back with the others (:meth:`unfinished`)."""
+        for task in tasks:
+            try:
+                self._send.send_nowait(task)
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                log.warning("standby_not_started", queue=self.queue, task_id=str(task.task_id))
 
     async def _claim(self, ids: list[str], slots: dict[str, list[str]] | None = None) -> list[ClaimedTask]:
         """Claim popped (and admitted) ids; ``slots``: the limit keys each holds a slot of."""
@@ -347,16 +385,29 @@ class QueueWorkers:
                     advertised=self.tasks.advertised_handler if self.registry.fallback is not None else None,
                 )
                 if task.limit_keys:  # the slots free as the run ends, not when its result is written
-                    if result.back_off_seconds:
-                        self.releaser.forget(task.task_id)
-                    else:
-                        self.releaser.ended(task.task_id, task.limit_keys)
+                    self._slot_freed(task, result.back_off_seconds)
                 await self.committer.submit(result)
                 if self.tally is not None:
                     self.tally.add(task.queue, result.outcome)
                 self.claimed.pop(task.run_id, None)
                 self.started.discard(task.run_id)
                 self.slots.release()
+
+    def _slot_freed(self, task: ClaimedTask, back_off_seconds: float | None) -> None:
+        """The run of ``task`` ended: its slots go to a task claimed ahead of its key if one waits here
+        (started at once), else back to Redis; a ``RateLimited`` run's stay until its result's write."""
+        if back_off_seconds:
+            self.releaser.forget(task.task_id)
+            for key in task.limit_keys or ():
+                self.standbys.back_off(key, back_off_seconds)
+            return
+        handed = None if self.stop.is_set() else self.standbys.next_for(task)  # draining: handed back instead
+        if handed is None:
+            self.releaser.ended(task.task_id, task.limit_keys)
+            return
+        key, standby = handed
+        self.releaser.handed(task.task_id, key, standby.task_id)
+        self._start_standbys([standby])
 
     # -- shutdown and control ----------------------------------------------------
 
@@ -370,6 +421,7 @@ class QueueWorkers:
         self._receive.close()
         left = list(self.claimed.values())
         self.claimed.clear()
+        self.standbys.clear()
         return left
 
     def release(self) -> None:

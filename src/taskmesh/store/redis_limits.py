@@ -26,7 +26,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,12 +53,47 @@ class Admission:
     :param started: ids that may be claimed, in pop order, each with the limit keys whose slots it took
         (empty: it holds none).
     :param parked: ids parked, each with the limit key it waits for.
+    :param standby: ids to claim ahead, each with the full limit key it waits for (``limits/standby.py``).
     :param until_ms: the lease end the started ids' slots hold (ms since the epoch).
     """
 
     started: list[tuple[str, list[str]]] = field(default_factory=list)
     parked: list[tuple[str, str]] = field(default_factory=list)
+    standby: list[tuple[str, str]] = field(default_factory=list)
     until_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """A slot handed from a run that ended to a run claimed ahead of its full key (``limits/standby.py``).
+
+    :param limit_key: the key whose slot it is.
+    :param ended_id: the task whose run ended.
+    :param fence: that run's slot's lease end as this instance last set it (ms; 0: whatever it is).
+    :param task_id: the task that now holds the slot.
+    """
+
+    limit_key: str
+    ended_id: str
+    fence: int
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandedOver:
+    """What ``RedisLimits.hand_over`` did.
+
+    :param until_ms: the lease end of the slots handed or taken (ms since the epoch).
+    :param started: ids claimed ahead that took a slot and may start now.
+    :param backing_off: ``{limit key: until ms}`` of the keys looked at that back off (a ``RateLimited``).
+    :param stop: ``{limit key: whether no slot of it may be handed over}`` of the keys looked at (its limit was
+        lowered below the slots held, or given a rate, at run time).
+    """
+
+    until_ms: int
+    started: list[str]
+    backing_off: dict[str, int]
+    stop: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +132,7 @@ class RedisLimits:
         self._rate = client.register_script(lua("rate_limit"))
         self._admit = client.register_script(lua("limits_lib") + lua("fair_lib") + lua("limits_admit"))
         self._give_back = client.register_script(lua("limits_lib") + lua("fair_lib") + lua("limits_release"))
+        self._standby = client.register_script(lua("limits_lib") + lua("limits_standby"))
 
     async def try_lock(self, key: str, ttl_ms: int) -> str | None:
         """Take a short singleton lock (``SET key token NX PX ttl``).
@@ -150,6 +186,9 @@ class RedisLimits:
         fair: FairArgs | None = None,
         batch: int = 0,
         step: int = PRIORITY_STEP,
+        ahead: int = 0,
+        ahead_per_key: int = 0,
+        standing: Mapping[str, int] | None = None,
     ) -> Admission:
         """Decide which popped ids may start (``lua/limits_admit.lua``; see module docs).
 
@@ -160,10 +199,17 @@ class RedisLimits:
             ids only count how many may start, which ids start is the keys' turns', and the ready set is
             fed to ``batch`` ids (``lua/fair_lib.lua``). The started ids need not be among those popped.
         :param step: the queue's ready-score step between priorities (``LimitBook.priority_step``).
+        :param ahead: how many more ids the fetcher may claim ahead of a full key (``limits/standby.py``).
+        :param ahead_per_key: the most ids of one key it may hold so (its prefetch).
+        :param standing: ``{limit key: ids of it the fetcher holds claimed ahead}``.
         :raises StoreError: Redis failed; nothing was decided (the popped ids are still queued in
             PostgreSQL, and the reconciler pushes them again).
         """
-        args: list[Any] = [lease_ms, self.keys.limit_base(queue), batch, step, *limits, *(fair or [0])]
+        held = dict(standing or {})
+        args: list[Any] = [lease_ms, self.keys.limit_base(queue), batch, step, ahead, ahead_per_key, len(held)]
+        for key, n in held.items():
+            args += [key, n]
+        args += [*limits, *(fair or [0])]
         for task_id, score in popped:
             args += [task_id, f"{score:.3f}"]
         keys = [
@@ -181,6 +227,8 @@ class RedisLimits:
             task_id, verdict = _text(reply[i]), _text(reply[i + 1])
             if verdict.startswith("!"):
                 out.parked.append((task_id, verdict[1:]))
+            elif verdict.startswith("~"):
+                out.standby.append((task_id, verdict[1:]))
             else:
                 out.started.append((task_id, verdict.split(SEPARATOR) if verdict else []))
         return out
@@ -218,6 +266,40 @@ class RedisLimits:
         ]
         with redis_call("limits_release"):
             return int(await self._give_back(keys=keys, args=args))
+
+    async def hand_over(
+        self,
+        queue: str,
+        handoffs: Sequence[Handoff],
+        waiting: Sequence[tuple[str, str]],
+        limits: LimitArgs,
+        lease_ms: int,
+    ) -> HandedOver:
+        """Rename the slots handed from ended runs to runs claimed ahead, and start those claimed ahead whose
+        key has room now (``lua/limits_standby.lua``; ``limits/standby.py``).
+
+        :param waiting: ``(task id, limit key)`` of the ids claimed ahead that wait.
+        :param limits: the limits in force (``LimitBook.script_args``).
+        :param lease_ms: how long the slots handed or taken hold unless a heartbeat extends them.
+        :raises StoreError: Redis failed: the slots handed stay the ended runs' until their leases end.
+        """
+        args: list[Any] = [lease_ms, self.keys.limit_base(queue), *limits, len(handoffs)]
+        for h in handoffs:
+            args += [h.limit_key, h.ended_id, h.fence, h.task_id]
+        args.append(len(waiting))
+        for task_id, key in waiting:
+            args += [task_id, key]
+        with redis_call("limits_standby"):
+            reply = await self._standby(keys=[self.keys.ready(queue), self.keys.limit_wake(queue)], args=args)
+        n = int(reply[1])
+        started = [_text(r) for r in reply[2 : 2 + n]]
+        at = 2 + n
+        b = int(reply[at])
+        backing = {_text(reply[at + 1 + 2 * i]): int(_text(reply[at + 2 + 2 * i])) for i in range(b)}
+        at += 1 + 2 * b
+        k = int(reply[at])
+        stop = {_text(reply[at + 1 + 2 * i]): int(reply[at + 2 + 2 * i]) == 1 for i in range(k)}
+        return HandedOver(until_ms=int(_text(reply[0])), started=started, backing_off=backing, stop=stop)
 
     async def hold(self, queue: str, runs: Sequence[tuple[uuid.UUID | str, Sequence[str]]], until_ms: int) -> None:
         """Keep the slots of runs that still run until ``until_ms`` (the heartbeat; ``ZADD XX``: a slot that

@@ -8,20 +8,54 @@
 -- starts holds its fairness key's slot. The ready set is then fed again to the fetcher's batch.
 -- KEYS[1] ready zset, KEYS[2] tasks hash, KEYS[3] wake zset, KEYS[4] the queue's marker, KEYS[5] its fair
 -- state hash, KEYS[6] its fair keys zset
+-- Outside fair shares, an id whose one limit key is a concurrency without a rate, full and not backing
+-- off, may be claimed ahead instead of parked ("standby", limits/standby.py), while the fetcher may
+-- claim ahead (its prefetch) and holds fewer of the key's than the limit or the prefetch.
 -- ARGV[1] lease (ms), ARGV[2] the queue's limit key base, ARGV[3] the fetcher's batch, ARGV[4] the
--- priority step, then the limits
--- (see limits_lib), then the fair args (fair_lib), then pairs: task id, its ready score
--- Returns pairs: task id, '' (no limit) | its limit keys (started) | '!' .. the key it waits for; then
--- the lease end (ms) the slots it took hold, the fence of their release (limits/releaser.py)
+-- priority step, ARGV[5] how many more ids the fetcher may claim ahead, ARGV[6] the most of one key's
+-- (its prefetch), ARGV[7] a count, then pairs: limit key, how many of its ids the fetcher holds
+-- claimed ahead; then the limits (see limits_lib), then the fair args (fair_lib), then pairs: task id,
+-- its ready score
+-- Returns pairs: task id, '' (no limit) | its limit keys (started) | '!' .. the key it waits for |
+-- '~' .. the key it is claimed ahead for; then the lease end (ms) the slots it took hold, the fence of
+-- their release (limits/releaser.py)
 local now = redis_now()
 local lease = tonumber(ARGV[1])
 local base = ARGV[2]
 local batch = tonumber(ARGV[3])
 local step = tonumber(ARGV[4])
-local limits, fair_at = read_limits(ARGV, 5)
+local ahead = tonumber(ARGV[5])
+local ahead_per_key = tonumber(ARGV[6])
+local standing = {}
+local limits_at = 8
+for _ = 1, tonumber(ARGV[7]) do
+  standing[ARGV[limits_at]] = tonumber(ARGV[limits_at + 1])
+  limits_at = limits_at + 2
+end
+local limits, fair_at = read_limits(ARGV, limits_at)
 local fair, at = read_fair(ARGV, fair_at)
 local lost = redis.call('EXISTS', KEYS[4]) == 0
 local out = {}
+
+-- Whether an id of `lks`, blocked by `blocked`, is claimed ahead (see above).
+local function stands_by(id, lks, blocked)
+  if ahead <= 0 or fair or lost or #lks ~= 1 then
+    return false
+  end
+  local def = limit_of(limits, blocked)
+  if def.c <= 0 or def.iv > 0 or (standing[blocked] or 0) >= math.min(def.c, ahead_per_key) then
+    return false
+  end
+  if tonumber(redis.call('GET', base .. 'backoff:' .. blocked) or '0') > now then
+    return false
+  end
+  if redis.call('ZSCORE', base .. 'slots:' .. blocked, id) then  -- its last run's slot not given back yet
+    return false
+  end
+  standing[blocked] = (standing[blocked] or 0) + 1
+  ahead = ahead - 1
+  return true
+end
 
 -- The limit key of `lks` without room for `id` now, and when to look at it again; nil: all have room.
 local function blocking(id, lks)
@@ -50,7 +84,9 @@ local function admit(id, score)
   if raw then
     local lks = split(raw)
     local blocked, wake_at = blocking(id, lks)
-    if blocked then
+    if blocked and stands_by(id, lks, blocked) then
+      verdict = '~' .. blocked
+    elseif blocked then
       redis.call('ZADD', base .. 'parked:' .. blocked, score, id)
       redis.call('ZADD', KEYS[3], 'LT', ms(wake_at), blocked)
       verdict = '!' .. blocked
