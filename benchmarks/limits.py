@@ -32,6 +32,9 @@ Each round runs three pairs, the two sides of a pair one after the other, taking
    its instance, migrations and enqueue on its own code) against the same by this checkout: the
    admission stage must not slow the common case. ``--baseline none`` skips the pair.
 
+``--pairs`` runs only the pairs it names (``--pairs baseline --rounds 9``: the third pair alone, whose
+ratio from one round to the next varies more than the cost it looks for).
+
 Pairs 1 and 2 enqueue through this checkout's ``Client.enqueue_many``, 1,000 a call, in this process
 (the store time includes opening the client's pools, as ``benchmarks.plain_fill``'s, which pair 3 uses).
 
@@ -212,17 +215,19 @@ class LimitsBench(DrainBench):
         return await self.plain(self.current, self.args.tasks, "no limit, this checkout")
 
     async def run(self) -> None:
-        """Every round: the limit pair, the fairness pair, the baseline pair."""
+        """Every round: the limit pair, the fairness pair, the baseline pair (those of ``--pairs``)."""
         await self.prepare(self.current)
-        if self.args.baseline != "none":
+        if self.args.baseline != "none" and "baseline" in self.args.pairs:
             await self.prepare_baseline(self.args.baseline)
         try:
             for i in range(self.args.rounds):
                 print(f"round {i + 1}", file=sys.stderr)
                 r = Round()
                 first_plain = i % 2 == 0
-                r.unlimited, r.limited = await pair(first_plain, self.unlimited, self.limited)
-                r.unfair, r.fair = await pair(first_plain, self.unfair, self.fair)
+                if "limit" in self.args.pairs:
+                    r.unlimited, r.limited = await pair(first_plain, self.unlimited, self.limited)
+                if "fairness" in self.args.pairs:
+                    r.unfair, r.fair = await pair(first_plain, self.unfair, self.fair)
                 if self.baseline is not None:
                     r.baseline, r.current = await pair(first_plain, self._plain_baseline, self._plain_current)
                 self.rounds.append(r)
@@ -327,6 +332,22 @@ def print_report(bench: LimitsBench) -> None:
         print(row)
 
 
+PAIRS = ("limit", "fairness", "baseline")
+"""The pairs of a round, in the order they run (see the module docs)."""
+
+
+def pairs(text: str) -> tuple[str, ...]:
+    """An argument naming some of :data:`PAIRS`, comma-separated (``baseline``, ``limit,fairness``).
+
+    :raises argparse.ArgumentTypeError: it names another, or none.
+    """
+    named = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in named if p not in PAIRS]
+    if unknown or not named:
+        raise argparse.ArgumentTypeError(f"must name some of {', '.join(PAIRS)}, not {text!r}")
+    return named
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks.limits``; returns the exit status (1: a drain was not exactly once,
     or the limit did not hold)."""
@@ -341,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", default=BASELINE, help="the commit whose plain drain this checkout's is set against (none: skip)"
     )
     parser.add_argument("--rounds", type=count, default=3, help="rounds of the three pairs")
+    parser.add_argument(
+        "--pairs",
+        type=pairs,
+        default=PAIRS,
+        help="the pairs each round runs, comma-separated (baseline alone: the no-limit drain against --baseline, "
+        "more rounds of it in the same time)",
+    )
     add_instance_arguments(parser, DATABASE)
     args = parser.parse_args(argv)
     if args.keys > args.tasks:

@@ -101,6 +101,23 @@ async def test_higher_priority_pops_first_and_fifo_holds_within_a_priority(
     assert [names[i] for i in popped] == ["d", "b", "e", "a", "c", "f"]
 
 
+async def test_a_pop_gives_each_id_with_its_own_score_best_first(
+    tasks: Tasks, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    async def stored(ids: list[str]) -> dict[str, float | None]:
+        return {i: await redis_client.zscore(keys.ready("default"), i) for i in ids}
+
+    made = [str((await tasks.enqueue(spec(priority=p))).task_id) for p in (1, 7, 4)]
+    scores_before = await stored(made)
+    ids, scores = await tasks.redis.pop_with_scores("default", 10, 1)
+    assert ids == [made[1], made[2], made[0]]
+    # the admission parks each id under the score it was popped with
+    assert [float(s) for s in scores] == [scores_before[i] for i in ids]
+    made = [str((await tasks.enqueue(spec(priority=p))).task_id) for p in (2, 3)]
+    scores_before = await stored(made)
+    assert await tasks.redis.pop_scored("default", 10, 1) == [(i, scores_before[i]) for i in (made[1], made[0])]
+
+
 async def test_a_delayed_task_waits_in_the_delayed_set_until_due(
     tasks: Tasks, redis_client: aioredis.Redis, keys: Keys, store_clock: StoreClock
 ) -> None:

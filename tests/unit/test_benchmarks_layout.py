@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import subprocess
@@ -47,7 +48,10 @@ def test_the_benchmark_runs_as_a_module_from_the_repository_root() -> None:
     ("module", "options"),
     [
         ("benchmarks.workflows", ("--fanout", "--chains", "--baseline", "--rounds", "--concurrency", "--database")),
-        ("benchmarks.limits", ("--tasks", "--keys", "--baseline", "--rounds", "--concurrency", "--database")),
+        (
+            "benchmarks.limits",
+            ("--tasks", "--keys", "--baseline", "--rounds", "--pairs", "--concurrency", "--database"),
+        ),
     ],
 )
 def test_the_drain_benchmarks_run_as_modules_from_the_repository_root(module: str, options: tuple[str, ...]) -> None:
@@ -57,3 +61,14 @@ def test_the_drain_benchmarks_run_as_modules_from_the_repository_root(module: st
     assert done.returncode == 0, done.stderr
     for option in options:
         assert option in done.stdout, option
+
+
+def test_the_limits_benchmark_runs_the_pairs_it_is_given() -> None:
+    from benchmarks.limits import PAIRS, pairs  # the repository root's, not the package's
+
+    assert pairs("baseline") == ("baseline",)
+    assert pairs("limit, fairness") == ("limit", "fairness")
+    assert pairs(",".join(PAIRS)) == PAIRS
+    for wrong in ("", ",", "limits", "baseline,nope"):
+        with pytest.raises(argparse.ArgumentTypeError, match="must name some of limit, fairness, baseline"):
+            pairs(wrong)

@@ -189,13 +189,13 @@ class QueueWorkers:
 
     async def _fetch_batch(self, count: int) -> tuple[list[ClaimedTask], int]:
         """:meth:`fetch_once`, and how many tasks were claimed ahead into ``standbys``."""
-        popped = await self.tasks.redis.pop_scored(self.queue, count, POP_TIMEOUT_SECONDS)
-        if not popped:
+        ids, scores = await self.tasks.redis.pop_with_scores(self.queue, count, POP_TIMEOUT_SECONDS)
+        if not ids:
             return [], 0
-        ids = [task_id for task_id, _ in popped]
         limits = self.tasks.limits  # as it is now: a limit set while the pop waited holds what it popped
-        if not limits.applies_in(self.queue):  # the common case: no admission, no extra call
+        if not limits.applies_in(self.queue):  # the common case: no admission, no extra call, no score read
             return await self._claim(ids), 0
+        popped = [(task_id, float(score)) for task_id, score in zip(ids, scores, strict=True)]
         self.popped.update(ids)
         try:
             admission = await self.tasks.redis.limits.admit(

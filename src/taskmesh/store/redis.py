@@ -455,23 +455,38 @@ class RedisStore:
     # -- pops and moves ------------------------------------------------------
 
     async def pop_ready(self, queue: str, count: int, block_seconds: float) -> list[str]:
-        """Pop up to ``count`` ids from a queue's ready set, best score first (:meth:`pop_scored` without scores)."""
-        return [task_id for task_id, _ in await self.pop_scored(queue, count, block_seconds)]
+        """Pop up to ``count`` ids from a queue's ready set, best score first (:meth:`pop_with_scores` without
+        scores)."""
+        return (await self.pop_with_scores(queue, count, block_seconds))[0]
 
     async def pop_scored(self, queue: str, count: int, block_seconds: float) -> list[tuple[str, float]]:
-        """Pop up to ``count`` ids from a queue's ready set, best score first, each with its score.
+        """Pop up to ``count`` ids from a queue's ready set, best score first, each with its score as a float
+        (:meth:`pop_with_scores`, paired).
+
+        :returns: the popped ``(task id, score)`` pairs (empty after a timeout).
+        """
+        ids, scores = await self.pop_with_scores(queue, count, block_seconds)
+        return [(task_id, float(score)) for task_id, score in zip(ids, scores, strict=True)]
+
+    async def pop_with_scores(
+        self, queue: str, count: int, block_seconds: float
+    ) -> tuple[list[str], list[bytes | float]]:
+        """Pop up to ``count`` ids from a queue's ready set, best score first.
 
         Blocks up to ``block_seconds`` when the set is empty (``BZMPOP``; the wait is
         server-side, so it is an argument rather than a client timeout). Members that
         are not task ids are set aside (see module docs).
 
-        :returns: the popped ``(task id, score)`` pairs (empty after a timeout).
+        :returns: the popped ids (empty after a timeout) and, in the same order, their scores as the
+            reply holds them (bytes over RESP2, floats over RESP3): ``float()`` reads one. Only the
+            admission needs them: a fetch of a queue without (no limit, no fair shares) leaves them unread.
         """
         with redis_call("pop_ready"):
             reply: Any = await self.client.bzmpop(block_seconds, 1, [self.keys.ready(queue)], min=True, count=count)
         if not reply:
-            return []
-        ids: list[tuple[str, float]] = []
+            return [], []
+        ids: list[str] = []
+        scores: list[bytes | float] = []
         foreign: list[bytes] = []
         for member in reply[1]:
             raw, score = (member[0], member[1]) if isinstance(member, list | tuple) else (member, 0.0)
@@ -479,10 +494,11 @@ class RedisStore:
             if text is None:
                 foreign.append(raw if isinstance(raw, bytes) else str(raw).encode())
             else:
-                ids.append((text, float(score)))
+                ids.append(text)
+                scores.append(score)
         if foreign:
             await self._set_aside(queue, self.keys.ready(queue), foreign)
-        return ids
+        return ids, scores
 
     async def _set_aside(self, queue: str, key: str, members: Sequence[bytes]) -> None:
         """Keep members taskmesh did not write in the queue's ``foreign`` list, and say so."""
