@@ -57,6 +57,10 @@ local function stands_by(id, lks, blocked)
   return true
 end
 
+-- How many more ids each key may start, as a key's first id of this call found it (each start takes one),
+-- and, once none may, when to look at it again: looked up again only when the starts used it up.
+local avail, wakes = {}, {}
+
 -- The limit key of `lks` without room for `id` now, and when to look at it again; nil: all have room.
 local function blocking(id, lks)
   for _, lk in ipairs(lks) do
@@ -64,7 +68,11 @@ local function blocking(id, lks)
     if def then
       local n, when = 0, now + 1000
       if not lost then
-        n, when = room(base, lk, def, now)
+        n, when = avail[lk], wakes[lk]
+        if n == nil or (n <= 0 and when == nil) then
+          n, when = room(base, lk, def, now)
+          avail[lk], wakes[lk] = n, when
+        end
         local held = redis.call('ZSCORE', base .. 'slots:' .. lk, id)
         if n > 0 and held then  -- a slot its last run did not give back: it lapses with that lease
           n, when = 0, tonumber(held)
@@ -95,6 +103,9 @@ local function admit(id, score)
         local def = limit_of(limits, lk)
         if def then
           take(base, lk, def, id, now, lease)
+          if avail[lk] then
+            avail[lk] = avail[lk] - 1
+          end
         elseif fair and string.sub(lk, 1, 1) == '@' then
           redis.call('ZADD', base .. 'slots:' .. lk, ms(now + lease), id)
           fair_rank(base, KEYS[6], KEYS[5], fair, string.sub(lk, 2), now, true)
