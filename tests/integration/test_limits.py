@@ -125,7 +125,7 @@ async def test_tasks_claimed_ahead_of_a_full_key_take_its_slots_as_its_runs_end_
             claimed.append(await pool.fetchval("SELECT count(*) FROM tasks WHERE status = 'running'"))
             await anyio.sleep(0.05)
 
-    queues = {"default": {"concurrency": 8, "prefetch": 4}}
+    queues = {"default": {"concurrency": 8, "prefetch": 8}}
     async with start_instance(queues=queues, limits=limits) as inst, http(inst) as client:
         async with anyio.create_task_group() as tg:
             tg.start_soon(sample)
@@ -161,7 +161,7 @@ async def test_a_limit_lowered_at_run_time_holds_though_tasks_were_claimed_ahead
             ledger.end("")
 
     limits = {"api": {"task": "lim.job", "concurrency": 4}}
-    queues = {"default": {"concurrency": 8, "prefetch": 4}}
+    queues = {"default": {"concurrency": 8, "prefetch": 8}}
     async with start_instance(queues=queues, limits=limits) as inst, http(inst) as client:
         ids = await create(client, [{"name": "lim.job", "payload": {"seconds": 0.2 + i % 5 * 0.05}} for i in range(40)])
         await wait_for(lambda: _ran_at_once(ledger, 4), timeout=10)
@@ -285,7 +285,7 @@ async def test_rate_limited_holds_back_the_tasks_claimed_ahead_of_its_key_too(
         await anyio.sleep(0.3)
 
     limits = {"provider": {"task": "lim.ahead", "concurrency": 2}}
-    queues = {"default": {"concurrency": 8, "prefetch": 4}}
+    queues = {"default": {"concurrency": 8, "prefetch": 8}}
     async with start_instance(queues=queues, limits=limits) as inst, http(inst) as client:
         bodies = [{"name": "lim.ahead", "payload": {"n": n}} for n in ["first", *(f"later{i}" for i in range(5))]]
         ids = await create(client, bodies)

@@ -207,7 +207,7 @@ class QueueWorkers:
                 batch=self.batch_max,
                 step=limits.priority_step(self.queue),
                 ahead=max(0, self.prefetch - self.standbys.total),
-                ahead_per_key=self.prefetch,
+                depth=self.prefetch / self.concurrency,
                 standing=self.standbys.counts(),
             )
         finally:

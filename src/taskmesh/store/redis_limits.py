@@ -187,7 +187,7 @@ class RedisLimits:
         batch: int = 0,
         step: int = PRIORITY_STEP,
         ahead: int = 0,
-        ahead_per_key: int = 0,
+        depth: float = 0.0,
         standing: Mapping[str, int] | None = None,
     ) -> Admission:
         """Decide which popped ids may start (``lua/limits_admit.lua``; see module docs).
@@ -200,13 +200,14 @@ class RedisLimits:
             fed to ``batch`` ids (``lua/fair_lib.lua``). The started ids need not be among those popped.
         :param step: the queue's ready-score step between priorities (``LimitBook.priority_step``).
         :param ahead: how many more ids the fetcher may claim ahead of a full key (``limits/standby.py``).
-        :param ahead_per_key: the most ids of one key it may hold so (its prefetch).
+        :param depth: how far ahead it claims, in runs per executor (its prefetch over its executors): it holds
+            at most a key's slots times this (at least one) of the key's ids so.
         :param standing: ``{limit key: ids of it the fetcher holds claimed ahead}``.
         :raises StoreError: Redis failed; nothing was decided (the popped ids are still queued in
             PostgreSQL, and the reconciler pushes them again).
         """
         held = dict(standing or {})
-        args: list[Any] = [lease_ms, self.keys.limit_base(queue), batch, step, ahead, ahead_per_key, len(held)]
+        args: list[Any] = [lease_ms, self.keys.limit_base(queue), batch, step, ahead, depth, len(held)]
         for key, n in held.items():
             args += [key, n]
         args += [*limits, *(fair or [0])]

@@ -10,10 +10,12 @@
 -- state hash, KEYS[6] its fair keys zset
 -- Outside fair shares, an id whose one limit key is a concurrency without a rate, full and not backing
 -- off, may be claimed ahead instead of parked ("standby", limits/standby.py), while the fetcher may
--- claim ahead (its prefetch) and holds fewer of the key's than the limit or the prefetch.
+-- claim ahead (its prefetch) and holds fewer of the key's than its slots times the fetcher's depth (its
+-- prefetch over its executors: a key's tasks are claimed as far ahead of its runs as the queue's are of
+-- its executors), and at least one.
 -- ARGV[1] lease (ms), ARGV[2] the queue's limit key base, ARGV[3] the fetcher's batch, ARGV[4] the
--- priority step, ARGV[5] how many more ids the fetcher may claim ahead, ARGV[6] the most of one key's
--- (its prefetch), ARGV[7] a count, then pairs: limit key, how many of its ids the fetcher holds
+-- priority step, ARGV[5] how many more ids the fetcher may claim ahead, ARGV[6] its depth (prefetch over
+-- executors), ARGV[7] a count, then pairs: limit key, how many of its ids the fetcher holds
 -- claimed ahead; then the limits (see limits_lib), then the fair args (fair_lib), then pairs: task id,
 -- its ready score
 -- Returns pairs: task id, '' (no limit) | its limit keys (started) | '!' .. the key it waits for |
@@ -25,7 +27,7 @@ local base = ARGV[2]
 local batch = tonumber(ARGV[3])
 local step = tonumber(ARGV[4])
 local ahead = tonumber(ARGV[5])
-local ahead_per_key = tonumber(ARGV[6])
+local depth = tonumber(ARGV[6])
 local standing = {}
 local limits_at = 8
 for _ = 1, tonumber(ARGV[7]) do
@@ -43,7 +45,7 @@ local function stands_by(id, lks, blocked)
     return false
   end
   local def = limit_of(limits, blocked)
-  if def.c <= 0 or def.iv > 0 or (standing[blocked] or 0) >= math.min(def.c, ahead_per_key) then
+  if def.c <= 0 or def.iv > 0 or (standing[blocked] or 0) >= math.max(1, math.ceil(def.c * depth)) then
     return false
   end
   if tonumber(redis.call('GET', base .. 'backoff:' .. blocked) or '0') > now then
