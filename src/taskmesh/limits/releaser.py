@@ -40,6 +40,7 @@ class SlotReleaser:
     :param standbys: the queue's tasks claimed ahead of a full key.
     :param start: hands tasks claimed ahead that took a slot to the executors.
     :param lease_seconds: how long a slot handed or taken holds unless a heartbeat extends it.
+    :param stopping: whether the instance drains (then tasks claimed ahead wait to be handed back).
     """
 
     def __init__(
@@ -51,12 +52,14 @@ class SlotReleaser:
         standbys: Standbys | None = None,
         start: Callable[[list[ClaimedTask]], None] = lambda _tasks: None,
         lease_seconds: float = 30.0,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.queue = queue
         self.limits = limits
         self.book = book
         self.standbys = standbys or Standbys()
         self.start = start
+        self.stopping = stopping
         self.lease_ms = round(lease_seconds * 1000)
         self._handed: list[Handoff] = []
         self.until: dict[uuid.UUID, int] = {}
@@ -99,7 +102,7 @@ class SlotReleaser:
         """Rename the slots handed over since the last call, or start the tasks claimed ahead whose key has
         room; then give back every slot that ended (a script call each, when there is something to do)."""
         handed, self._handed = self._handed, []
-        waiting = [] if handed else self.standbys.waiting()
+        waiting = [] if handed or self.stopping() else self.standbys.waiting()
         if handed or waiting:
             await self._hand_over(handed, waiting)
         given, self._ended = self._ended, []

@@ -3,20 +3,22 @@ its key that ends there.
 
 Without this, a limit as large as the executors leaves nothing to claim ahead: each freed slot costs a
 round of release, pop, admission and claim before an executor has work again. So the admission
-(``lua/limits_admit.lua``) lets a fetcher that may claim ahead (its ``prefetch``) claim ids of a full key
-too ("standby"), when that key is the task's only limit key and a concurrency without a rate: as far
-ahead of the key's slots as the queue claims ahead of its executors (a limit of 8 in a queue of 32
+(``lua/limits_admit.lua``) lets a fetcher that may claim ahead (its ``prefetch``) claim ids of a full
+key too ("standby"), when that key is the task's only limit key and a concurrency without a rate: as
+far ahead of the key's slots as the queue claims ahead of its executors (a limit of 8 in a queue of 32
 executors and a prefetch of 128 holds up to 32 of the key's tasks so, at least one). They wait here,
-not in the executors' channel: an executor never waits on a slot while other work could run. When a run of the key ends here, its slot
-goes to the oldest of them at once, in the process; the slot releaser renames the slot in Redis in its
-next call (``lua/limits_standby.lua``), which keeps the key's count of slots and lets one more of its
-parked ids be claimed ahead in turn. Standby tasks whose key has room in Redis (a slot freed on another
-instance) take one there and start; the releaser asks at each call that handed nothing over.
+not in the executors' channel: an executor never waits on a slot while other work could run. When a
+run of the key ends here, its slot goes to the oldest of them at once, in the process; the slot
+releaser renames the slot in Redis in its next call (``lua/limits_standby.lua``), which keeps the
+key's count of slots and lets one more of its parked ids be claimed ahead in turn. Standby tasks whose
+key has room in Redis (a slot freed on another instance) take one there and start; the releaser asks
+at each call that handed nothing over.
 
 A standby task is claimed: it holds a lease (the heartbeat keeps it), counts its attempt once, shows as
 running, and is handed back with the other claimed tasks at shutdown. A key backing off (a handler's
 ``RateLimited``) hands nothing over until its time: at once for a run of this instance, within one call
-of the releaser for a run of another.
+of the releaser for a run of another; nor does a key whose limit was lowered at run time below the
+slots it holds, or given a rate.
 """
 
 from __future__ import annotations

@@ -133,6 +133,7 @@ class QueueWorkers:
             standbys=self.standbys,
             start=self._start_standbys,
             lease_seconds=lease_seconds,
+            stopping=stop.is_set,
         )
         """Gives the limit slots of ended runs back as they end (``limits/releaser.py``)."""
 
