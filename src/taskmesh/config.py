@@ -381,6 +381,8 @@ class Settings(BaseSettings):
     )
     """Executors per queue unless ``[queues.<name>] concurrency`` says otherwise."""
     queues: dict[str, QueueSettings] = Field(default_factory=dict, validation_alias=_aliases("queues"))
+    """Per-queue settings, ``[queues.<name>]``: ``concurrency``, ``prefetch``, ``fairness`` (fair shares
+    between the keys of the queue) or ``priority_aging_seconds``; see the flow-control guide."""
     prefetch: int = Field(default=0, ge=0, le=1000, validation_alias=_aliases("prefetch"))
     """Tasks each queue claims ahead of its free executors. 0 (the default) keeps priority
     order strict; more overlaps the next claim with the current runs (throughput), at the

@@ -98,6 +98,10 @@ class SlotReleaser:
         """The run's slots are left to its result's write (a ``RateLimited`` back-off): no early release."""
         self.until.pop(task_id, None)
 
+    def pending(self) -> bool:
+        """Whether runs ended (or slots were handed over) since the last call."""
+        return bool(self._ended or self._handed)
+
     async def flush(self) -> None:
         """Rename the slots handed over since the last call, or start the tasks claimed ahead whose key has
         room; then give back every slot that ended (a script call each, when there is something to do)."""

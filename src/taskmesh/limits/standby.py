@@ -46,6 +46,27 @@ class Standbys:
         self._stopped: set[str] = set()
         self.total = 0
         """Tasks waiting here."""
+        self._running: dict[str, int] = {}
+
+    def run_started(self, task: ClaimedTask) -> None:
+        """A run of ``task`` started here (counted under its one limit key, if it has one)."""
+        key = standby_key(task.limit_keys)
+        if key is not None:
+            self._running[key] = self._running.get(key, 0) + 1
+
+    def run_ended(self, task: ClaimedTask) -> None:
+        """The run of ``task`` ended (see :meth:`run_started`)."""
+        key = standby_key(task.limit_keys)
+        if key is not None:
+            n = self._running.get(key, 0) - 1
+            if n > 0:
+                self._running[key] = n
+            else:
+                self._running.pop(key, None)
+
+    def running(self, key: str) -> int:
+        """This instance's runs of ``key`` now."""
+        return self._running.get(key, 0)
 
     def add(self, task: ClaimedTask, key: str) -> None:
         """``task`` was claimed ahead of ``key``."""

@@ -42,8 +42,9 @@ from collections.abc import Callable
 import anyio
 
 from taskmesh.errors import StoreError
+from taskmesh.limits.book import limit_name
 from taskmesh.limits.releaser import SlotReleaser
-from taskmesh.limits.standby import Standbys
+from taskmesh.limits.standby import Standbys, standby_key
 from taskmesh.observability.logs import get_logger, run_keys
 from taskmesh.observability.metrics import Metrics
 from taskmesh.services.base import Outage
@@ -199,6 +200,8 @@ class QueueWorkers:
         popped = [(task_id, float(score)) for task_id, score in zip(ids, scores, strict=True)]
         self.popped.update(ids)
         try:
+            if self.releaser.pending():  # runs that just ended free their slots first: the admission counts them
+                await self.releaser.flush()
             admission = await self.tasks.redis.limits.admit(
                 self.queue,
                 popped,
@@ -371,6 +374,8 @@ class QueueWorkers:
                 except anyio.EndOfStream:
                     return
                 self.started.add(task.run_id)
+                if task.limit_keys:
+                    self.standbys.run_started(task)
                 if self.tally is not None and task.ready_at is not None:
                     self.tally.waited(task.queue, max(0.0, self.now() - task.ready_at))
                 result = await run_one(
@@ -387,6 +392,7 @@ class QueueWorkers:
                 )
                 if task.limit_keys:  # the slots free as the run ends, not when its result is written
                     self._slot_freed(task, result.back_off_seconds)
+                    self.standbys.run_ended(task)
                 await self.committer.submit(result)
                 if self.tally is not None:
                     self.tally.add(task.queue, result.outcome)
@@ -402,13 +408,26 @@ class QueueWorkers:
             for key in task.limit_keys or ():
                 self.standbys.back_off(key, back_off_seconds)
             return
-        handed = None if self.stop.is_set() else self.standbys.next_for(task)  # draining: handed back instead
+        handed = None if self.stop.is_set() or not self._may_hand_over(task) else self.standbys.next_for(task)
         if handed is None:
             self.releaser.ended(task.task_id, task.limit_keys)
             return
         key, standby = handed
         self.releaser.handed(task.task_id, key, standby.task_id)
         self._start_standbys([standby])
+
+    def _may_hand_over(self, ended: ClaimedTask) -> bool:
+        """Whether the slot of ``ended``'s run may go to a task claimed ahead here: not while draining (they
+        are handed back), nor when its limit, as this instance holds it now, is gone, has a rate, or is lower
+        than this instance's own runs of the key (a limit lowered at run time; the releaser's next call
+        says so of the key's runs on every instance)."""
+        key = standby_key(ended.limit_keys)
+        if key is None or self.stop.is_set():
+            return False
+        settings = self.tasks.limits.limits.get(limit_name(key))
+        if settings is None or settings.concurrency is None or settings.rate is not None:
+            return False
+        return self.standbys.running(key) <= settings.concurrency
 
     # -- shutdown and control ----------------------------------------------------
 

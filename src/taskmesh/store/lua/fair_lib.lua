@@ -85,27 +85,38 @@ local function fair_park(base, fkeys, state, fair, fk, id, score, now)
   end
 end
 
--- Keep the ready set at its size with waiting ids (which ones matters little: the admission chooses what
--- starts). Returns how many ids were moved there.
+-- Keep the ready set at its size with waiting ids, taken in turns from the keys next in turn (one id of
+-- each, then again): the admission chooses what starts among the ids waiting, and an id in the ready set
+-- is not among them until popped, so the ready set holds the keys' next ids in the order they are due,
+-- not a block of one key's. Returns how many ids were moved there.
 local function fair_feed(base, ready, fkeys, state, fair, now, step)
   local room = tonumber(redis.call('HGET', state, 'b') or FAIR_BATCH) - redis.call('ZCARD', ready)
+  if room <= 0 then
+    return 0
+  end
+  local keys = redis.call('ZRANGE', fkeys, 0, room - 1)
+  local turn = redis.call('HINCRBY', state, 'f', room) - room  -- scored in the order fed, within a priority
   local fed = 0
-  while room > 0 do
-    local head = redis.call('ZRANGE', fkeys, 0, 0)
-    if not head[1] then
-      break
+  local touched = {}
+  while room > 0 and #keys > 0 do
+    local again = {}
+    for _, fk in ipairs(keys) do
+      if room <= 0 then
+        break
+      end
+      local top = redis.call('ZPOPMIN', base .. 'parked:@' .. fk)
+      if top[1] then
+        fed = fed + 1
+        room = room - 1
+        local band = math.floor(tonumber(top[2]) / step) * step
+        redis.call('ZADD', ready, 'NX', ms(band + turn + fed), top[1])
+        again[#again + 1] = fk
+      end
+      touched[fk] = true
     end
-    local fk = head[1]
-    local parked = base .. 'parked:@' .. fk
-    local ids = redis.call('ZRANGE', parked, 0, room - 1, 'WITHSCORES')
-    for i = 1, #ids, 2 do
-      -- scored in the order fed within its priority: popped within a batch or so, whatever is fed after
-      local band = math.floor(tonumber(ids[i + 1]) / step) * step
-      redis.call('ZADD', ready, 'NX', ms(band + redis.call('HINCRBY', state, 'f', 1)), ids[i])
-    end
-    redis.call('ZREMRANGEBYRANK', parked, 0, #ids / 2 - 1)
-    room = room - #ids / 2
-    fed = fed + #ids / 2
+    keys = again
+  end
+  for fk in pairs(touched) do
     fair_rank(base, fkeys, state, fair, fk, now, false)
   end
   return fed
