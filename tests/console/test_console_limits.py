@@ -315,6 +315,39 @@ async def test_the_task_page_says_why_a_task_waits(
         gate["hold"] = False
 
 
+async def test_the_task_page_says_a_task_waits_its_tenants_turn_in_a_queue_with_fair_shares(
+    start_instance: Any, stores: Any, registry: Registry, pool: asyncpg.Pool, page: Any, gate: dict[str, bool]
+) -> None:
+    register(registry, gate)
+    admin = (await api_keys.create(stores.pg, "admin", list(SCOPES))).key
+    queues = {"default": {"concurrency": 1, "fairness": {"key": "tenant_id"}}}
+    async with start_instance(queues=queues) as inst, http(inst) as client:
+        [running] = await create(client, admin, [{"name": "lim.hold", "tenant_id": "acme"}])
+        await wait_for(lambda: _running(pool, running), timeout=15, interval=0.1)
+        waiting = await create(client, admin, [{"name": "lim.hold", "tenant_id": "acme"} for _ in range(3)])
+        base = f"http://127.0.0.1:{inst.port}"
+
+        def steps() -> list[str]:
+            sign_in(page, base, admin)
+            said = []
+            for task_id in waiting:
+                page.get(f"{base}/console/tasks/{task_id}")
+                said.append(text(page, "#blocked-by"))
+                if said[-1].startswith("Waiting its turn"):
+                    screenshot(page, "limits-task-fair-share")
+            return said
+
+        said = await in_browser(steps)
+        gate["hold"] = False
+    turn = "Waiting its turn: fair shares, key acme (keys with fewer running go first)"
+    # one fetch's worth waits in the ready set for the executor to free, the others their tenant's turn
+    assert sorted(said) == ["Ready: waiting for a free worker", turn, turn]
+
+
+async def _running(pool: asyncpg.Pool, task_id: str) -> bool:
+    return bool(await pool.fetchval("SELECT status = 'running' FROM tasks WHERE id = $1", task_id))
+
+
 async def _api_full(client: httpx.AsyncClient, key: str) -> bool:
     return await usage_of(client, key, "api") == [("api", 2, 1)]
 
