@@ -88,8 +88,13 @@ local function blocking(id, lks)
   return nil, nil
 end
 
+local read = {}  -- the limit keys of the ids popped, read once (false: none)
+
 local function admit(id, score)
-  local raw = redis.call('HGET', KEYS[2], id)
+  local raw = read[id]
+  if raw == nil then
+    raw = redis.call('HGET', KEYS[2], id)
+  end
   local verdict = ''
   if raw then
     local lks = split(raw)
@@ -123,7 +128,8 @@ end
 if fair then
   local n = 0
   for i = at, #ARGV, 2 do
-    local fk = fair_key(redis.call('HGET', KEYS[2], ARGV[i]))
+    read[ARGV[i]] = redis.call('HGET', KEYS[2], ARGV[i])
+    local fk = fair_key(read[ARGV[i]])
     fair_park(base, KEYS[6], KEYS[5], fair, fk, ARGV[i], ARGV[i + 1], now)
     n = n + 1
   end
